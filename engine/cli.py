@@ -1,0 +1,146 @@
+"""`sopctl`: thin command line over the library. Parses flags, calls the library, renders.
+
+Exit codes (contract §6): 0 ok, 1 diagnostics with an error / run stopped by failure or
+budget, 2 usage or invalid file. No traceback ever reaches the user: every `SopError` is
+rendered as a message, anything else as an internal error with a pointer to report it.
+Heavy modules (litellm, the interpreter) are imported inside the handlers that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable, Sequence
+
+from . import __version__
+from .errors import SopError
+
+__all__ = ["main", "build_parser"]
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    raise SopError("`sopctl validate` is not implemented yet")
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    raise SopError("`sopctl graph` is not implemented yet")
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    raise SopError("`sopctl schema` is not implemented yet")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    raise SopError("`sopctl run` is not implemented yet")
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    raise SopError("`sopctl resume` is not implemented yet")
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    raise SopError("`sopctl replay` is not implemented yet")
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    raise SopError("`sopctl runs` is not implemented yet")
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    raise SopError("`sopctl show` is not implemented yet")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with our wording (argparse already uses 2)."""
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--idea", help="the one-line requirement (sets the `idea` input)")
+    p.add_argument("--input", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a declared input; repeatable")
+    p.add_argument("--model", help="litellm model string, or `local` / `fake` "
+                   "(default: $SOPCTL_MODEL, then the file's llm.model, then `local`)")
+    p.add_argument("--rounds", type=int, metavar="N", help="override team.max_rounds")
+    p.add_argument("--budget", type=float, metavar="USD", help="override team.budget_usd (0 = no limit)")
+    p.add_argument("--out", metavar="DIR", help="workspace folder (default ./runs/<run-id>)")
+    p.add_argument("--allow-exec", action="store_true",
+                   help="allow actions of kind exec to run commands in the workspace")
+    p.add_argument("--format", choices=["text", "json"], default="text", help="result format")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="sopctl", description="Declarative multi-agent SOP pipelines: "
+                     "validate, inspect and run SOP files (MetaGPT semantics).")
+    parser.add_argument("--version", action="version", version=f"sopctl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("validate", help="check SOP files; every problem with file:line:col")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    p.set_defaults(handler=cmd_validate)
+
+    p = sub.add_parser("graph", help="print the compiled watch graph")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--format", choices=["mermaid", "dot", "json"], default="mermaid")
+    p.set_defaults(handler=cmd_graph)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of SOP files")
+    p.set_defaults(handler=cmd_schema)
+
+    p = sub.add_parser("run", help="run an SOP")
+    p.add_argument("file", metavar="FILE")
+    _add_run_flags(p)
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("resume", help="continue an interrupted run from its journal")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--budget", type=float, metavar="USD", help="raise (or set) the budget")
+    p.add_argument("--rounds", type=int, metavar="N", help="override max_rounds")
+    p.add_argument("--model", help="override the model the run started with")
+    p.add_argument("--allow-exec", action="store_true")
+    p.add_argument("--force", action="store_true", help="resume even if the SOP file changed")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(handler=cmd_resume)
+
+    p = sub.add_parser("replay", help="re-run with every model answer taken from a run's journal")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", metavar="DIR", required=True, help="workspace of the replay")
+    p.add_argument("--allow-exec", action="store_true")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(handler=cmd_replay)
+
+    p = sub.add_parser("runs", help="list runs under a folder (default ./runs)")
+    p.add_argument("dir", nargs="?", default="runs", metavar="DIR")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(handler=cmd_runs)
+
+    p = sub.add_parser("show", help="a run's timeline, tokens and cost per action")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(handler=cmd_show)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except SopError as exc:
+        print(f"sopctl: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("sopctl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence against a traceback
+        print(f"sopctl: internal error: {type(exc).__name__}: {exc}\n"
+              "  hint: this is a bug in sopctl; please report it with the command you ran",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Diagnostics and the one error family of sopctl.
+
+Every problem a user can meet is either a `Diagnostic` (a located finding about an SOP file,
+collected and reported together) or a `SopError` subclass raised by one phase of the
+pipeline. Foreign exceptions (ruamel, pydantic, jsonschema, networkx, litellm, sqlite) are
+converted into these at the edge so that no traceback ever reaches a user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+__all__ = [
+    "Severity",
+    "Related",
+    "Diagnostic",
+    "SopError",
+    "LoadError",
+    "CompileError",
+    "UsageError",
+    "RunError",
+    "ActionFailed",
+    "LLMError",
+    "BudgetExceeded",
+    "JournalError",
+    "ReplayDivergence",
+]
+
+Severity = Literal["error", "warning"]
+
+
+@dataclass(frozen=True)
+class Related:
+    """Another place that explains a diagnostic (e.g. the other end of a cycle)."""
+
+    message: str
+    pointer: str = ""
+    line: int = 0
+    col: int = 0
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    """One finding about an SOP file, located by JSON pointer and (once resolved) line:col.
+
+    Checks create diagnostics with a pointer only; the compiler resolves pointers to
+    positions in one place, so no check computes its own location.
+    """
+
+    code: str
+    severity: Severity
+    message: str
+    pointer: str = ""
+    hint: str = ""
+    file: str = ""
+    line: int = 0
+    col: int = 0
+    related: tuple[Related, ...] = field(default_factory=tuple)
+
+    @property
+    def is_error(self) -> bool:
+        return self.severity == "error"
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["related"] = [asdict(r) for r in self.related]
+        return data
+
+
+class SopError(Exception):
+    """Base of every error sopctl raises on purpose. `exit_code` is what the CLI returns."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return self.message if not self.hint else f"{self.message}\n  hint: {self.hint}"
+
+
+class UsageError(SopError):
+    """A bad flag, a missing input, a file that cannot be used at all."""
+
+    exit_code = 2
+
+
+class LoadError(SopError):
+    """The file could not be read or parsed as safe YAML (carries diagnostics)."""
+
+    exit_code = 1
+
+    def __init__(self, diagnostics: list[Diagnostic]) -> None:
+        first = diagnostics[0].message if diagnostics else "cannot load file"
+        super().__init__(first)
+        self.diagnostics = diagnostics
+
+
+class CompileError(LoadError):
+    """The SOP has at least one error-severity diagnostic (schema, references, graph, templates)."""
+
+
+class RunError(SopError):
+    """A run could not start or go on (bad workspace, missing extra, exec not allowed...)."""
+
+    exit_code = 2
+
+
+class ActionFailed(SopError):
+    """An action failed after its retries; ends the run with status `failed`."""
+
+    def __init__(self, action: str, message: str, hint: str = "") -> None:
+        super().__init__(f"action {action} failed: {message}", hint)
+        self.action = action
+
+
+class LLMError(SopError):
+    """The model could not be reached or never gave a valid answer."""
+
+
+class BudgetExceeded(SopError):
+    """The next call would exceed the budget; ends the run with status `budget`."""
+
+
+class JournalError(SopError):
+    """The run journal is missing, torn, from another SOP, or cannot be written."""
+
+    exit_code = 2
+
+
+class ReplayDivergence(SopError):
+    """Replay asked for a model call that the journal does not have."""
