@@ -22,6 +22,7 @@ __all__ = [
     "ActionCompleted",
     "MessagePublished",
     "RunEnded",
+    "RunLog",
     "RunEvent",
     "RunObserver",
     "CompletedActions",
@@ -97,20 +98,38 @@ class RunEnded(_Event):
     error: str = ""
 
 
-RunEvent = RunStarted | RoundStarted | ActionStarted | LLMCalled | ActionCompleted | MessagePublished | RunEnded
 
 
-def event_type(event: RunEvent) -> str:
+def event_type(event: "RunEvent") -> str:
     return type(event).__name__
 
 
 class RunObserver(Protocol):
     """Receives every event in order; must not raise (a failing journal write is a JournalError)."""
 
-    def on_event(self, event: RunEvent) -> None: ...
+    def on_event(self, event: "RunEvent") -> None: ...
 
 
 class CompletedActions(Protocol):
     """The journal's memory of finished actions, consulted on resume before running one."""
 
     def completed(self, key: str) -> ActionCompleted | None: ...
+
+
+@dataclass(frozen=True)
+class RunLog(_Event):
+    """A line for the run's log: a skipped action (max_runs), a plan warning, a reused action.
+
+    Informational only: nothing in a run's state depends on it, so a journal may store it or
+    not. `level` is `info` or `warning`.
+    """
+
+    round: int
+    level: str
+    message: str
+    role: str = ""
+    action: str = ""
+
+
+RunEvent = (RunStarted | RoundStarted | ActionStarted | LLMCalled | ActionCompleted
+            | MessagePublished | RunEnded | RunLog)
