@@ -45,11 +45,33 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    raise SopError("`sopctl runs` is not implemented yet")
+    """List the runs under a folder from their journals; an unreadable one is a row, not a crash."""
+    import json
+
+    from .runs import list_runs, render_runs, runs_json
+
+    rows = list_runs(args.dir)
+    if args.format == "json":
+        print(json.dumps(runs_json(rows), indent=2))
+    elif not rows:
+        print(f"no runs under {args.dir}")
+    else:
+        print(render_runs(rows))
+    return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    raise SopError("`sopctl show` is not implemented yet")
+    """A run's timeline and usage, or (`--format json`) its result object, from the journal alone."""
+    import json
+
+    from .runs import read_run, render_show, result_object
+
+    state = read_run(args.run_dir)
+    if args.format == "json":
+        print(json.dumps(result_object(state), indent=2, ensure_ascii=False))
+    else:
+        print(render_show(state))
+    return 0
 
 
 class _Parser(argparse.ArgumentParser):

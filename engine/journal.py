@@ -1,0 +1,496 @@
+"""The run journal: an append-only SQLite record from which a run can be rebuilt.
+
+Why SQLite: one file per run, atomic and durable commits (WAL, `synchronous=FULL`), and
+readable by `sopctl show` while the run is still going or after its process was killed.
+
+A journal lives at `<workspace>/.sopctl/journal.sqlite` and has three tables:
+
+- `meta`: schema version, the SOP's name and hash, engine version, creation time;
+- `events`: every run event of `engine.events`, in order (seq, ts, type, key, json);
+  append-only (triggers refuse UPDATE and DELETE);
+- `answers`: every model answer by the hash of its canonical request, so that `resume`
+  never pays for the same request twice and `replay` never calls a model at all.
+
+`Journal` implements the three interfaces the interpreter talks to: `RunObserver`
+(`on_event`), `CompletedActions` (`completed`) and the gateway's `AnswerStore`
+(`lookup`/`record`). Every write is its own committed transaction, so when a method returns
+the fact is on disk. Secrets never reach the file: the journal stores only what events and
+answers carry, and also redacts the value of any secret-looking environment variable
+(`*_API_KEY`, `*_TOKEN`, ...) before writing.
+
+Testing aid: `SOPCTL_CRASH_AFTER_EVENT=N` makes the process die with `os._exit(137)` right
+after the N-th event written by this process is committed, and `SOPCTL_CRASH_AFTER_ANSWER=N`
+does the same after the N-th recorded answer. The fault-injection tests use them to kill a
+real `sopctl run` at every point of the journal and check that `sopctl resume` recovers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import socket
+import sqlite3
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from . import __version__
+from .errors import JournalError
+from . import events as _events
+from .events import ActionCompleted, RunEvent, RunStarted, event_type
+from .llm import StoredAnswer
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "JOURNAL_DIR",
+    "JOURNAL_FILE",
+    "CRASH_AFTER_EVENT_ENV",
+    "CRASH_AFTER_ANSWER_ENV",
+    "EventRow",
+    "AnswerRow",
+    "Journal",
+    "ReplayStore",
+    "journal_path",
+    "pid_alive",
+    "decode_event",
+]
+
+SCHEMA_VERSION = 1
+JOURNAL_DIR = ".sopctl"
+JOURNAL_FILE = "journal.sqlite"
+CRASH_AFTER_EVENT_ENV = "SOPCTL_CRASH_AFTER_EVENT"
+CRASH_AFTER_ANSWER_ENV = "SOPCTL_CRASH_AFTER_ANSWER"
+_CRASH_EXIT = 137
+_REDACTED = "[REDACTED]"
+_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY)", re.I)
+_EVENT_TYPES: dict[str, type] = {
+    name: obj for name in _events.__all__
+    if isinstance(obj := getattr(_events, name), type) and dataclasses.is_dataclass(obj)
+}
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts   REAL NOT NULL,
+    type TEXT NOT NULL,
+    key  TEXT,
+    json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_key ON events(key) WHERE key IS NOT NULL;
+CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
+CREATE TABLE IF NOT EXISTS answers (
+    request_hash      TEXT PRIMARY KEY,
+    action            TEXT NOT NULL,
+    text              TEXT NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost_usd          REAL NOT NULL,
+    origin            TEXT NOT NULL,
+    seq               INTEGER NOT NULL
+);
+"""
+
+
+def journal_path(workspace: str | Path) -> Path:
+    """Where a run's journal lives inside its workspace."""
+    return Path(workspace) / JOURNAL_DIR / JOURNAL_FILE
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One stored event: its position, wall time, type name and JSON payload."""
+
+    seq: int
+    ts: float
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AnswerRow:
+    """One stored answer; `origin` is `model` (paid for) or `replay` (copied from a journal)."""
+
+    request_hash: str
+    action: str
+    answer: StoredAnswer
+    origin: str
+    seq: int
+
+
+def decode_event(row: EventRow) -> RunEvent:
+    """Turn a stored row back into its event dataclass (unknown fields are a JournalError)."""
+    cls = _EVENT_TYPES.get(row.type)
+    if cls is None:
+        raise JournalError(f"journal event {row.seq} has an unknown type {row.type!r}",
+                           "the journal was written by a newer sopctl; upgrade sopctl")
+    try:
+        return cls(**row.data)
+    except TypeError as exc:
+        raise JournalError(f"journal event {row.seq} ({row.type}) does not match this sopctl: {exc}",
+                           "the journal was written by another sopctl version") from None
+
+
+# --- sqlite errors -> JournalError ------------------------------------------------------
+
+
+def _explain(exc: BaseException, path: Path, doing: str) -> JournalError:
+    """One place that turns sqlite/OS failures into a message a user can act on."""
+    text = str(exc).lower()
+    where = f"journal {path}"
+    if "full" in text or "no space" in text:
+        return JournalError(f"cannot {doing} {where}: the disk is full",
+                            "free some space, then continue with `sopctl resume`; "
+                            "nothing already journaled is lost")
+    if "readonly" in text or "read-only" in text or "permission" in text or "access" in text:
+        return JournalError(f"cannot {doing} {where}: the workspace is read-only",
+                            "choose a writable workspace (--out) or fix its permissions")
+    if "not a database" in text or "malformed" in text or "corrupt" in text:
+        return JournalError(f"cannot {doing} {where}: the file is torn or corrupted ({exc})",
+                            "the journal was damaged outside sopctl; start a new run, or "
+                            "restore the file from a backup")
+    if "unable to open" in text:
+        return JournalError(f"cannot {doing} {where}: the file cannot be opened ({exc})",
+                            "check that the folder exists and is writable")
+    if "locked" in text or "busy" in text:
+        return JournalError(f"cannot {doing} {where}: another process holds it ({exc})",
+                            "wait for the other sopctl process to finish")
+    return JournalError(f"cannot {doing} {where}: {exc}")
+
+
+@contextmanager
+def _guard(path: Path, doing: str) -> Iterator[None]:
+    try:
+        yield
+    except JournalError:
+        raise
+    except (sqlite3.Error, OSError) as exc:
+        raise _explain(exc, path, doing) from None
+
+
+# --- secrets --------------------------------------------------------------------------
+
+
+def _secret_values(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """Values of secret-looking environment variables, longest first (never written)."""
+    env = os.environ if environ is None else environ
+    found = {v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 8}
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def _scrub(text: str, secrets: tuple[str, ...]) -> str:
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, _REDACTED)
+    return text
+
+
+def _crash_point(name: str) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw.isdigit() else 0
+
+
+# --- the journal ----------------------------------------------------------------------
+
+
+class Journal:
+    """A run's durable record: observer, completed-actions lookup and answer store in one.
+
+    Open it with `Journal.create` (a run or a resume writes to it) or `Journal.open`
+    (`show`, `runs`, `replay` read it). Use it as a context manager or call `close()`.
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, *, writable: bool) -> None:
+        self.path = path
+        self._conn = conn
+        self._writable = writable
+        self._secrets = _secret_values()
+        self._events_written = 0
+        self._answers_written = 0
+        self._crash_event = _crash_point(CRASH_AFTER_EVENT_ENV)
+        self._crash_answer = _crash_point(CRASH_AFTER_ANSWER_ENV)
+        self._completed: dict[str, ActionCompleted] | None = None
+
+    # opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, workspace: str | Path, *, sop_name: str, sop_hash: str,
+               force: bool = False) -> Journal:
+        """Open the workspace's journal for writing, creating it if needed.
+
+        An existing journal must come from this schema version and this SOP (same hash);
+        otherwise JournalError, unless `force` (then the new hash is recorded).
+        """
+        path = journal_path(workspace)
+        with _guard(path, "create"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = _connect(path, readonly=False)
+        journal = cls(path, conn, writable=True)
+        try:
+            journal._init_schema()
+            journal._check_meta(sop_hash=sop_hash, force=force)
+            journal._check_owner()
+            journal._write_meta(sop_name=sop_name, sop_hash=sop_hash)
+        except BaseException:
+            journal.close()
+            raise
+        return journal
+
+    @classmethod
+    def open(cls, workspace: str | Path, *, writable: bool = False) -> Journal:
+        """Open an existing journal (read-only by default); a missing one is a JournalError."""
+        path = journal_path(workspace)
+        if not Path(workspace).is_dir():
+            raise JournalError(f"run folder {workspace} does not exist",
+                               "give the workspace of a run (`sopctl runs` lists them)")
+        if not path.is_file():
+            raise JournalError(f"{workspace} has no journal ({JOURNAL_DIR}/{JOURNAL_FILE})",
+                               "give the workspace of a run made by `sopctl run`")
+        with _guard(path, "open"):
+            conn = _connect(path, readonly=not writable)
+        journal = cls(path, conn, writable=writable)
+        try:
+            journal._check_meta(sop_hash=None, force=False)
+        except BaseException:
+            journal.close()
+            raise
+        return journal
+
+    def _init_schema(self) -> None:
+        with _guard(self.path, "initialise"):
+            self._conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+
+    def _check_meta(self, *, sop_hash: str | None, force: bool) -> None:
+        meta = self.meta()
+        version = int(meta.get("schema_version", SCHEMA_VERSION))
+        if version > SCHEMA_VERSION:
+            raise JournalError(f"journal {self.path} has schema version {version}; this sopctl "
+                               f"reads up to {SCHEMA_VERSION}", "upgrade sopctl to read it")
+        old_hash = meta.get("sop_hash")
+        if sop_hash and old_hash and old_hash != sop_hash and not force:
+            raise JournalError(
+                f"journal {self.path} belongs to another SOP "
+                f"({meta.get('sop_name', '?')}, sha256 {old_hash[:12]}) than this one "
+                f"(sha256 {sop_hash[:12]})",
+                "use a fresh workspace (--out), or --force to continue with the changed file")
+
+    def _check_owner(self) -> None:
+        """Refuse to write a journal another live sopctl process on this host is writing."""
+        meta = self.meta()
+        pid = int(meta.get("pid", "0") or 0)
+        if meta.get("host") != socket.gethostname() or pid in (0, os.getpid()):
+            return
+        if pid_alive(pid) and not self._ended_last():
+            raise JournalError(f"journal {self.path} is being written by process {pid}",
+                               "wait for that run to finish (or stop it) before resuming")
+
+    def _ended_last(self) -> bool:
+        with _guard(self.path, "read"):
+            row = self._conn.execute("SELECT type FROM events WHERE type IN ('RunStarted', "
+                                     "'RunEnded') ORDER BY seq DESC LIMIT 1").fetchone()
+        return row is None or row[0] == "RunEnded"
+
+    def _write_meta(self, *, sop_name: str, sop_hash: str) -> None:
+        rows = {"schema_version": str(SCHEMA_VERSION), "sop_name": sop_name,
+                "sop_hash": sop_hash, "engine_version": __version__,
+                "pid": str(os.getpid()), "host": socket.gethostname()}
+        with _guard(self.path, "write"):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_at', ?)",
+                                   (repr(time.time()),))
+                self._conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows.items())
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        try:
+            self._conn.close()
+        except sqlite3.Error:
+            pass
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # reading ---------------------------------------------------------------------------
+
+    def meta(self) -> dict[str, str]:
+        """The meta rows; a file without them was never initialised (a JournalError)."""
+        with _guard(self.path, "read"):
+            tables = {r[0] for r in self._conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()}
+            if "meta" not in tables:
+                raise JournalError(f"journal {self.path} is empty or not a sopctl journal",
+                                   "the run died while creating it; start the run again")
+            return dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+
+    def events(self) -> list[EventRow]:
+        """Every event in order, payloads decoded from JSON."""
+        with _guard(self.path, "read"):
+            rows = self._conn.execute("SELECT seq, ts, type, json FROM events ORDER BY seq").fetchall()
+        return [EventRow(seq, ts, typ, _loads(data, seq)) for seq, ts, typ, data in rows]
+
+    def answers(self) -> list[AnswerRow]:
+        """Every journaled model answer, in the order they were recorded."""
+        with _guard(self.path, "read"):
+            rows = self._conn.execute(
+                "SELECT request_hash, action, text, prompt_tokens, completion_tokens, cost_usd, "
+                "origin, seq FROM answers ORDER BY rowid").fetchall()
+        return [AnswerRow(h, a, StoredAnswer(t, pt, ct, c), o, s) for h, a, t, pt, ct, c, o, s in rows]
+
+    def first_run_started(self) -> RunStarted:
+        """The event that started the run (resume and replay read SOP, inputs and model here)."""
+        with _guard(self.path, "read"):
+            row = self._conn.execute("SELECT seq, ts, type, json FROM events WHERE type = "
+                                     "'RunStarted' ORDER BY seq LIMIT 1").fetchone()
+        if row is None:
+            raise JournalError(f"journal {self.path} has no RunStarted event",
+                               "the run died before it started; run it again with `sopctl run`")
+        event = decode_event(EventRow(row[0], row[1], row[2], _loads(row[3], row[0])))
+        assert isinstance(event, RunStarted)
+        return event
+
+    # CompletedActions --------------------------------------------------------------------
+
+    def completed(self, key: str) -> ActionCompleted | None:
+        """The recorded completion of the action with this idempotency key, if any."""
+        if self._completed is None:
+            self._completed = self._load_completed()
+        return self._completed.get(key)
+
+    def _load_completed(self) -> dict[str, ActionCompleted]:
+        with _guard(self.path, "read"):
+            rows = self._conn.execute("SELECT seq, ts, type, json FROM events WHERE type = "
+                                      "'ActionCompleted' ORDER BY seq").fetchall()
+        done: dict[str, ActionCompleted] = {}
+        for seq, ts, typ, data in rows:
+            event = decode_event(EventRow(seq, ts, typ, _loads(data, seq)))
+            assert isinstance(event, ActionCompleted)
+            done.setdefault(event.key, event)
+        return done
+
+    # RunObserver -------------------------------------------------------------------------
+
+    def on_event(self, event: RunEvent) -> None:
+        """Append one event, committed before returning (the crash hook fires after it)."""
+        self._require_writable()
+        key = getattr(event, "key", None)
+        text = _scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
+        with _guard(self.path, "write an event to"):
+            self._conn.execute("INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)",
+                               (time.time(), event_type(event), key, text))
+        if isinstance(event, ActionCompleted) and self._completed is not None:
+            self._completed.setdefault(event.key, event)
+        self._events_written += 1
+        if self._crash_event and self._events_written == self._crash_event:
+            os._exit(_CRASH_EXIT)
+
+    # AnswerStore -------------------------------------------------------------------------
+
+    def lookup(self, request_hash: str) -> StoredAnswer | None:
+        with _guard(self.path, "read"):
+            row = self._conn.execute(
+                "SELECT text, prompt_tokens, completion_tokens, cost_usd FROM answers "
+                "WHERE request_hash = ?", (request_hash,)).fetchone()
+        return None if row is None else StoredAnswer(*row)
+
+    def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
+        """Store a model answer (the first answer for a request wins), durably."""
+        self.record_as(request_hash, action, answer, origin="model")
+
+    def record_as(self, request_hash: str, action: str, answer: StoredAnswer, *, origin: str) -> None:
+        self._require_writable()
+        text = _scrub(answer.text, self._secrets)
+        with _guard(self.path, "write an answer to"):
+            self._conn.execute(
+                "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, "
+                "(SELECT COALESCE(MAX(seq), 0) FROM events))",
+                (request_hash, action, text, int(answer.prompt_tokens),
+                 int(answer.completion_tokens), float(answer.cost_usd), origin))
+        self._answers_written += 1
+        if self._crash_answer and self._answers_written == self._crash_answer:
+            os._exit(_CRASH_EXIT)
+
+    def _require_writable(self) -> None:
+        if not self._writable:
+            raise JournalError(f"journal {self.path} is open read-only")
+
+
+class ReplayStore:
+    """The answer store of a replay: answers come from the old journal, never from a model.
+
+    Every answer used is also copied into the replay's own journal (origin `replay`), so
+    that the replay's workspace is itself a complete, replayable run. `record` only happens
+    if the gateway called a model, which it must not do in replay mode; it is kept for the
+    protocol and stores into the new journal.
+    """
+
+    def __init__(self, source: Journal, target: Journal) -> None:
+        self.source = source
+        self.target = target
+
+    def lookup(self, request_hash: str) -> StoredAnswer | None:
+        answer = self.source.lookup(request_hash)
+        if answer is not None:
+            action = self._action_of(request_hash)
+            self.target.record_as(request_hash, action, answer, origin="replay")
+        return answer
+
+    def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
+        self.target.record(request_hash, action, answer)
+
+    def _action_of(self, request_hash: str) -> str:
+        with _guard(self.source.path, "read"):
+            row = self.source._conn.execute("SELECT action FROM answers WHERE request_hash = ?",
+                                            (request_hash,)).fetchone()
+        return row[0] if row else "?"
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (signal 0 probes, sends nothing)."""
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    """A connection in autocommit mode: each statement is its own durable transaction."""
+    if readonly:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+                               isolation_level=None, timeout=10)
+        conn.execute("PRAGMA query_only = ON")
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()   # fails fast on a torn file
+        return conn
+    conn = sqlite3.connect(str(path), isolation_level=None, timeout=10)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    return conn
+
+
+def _loads(text: str, seq: int) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JournalError(f"journal event {seq} is not valid JSON ({exc})",
+                           "the journal was damaged outside sopctl") from None
+    if not isinstance(data, dict):
+        raise JournalError(f"journal event {seq} is not a JSON object")
+    return data

@@ -1,0 +1,282 @@
+"""The journal on its own: durable append-only events, answers, meta checks, errors, secrets."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.errors import JournalError
+from engine.events import (
+    ActionCompleted,
+    ActionStarted,
+    LLMCalled,
+    MessagePublished,
+    RoundStarted,
+    RunEnded,
+    RunStarted,
+)
+from engine.journal import Journal, ReplayStore, journal_path
+from engine.llm import StoredAnswer
+from engine.runs import read_run, rebuild, result_object
+
+HASH = "a" * 64
+
+
+def started(run_id: str = "r1", workspace: str = "ws") -> RunStarted:
+    return RunStarted(run_id=run_id, sop_file="x.sop.yaml", sop_name="x", sop_hash=HASH,
+                      inputs={"idea": "a game"}, model="fake", engine_version="0.1.0",
+                      workspace=workspace, max_rounds=3, budget_usd=0.0)
+
+
+def message(mid: str, rnd: int, cause: str, sender: str, content: str = "hello") -> dict:
+    return {"id": mid, "round": rnd, "content": content, "out": None, "cause_by": cause,
+            "sent_from": sender, "send_to": ["<all>"]}
+
+
+def action_events(rnd: int, role: str, action: str, msg: dict, key: str, *, calls: int = 1,
+                  reused: int = 0) -> list:
+    return [
+        ActionStarted(round=rnd, role=role, action=action, key=key),
+        LLMCalled(round=rnd, role=role, action=action, calls=calls, reused=reused,
+                  prompt_tokens=10 * calls, completion_tokens=5 * calls, cost_usd=0.01 * calls),
+        ActionCompleted(round=rnd, role=role, action=action, key=key, messages=[msg],
+                        artifacts=[{"path": f"docs/{action}.md", "sha256": "f" * 64}]),
+    ]
+
+
+def full_run() -> list:
+    """A two-round run: Writer then Reviewer, ending idle."""
+    m0 = message("0-Human-0", 0, "UserRequirement", "Human")
+    m1 = message("1-Writer-0", 1, "Write", "Writer", "draft")
+    m2 = message("2-Reviewer-0", 2, "Review", "Reviewer", "looks good")
+    return [started(), MessagePublished(message=m0), RoundStarted(round=1, active_roles=["Writer"]),
+            *action_events(1, "Writer", "Write", m1, "k1"), MessagePublished(message=m1),
+            RoundStarted(round=2, active_roles=["Reviewer"]),
+            *action_events(2, "Reviewer", "Review", m2, "k2"), MessagePublished(message=m2),
+            RunEnded(status="idle", rounds=2)]
+
+
+def new_journal(ws: Path, sop_hash: str = HASH) -> Journal:
+    return Journal.create(ws, sop_name="x", sop_hash=sop_hash)
+
+
+def test_events_roundtrip_and_state(tmp_path: Path) -> None:
+    with new_journal(tmp_path) as journal:
+        for event in full_run():
+            journal.on_event(event)
+        journal.record("h1", "Write", StoredAnswer("draft", 10, 5, 0.01))
+        journal.record("h2", "Review", StoredAnswer("ok", 10, 5, 0.01))
+    state = read_run(tmp_path)
+    assert state.status == "idle" and state.rounds == 2 and state.run_id == "r1"
+    assert [m["id"] for m in state.history] == ["0-Human-0", "1-Writer-0", "2-Reviewer-0"]
+    assert state.llm_calls == 2 and state.journaled_calls == 2
+    assert state.prompt_tokens == 20 and state.completion_tokens == 10
+    assert state.actions["Write"].calls == 1 and state.actions["Review"].roles == ["Reviewer"]
+    assert sorted(state.artifacts) == ["docs/Review.md", "docs/Write.md"]
+    obj = result_object(state)
+    assert obj["history"][1] == {"id": "1-Writer-0", "round": 1, "cause_by": "Write",
+                                 "sent_from": "Writer", "send_to": ["<all>"], "chars": 5}
+    assert obj["cost_usd"] == pytest.approx(0.02)
+
+
+def test_journal_settings_are_durable(tmp_path: Path) -> None:
+    with new_journal(tmp_path) as journal:
+        mode = journal._conn.execute("PRAGMA journal_mode").fetchone()[0]
+        sync = journal._conn.execute("PRAGMA synchronous").fetchone()[0]
+    assert mode == "wal" and sync == 2          # 2 = FULL
+
+
+def test_each_write_is_committed_before_returning(tmp_path: Path) -> None:
+    """Another connection sees an event as soon as on_event returns: no open transaction."""
+    with new_journal(tmp_path) as journal:
+        journal.on_event(started())
+        other = sqlite3.connect(journal_path(tmp_path))
+        assert other.execute("SELECT count(*) FROM events").fetchone()[0] == 1
+        journal.record("h", "A", StoredAnswer("t", 1, 1, 0.0))
+        assert other.execute("SELECT count(*) FROM answers").fetchone()[0] == 1
+        other.close()
+
+
+def test_events_are_append_only(tmp_path: Path) -> None:
+    with new_journal(tmp_path) as journal:
+        journal.on_event(started())
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            journal._conn.execute("UPDATE events SET type = 'x'")
+        with pytest.raises(sqlite3.IntegrityError, match="append-only"):
+            journal._conn.execute("DELETE FROM events")
+
+
+def test_answer_store_first_answer_wins(tmp_path: Path) -> None:
+    with new_journal(tmp_path) as journal:
+        assert journal.lookup("h") is None
+        journal.record("h", "A", StoredAnswer("first", 1, 2, 0.5))
+        journal.record("h", "A", StoredAnswer("second", 9, 9, 9.0))
+        assert journal.lookup("h") == StoredAnswer("first", 1, 2, 0.5)
+
+
+def test_completed_actions_lookup(tmp_path: Path) -> None:
+    with new_journal(tmp_path) as journal:
+        for event in full_run()[:6]:
+            journal.on_event(event)
+        assert journal.completed("k1") is not None and journal.completed("k2") is None
+        journal.on_event(full_run()[10])           # k2's ActionCompleted, after the cache is warm
+        done = journal.completed("k2")
+    assert done is not None and done.messages[0]["id"] == "2-Reviewer-0"
+
+
+def test_another_sop_is_refused_unless_forced(tmp_path: Path) -> None:
+    new_journal(tmp_path).close()
+    with pytest.raises(JournalError, match="belongs to another SOP") as err:
+        new_journal(tmp_path, sop_hash="b" * 64)
+    assert "--force" in err.value.hint
+    Journal.create(tmp_path, sop_name="x", sop_hash="b" * 64, force=True).close()
+    assert Journal.open(tmp_path).meta()["sop_hash"] == "b" * 64
+
+
+def test_newer_schema_is_refused(tmp_path: Path) -> None:
+    new_journal(tmp_path).close()
+    conn = sqlite3.connect(journal_path(tmp_path))
+    conn.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(JournalError, match="schema version 99"):
+        Journal.open(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
+def test_torn_journal_is_a_clear_error(tmp_path: Path, damage: str) -> None:
+    with new_journal(tmp_path) as journal:
+        for event in full_run():
+            journal.on_event(event)
+    path = journal_path(tmp_path)
+    data = path.read_bytes()
+    if damage == "garbage":
+        path.write_bytes(b"this is not sqlite" * 100)
+    elif damage == "truncated":
+        path.write_bytes(data[: len(data) // 3] if len(data) > 4096 else data[:100])
+    else:
+        path.write_bytes(b"")
+    for wal in path.parent.glob("journal.sqlite-*"):
+        wal.unlink()
+    with pytest.raises(JournalError) as err:
+        read_run(tmp_path)
+    assert "journal" in err.value.message
+
+
+def test_missing_run_and_missing_journal(tmp_path: Path) -> None:
+    with pytest.raises(JournalError, match="does not exist"):
+        Journal.open(tmp_path / "nope")
+    with pytest.raises(JournalError, match="has no journal"):
+        Journal.open(tmp_path)
+
+
+def test_read_only_journal_cannot_be_written(tmp_path: Path) -> None:
+    new_journal(tmp_path).close()
+    with Journal.open(tmp_path) as journal, pytest.raises(JournalError, match="read-only"):
+        journal.on_event(started())
+
+
+def test_disk_full_is_a_clear_error_and_keeps_what_was_written(tmp_path: Path) -> None:
+    journal = new_journal(tmp_path)
+    journal.on_event(started())
+    journal._conn.execute("PRAGMA max_page_count = %d"
+                          % journal._conn.execute("PRAGMA page_count").fetchone()[0])
+    with pytest.raises(JournalError, match="disk is full") as err:
+        for i in range(200):
+            journal.record(f"h{i}", "A", StoredAnswer("x" * 4000, 1, 1, 0.0))
+    assert "sopctl resume" in err.value.hint
+    journal.close()
+    assert read_run(tmp_path).run_id == "r1"
+
+
+def test_secrets_never_reach_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sentinel = "sk-SENTINEL-0123456789abcdef"
+    monkeypatch.setenv("OPENAI_API_KEY", sentinel)
+    with new_journal(tmp_path) as journal:
+        journal.on_event(RunStarted(**{**started().to_json(), "inputs": {"idea": f"use {sentinel}"}}))
+        journal.record("h", "A", StoredAnswer(f"the key is {sentinel}", 1, 1, 0.0))
+        journal.on_event(MessagePublished(message=message("m", 1, "A", "R", sentinel)))
+    blobs = b"".join(p.read_bytes() for p in journal_path(tmp_path).parent.iterdir())
+    assert sentinel.encode() not in blobs
+    assert b"[REDACTED]" in blobs
+
+
+def test_resumed_journal_state(tmp_path: Path) -> None:
+    """A crash in round 2, then a resume: final history is the resumed invocation's."""
+    events = full_run()
+    first = events[:10]                              # dies after k2's LLMCalled
+    m2 = events[11].message
+    resumed = [started(), events[1], events[2], events[6], events[7],
+               ActionStarted(round=2, role="Reviewer", action="Review", key="k2"),
+               LLMCalled(round=2, role="Reviewer", action="Review", calls=0, reused=1,
+                         prompt_tokens=0, completion_tokens=0, cost_usd=0.0),
+               ActionCompleted(round=2, role="Reviewer", action="Review", key="k2",
+                               messages=[m2], artifacts=[]),
+               MessagePublished(message=m2), RunEnded(status="idle", rounds=2)]
+    with new_journal(tmp_path) as journal:
+        for event in first:
+            journal.on_event(event)
+        crashed = read_run(tmp_path)
+        for event in resumed:
+            journal.on_event(event)
+    assert crashed.status == "interrupted" and crashed.rounds == 2
+    assert [m["id"] for m in crashed.history] == ["0-Human-0", "1-Writer-0"]
+    state = read_run(tmp_path)
+    assert state.status == "idle" and state.invocations == 2
+    assert [m["id"] for m in state.history] == ["0-Human-0", "1-Writer-0", "2-Reviewer-0"]
+    assert state.completions == {"k1": 1, "k2": 1} and state.reused_calls == 1
+
+
+def test_replay_store_copies_answers(tmp_path: Path) -> None:
+    with new_journal(tmp_path / "old") as old:
+        old.record("h", "Write", StoredAnswer("draft", 3, 4, 0.2))
+    with Journal.open(tmp_path / "old") as source, new_journal(tmp_path / "new") as target:
+        store = ReplayStore(source, target)
+        assert store.lookup("missing") is None
+        assert store.lookup("h") == StoredAnswer("draft", 3, 4, 0.2)
+        rows = target.answers()
+    assert [(r.request_hash, r.action, r.origin) for r in rows] == [("h", "Write", "replay")]
+
+
+def test_crash_hook_exits_right_after_the_commit(tmp_path: Path) -> None:
+    code = ("import sys; from pathlib import Path; from engine.journal import Journal;"
+            "from engine.events import RoundStarted;"
+            f"j = Journal.create(Path({str(tmp_path)!r}), sop_name='x', sop_hash='{HASH}');"
+            "[j.on_event(RoundStarted(round=i, active_roles=[])) for i in range(10)]")
+    env = {**os.environ, "SOPCTL_CRASH_AFTER_EVENT": "3"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 137
+    with Journal.open(tmp_path) as journal:
+        assert [e.data["round"] for e in journal.events()] == [0, 1, 2]
+
+
+def test_rebuild_of_empty_journal() -> None:
+    state = rebuild([])
+    assert state.status == "interrupted" and state.history == [] and state.invocations == 0
+
+
+def test_read_only_workspace_is_a_clear_error(tmp_path: Path) -> None:
+    """A workspace sqlite cannot write to (simulated with query_only: root ignores chmod)."""
+    journal = new_journal(tmp_path)
+    journal._conn.execute("PRAGMA query_only = ON")
+    with pytest.raises(JournalError, match="read-only") as err:
+        journal.on_event(started())
+    assert "writable" in err.value.hint
+    journal.close()
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores chmod")
+def test_read_only_folder_is_a_clear_error(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ws.chmod(0o555)
+    try:
+        with pytest.raises(JournalError, match="read-only|cannot"):
+            new_journal(ws)
+    finally:
+        ws.chmod(0o755)
