@@ -1,16 +1,80 @@
-"""The one gateway between actions and models (litellm, `local`, `fake`).
+"""The one gateway between actions and models: `fake`, `local`, and every litellm model.
 
-INTERFACE SKETCH — owned by the gateway work (issue 3); the interpreter codes against
-`CallSpec`, `CallResult`, `AnswerStore` and `Gateway.call` exactly as declared here.
-litellm is imported lazily, never at `import engine`.
+`await Gateway(...).call(CallSpec(...))` turns one action's request into an accepted value:
+
+1. The provider is resolved from `spec.model` (already resolved upstream): an active
+   `override_model(...)`, the gateway's own `providers`, the registry (`register_model`;
+   built-ins `fake` and `local`), else litellm.
+2. Messages are built by `engine.answers` (our wording). A `json` action's schema travels as
+   `response_format` when the provider supports structured output, else in the prompt.
+3. Each model request (the first ask and every re-ask) gets a `request_hash`: sha256 of the
+   canonical JSON of everything that determines the answer (model, messages, schema and
+   response_format, temperature, max_tokens, kind) and never an API key. A hash found in
+   `store` is **reused**: no model call, counted in `usage.reused_calls`. Missing under
+   `replay=True` it is a `ReplayDivergence`. Otherwise the model is called and the answer
+   is recorded in `store` at once, before it is parsed, so a crash never loses a paid answer.
+4. The answer is parsed and validated (`engine.answers.read`). An invalid answer is never
+   accepted: it is shown back to the model with the error, up to `spec.retries` times, then
+   `ActionFailed` names the action and the last error. `choice` answers are never invalid.
+
+Transport: our own retry with exponential backoff (and jitter) for rate limits, timeouts,
+connection and 5xx errors (`TransientModelError`); litellm runs with `num_retries=0` and no
+cache. Other provider errors become `LLMError` with a clear message; a missing key names the
+environment variable to set. Key values are redacted from every message we raise.
+
+Budget: checked before every model call. `usage.cost_usd` is what this invocation paid.
+Answers reused from the journal were paid when they were recorded: they are not paid again
+(not added to `cost_usd`), but their recorded cost counts toward the budget once, through
+`usage.reused_cost_usd`, so a resumed run keeps the budget of the whole run. Concurrent
+calls (for_each fan-out) are admitted while the spend plus every in-flight call, each
+estimated at the dearest call seen so far, stays under the budget; before any cost is known
+calls go one at a time. So a run overspends by at most about one call.
+
+Events: `on_call(CallEvent)` is called (in the event loop) when a model call starts
+(`start`), when its answer arrives (`answer`, with tokens, cost and seconds), when a journal
+answer is reused (`reused`), before a transient-error retry (`retry`), and when an answer is
+rejected (`invalid`, with the error). The live display and the run log subscribe to it.
+
+litellm is imported lazily, once, by the first call that needs it; never at `import engine`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import random
+import re
+import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Awaitable, Callable, Iterator, Literal, Mapping, Protocol
 
-__all__ = ["CallSpec", "CallResult", "StoredAnswer", "AnswerStore", "Usage", "Gateway"]
+from . import answers
+from .errors import ActionFailed, BudgetExceeded, LLMError, ReplayDivergence, RunError, UsageError
+
+__all__ = [
+    "CallSpec",
+    "CallResult",
+    "StoredAnswer",
+    "AnswerStore",
+    "Usage",
+    "Gateway",
+    "CallEvent",
+    "ModelRequest",
+    "ModelAnswer",
+    "Provider",
+    "TransientModelError",
+    "RealModelBlocked",
+    "LiteLLMProvider",
+    "register_model",
+    "unregister_model",
+    "override_model",
+    "request_hash",
+    "real_models_blocked",
+]
 
 CallKind = Literal["json", "text", "code", "choice"]
 
@@ -38,21 +102,28 @@ class CallSpec:
 
 @dataclass
 class CallResult:
+    """The accepted answer of one `Gateway.call`, with what it cost this invocation."""
+
     value: Any                       # validated dict (json) / str (text) / code str / int (choice)
     text: str                        # the raw accepted answer
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0           # tokens of model calls made now (reused answers: 0)
     completion_tokens: int = 0
-    cost_usd: float = 0.0
+    cost_usd: float = 0.0            # paid now; reused answers are not paid again
     calls: int = 0                   # model calls made for this result (re-asks included)
     reused: int = 0                  # answers taken from the journal instead of the model
+    attempts: int = 0                # answers read (model or journal); 1 = accepted first time
 
 
 @dataclass(frozen=True)
 class StoredAnswer:
+    """One model answer as the journal keeps it (never the request's API key)."""
+
     text: str
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+    model: str = ""
+    seconds: float = 0.0
 
 
 class AnswerStore(Protocol):
@@ -65,19 +136,463 @@ class AnswerStore(Protocol):
 
 @dataclass
 class Usage:
-    llm_calls: int = 0
-    reused_calls: int = 0
+    """Totals of one gateway (one invocation of a run)."""
+
+    llm_calls: int = 0               # model calls made
+    reused_calls: int = 0            # answers taken from the journal
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0            # paid by this invocation
+    reused_cost_usd: float = 0.0     # recorded cost of reused answers (counts toward the budget)
+    retries: int = 0                 # transient-error retries
+    reasks: int = 0                  # re-asks after an invalid answer
+
+    @property
+    def budget_spent_usd(self) -> float:
+        """What the budget is checked against: paid now plus paid earlier for reused answers."""
+        return self.cost_usd + self.reused_cost_usd
+
+
+@dataclass(frozen=True)
+class CallEvent:
+    """A step of a call, for the live display and the run log (see module docstring)."""
+
+    kind: Literal["start", "answer", "reused", "retry", "invalid"]
+    spec: CallSpec
+    attempt: int                     # 0 = first ask, 1.. = re-asks
+    request_hash: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+    detail: str = ""                 # retry: the transient error; invalid: the validation error
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One request to a model: what providers receive and what the request hash covers."""
+
+    spec: CallSpec
+    messages: tuple[dict[str, str], ...]
+    response_format: dict[str, Any] | None
+    attempt: int = 0
+
+    def canonical(self) -> dict[str, Any]:
+        """Everything that determines the answer, and nothing secret."""
+        spec = self.spec
+        data: dict[str, Any] = {
+            "v": 1, "model": spec.model, "kind": spec.kind, "messages": list(self.messages),
+            "response_format": self.response_format, "temperature": spec.temperature,
+            "max_tokens": spec.max_tokens,
+        }
+        if spec.kind == "json":
+            data["schema"], data["format"] = spec.schema, spec.format
+        if spec.kind == "code":
+            data["code_lang"] = spec.code_lang
+        if spec.kind == "choice":
+            data["n_choices"], data["previous_choice"] = spec.n_choices, spec.previous_choice
+        return data
+
+    def hash(self) -> str:
+        return request_hash(self.canonical())
+
+
+@dataclass(frozen=True)
+class ModelAnswer:
+    """A provider's raw answer: text to be parsed by the gateway, plus tokens and cost."""
+
+    text: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
 
 
+class Provider(Protocol):
+    """Anything that answers model requests: litellm, `fake`, `local`, a test's ScriptedModel."""
+
+    def supports_schema(self, model: str) -> bool:
+        """True: a `json` request carries the schema as `response_format`."""
+        ...
+
+    async def complete(self, request: ModelRequest) -> ModelAnswer: ...
+
+
+class TransientModelError(LLMError):
+    """Rate limit, timeout, connection or server error: the gateway retries with backoff."""
+
+
+class RealModelBlocked(LLMError):
+    """A real model was called while `engine.testing.block_real_models()` is active."""
+
+
+def request_hash(canonical: Mapping[str, Any]) -> str:
+    """sha256 of the canonical JSON (sorted keys, no spaces, UTF-8) of a request."""
+    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------- model registry
+
+_REGISTRY: dict[str, Provider] = {}
+_BUILTINS = {"fake": ("engine.fake", "FakeModel"), "local": ("engine.local", "LocalModel")}
+_OVERRIDES: list[Provider] = []
+_BLOCKED = [0]
+
+
+def register_model(name: str, provider: Provider) -> Provider | None:
+    """Make `--model NAME` use `provider`; returns the provider it replaces, if any."""
+    previous = _REGISTRY.get(name)
+    _REGISTRY[name] = provider
+    return previous
+
+
+def unregister_model(name: str) -> None:
+    """Forget a registered model (a built-in comes back on its next use)."""
+    _REGISTRY.pop(name, None)
+
+
+@contextlib.contextmanager
+def override_model(provider: Provider) -> Iterator[Provider]:
+    """Inside the block every call goes to `provider`, whatever model the SOP names."""
+    _OVERRIDES.append(provider)
+    try:
+        yield provider
+    finally:
+        _OVERRIDES.remove(provider)
+
+
+def real_models_blocked() -> bool:
+    """True while `engine.testing.block_real_models()` is active."""
+    return _BLOCKED[0] > 0
+
+
+def check_real_model_allowed(spec: CallSpec) -> None:
+    """Raise RealModelBlocked inside a guarded test suite (called by real providers)."""
+    if real_models_blocked():
+        raise RealModelBlocked(
+            f"real model call blocked in tests: action {spec.action} asked model '{spec.model}'",
+            hint="use --model fake or engine.testing.ScriptedModel, or wrap the test in "
+                 "engine.testing.allow_real_models()",
+        )
+
+
+def _resolve(model: str, own: Mapping[str, Provider], fallback: Provider) -> Provider:
+    if _OVERRIDES:
+        return _OVERRIDES[-1]
+    if model in own:
+        return own[model]
+    if model not in _REGISTRY and model in _BUILTINS:
+        import importlib
+
+        module, cls = _BUILTINS[model]
+        _REGISTRY[model] = getattr(importlib.import_module(module), cls)()
+    return _REGISTRY.get(model, fallback)
+
+
+# --------------------------------------------------------------------------- litellm
+
+_LITELLM: list[Any] = []
+_LITELLM_LOCK = threading.Lock()
+
+
+def litellm_module() -> Any:
+    """Import litellm once, quietly, with its offline cost map (no fetch at import)."""
+    with _LITELLM_LOCK:
+        if not _LITELLM:
+            os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            import logging
+
+            import litellm
+
+            litellm.suppress_debug_info = True
+            litellm.telemetry = False
+            for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy", "litellm"):
+                logging.getLogger(name).setLevel(logging.ERROR)
+            _LITELLM.append(litellm)
+        return _LITELLM[0]
+
+
+_KEYISH = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.I)
+_KEY_SHAPES = re.compile(r"\b(sk|pk|rk|gsk|xai|hf|ghp|AIza)[-_A-Za-z0-9]{12,}")
+
+
+def redact(text: str) -> str:
+    """Remove every secret-looking environment value and key-shaped token from `text`."""
+    for name, value in os.environ.items():
+        if _KEYISH.search(name) and len(value) >= 8:
+            text = text.replace(value, "***")
+    return _KEY_SHAPES.sub("***", text)
+
+
+@dataclass
+class LiteLLMProvider:
+    """Every hosted model, through `litellm.acompletion` (no litellm retries, no cache)."""
+
+    completion_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Extra arguments for litellm (e.g. `api_base`, or `mock_response` in tests)."""
+    transient: bool = True
+    """False: every error is final (an in-process model is not helped by waiting)."""
+
+    def supports_schema(self, model: str) -> bool:
+        try:
+            return bool(litellm_module().supports_response_schema(model=model))
+        except Exception:  # noqa: BLE001 - unknown model: ask in the prompt instead
+            return False
+
+    def preflight(self, model: str) -> None:
+        """An unknown model string is a usage error; a missing key is named before any call."""
+        litellm = litellm_module()
+        try:
+            litellm.get_llm_provider(model=model)
+        except Exception:  # noqa: BLE001 - litellm's message lists every provider
+            raise UsageError(f"unknown model '{model}': litellm cannot tell its provider",
+                             hint="write provider/model (e.g. openai/gpt-4o-mini), or use "
+                                  "--model local / --model fake") from None
+        if "mock_response" in self.completion_kwargs:
+            return
+        try:
+            missing = litellm.validate_environment(model=model).get("missing_keys") or []
+        except Exception:  # noqa: BLE001 - best effort; the call itself will tell
+            missing = []
+        if missing:
+            raise RunError(f"model '{model}' needs {', '.join(missing)} in the environment",
+                           hint="API keys are read only from the environment, never from files")
+
+    async def complete(self, request: ModelRequest) -> ModelAnswer:
+        if "mock_response" not in self.completion_kwargs:
+            check_real_model_allowed(request.spec)
+        return await self.acompletion(request.spec.model, request)
+
+    async def acompletion(self, model: str, request: ModelRequest) -> ModelAnswer:
+        """Call litellm for `model` (may differ from spec.model, e.g. `local`'s provider)."""
+        litellm = litellm_module()
+        try:
+            response = await litellm.acompletion(**self._kwargs(model, request))
+        except Exception as exc:  # noqa: BLE001 - converted to our error family here
+            raise self._convert(exc, request.spec) from None
+        return _answer_of(litellm, response)
+
+    def _kwargs(self, model: str, request: ModelRequest) -> dict[str, Any]:
+        spec = request.spec
+        kwargs: dict[str, Any] = {"model": model, "messages": list(request.messages),
+                                  "num_retries": 0, "drop_params": True}
+        for name, value in (("temperature", spec.temperature), ("max_tokens", spec.max_tokens),
+                            ("timeout", spec.timeout_s), ("response_format", request.response_format)):
+            if value is not None:
+                kwargs[name] = value
+        return {**kwargs, **self.completion_kwargs}
+
+    def _convert(self, exc: Exception, spec: CallSpec) -> LLMError:
+        if isinstance(exc, LLMError):
+            return exc
+        message = redact(f"{type(exc).__name__}: {exc}").strip()
+        message = message if len(message) <= 400 else message[:400] + "..."
+        if self.transient and _is_transient(exc):
+            return TransientModelError(f"model '{spec.model}' for action {spec.action}: {message}")
+        if type(exc).__name__ == "AuthenticationError":
+            return LLMError(f"model '{spec.model}' rejected the credentials for action {spec.action}",
+                            hint=_key_hint(spec.model))
+        return LLMError(f"model '{spec.model}' failed for action {spec.action}: {message}")
+
+
+_TRANSIENT_NAMES = {"RateLimitError", "Timeout", "APIConnectionError", "InternalServerError",
+                    "ServiceUnavailableError", "BadGatewayError", "APITimeoutError"}
+
+
+def _is_transient(exc: Exception) -> bool:
+    if any(cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__):
+        return True
+    status = getattr(exc, "status_code", None)
+    return isinstance(status, int) and (status in (408, 429) or status >= 500)
+
+
+def _key_hint(model: str) -> str:
+    """Which environment variable the model needs (from litellm), never its value."""
+    try:
+        missing = litellm_module().validate_environment(model=model).get("missing_keys") or []
+    except Exception:  # noqa: BLE001 - best effort
+        missing = []
+    if missing:
+        return f"set {', '.join(missing)} in the environment (API keys are read only from there)"
+    return "check the provider's API key variable in the environment (see litellm's docs)"
+
+
+def _answer_of(litellm: Any, response: Any) -> ModelAnswer:
+    text = response.choices[0].message.content or ""
+    usage = getattr(response, "usage", None)
+    try:
+        cost = float(litellm.completion_cost(completion_response=response) or 0.0)
+    except Exception:  # noqa: BLE001 - unknown price: 0, as MetaGPT does
+        cost = 0.0
+    return ModelAnswer(text=text, prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+                       completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+                       cost_usd=cost)
+
+
+# --------------------------------------------------------------------------- the gateway
+
+
 @dataclass
 class Gateway:
+    """Asks models for answers on behalf of actions: reuse, budget, retries, validation."""
+
     budget_usd: float = 0.0                 # 0 = no limit; checked before every call
     store: AnswerStore | None = None        # reuse journaled answers, record new ones
     replay: bool = False                    # True: a request missing from `store` is a divergence
     usage: Usage = field(default_factory=Usage)
+    on_call: Callable[[CallEvent], None] | None = None
+    """Observer of call steps (start / answer / reused / retry / invalid)."""
+    providers: Mapping[str, Provider] = field(default_factory=dict)
+    """Models of this gateway only, consulted before the global registry."""
+    transient_retries: int = 5              # retries of one request after transient errors
+    backoff_s: float = 1.0                  # first backoff; doubles each retry, with jitter
+    backoff_max_s: float = 30.0
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
+    """How backoff waits (tests pass a recorder instead of sleeping)."""
+    _litellm: LiteLLMProvider = field(default_factory=LiteLLMProvider, repr=False)
+    _admission: tuple[Any, asyncio.Condition] | None = field(default=None, repr=False)
+    _in_flight: int = field(default=0, repr=False)
+    _max_call_cost: float | None = field(default=None, repr=False)
+
+    def provider(self, model: str) -> Provider:
+        """The provider that answers `model` for this gateway."""
+        return _resolve(model, self.providers, self._litellm)
+
+    def preflight(self, model: str) -> None:
+        """Fail before a run starts if `model` cannot work (e.g. the local extra is missing)."""
+        check = getattr(self.provider(model), "preflight", None)
+        if check is not None:
+            check(model)
 
     async def call(self, spec: CallSpec) -> CallResult:
-        raise NotImplementedError
+        """The accepted answer for `spec`, or ActionFailed / LLMError / BudgetExceeded / ReplayDivergence."""
+        _check_spec(spec)
+        provider = self.provider(spec.model)
+        schema_mode = spec.kind == "json" and provider.supports_schema(spec.model)
+        rformat = answers.response_format(spec) if schema_mode else None
+        messages = answers.first_messages(spec, schema_mode)
+        result = CallResult(value=None, text="")
+        error = ""
+        for attempt in range(1 if spec.kind == "choice" else spec.retries + 1):
+            request = ModelRequest(spec, tuple(messages), rformat, attempt)
+            self.usage.reasks += 1 if attempt else 0
+            text = await self._answer(provider, request, result)
+            result.attempts += 1
+            try:
+                result.value, result.text = answers.read(spec, text), text
+                return result
+            except answers.InvalidAnswer as exc:
+                error = str(exc)
+                self._emit("invalid", request, request.hash(), detail=error)
+                messages = answers.reask_messages(messages, text, error, spec, schema_mode)
+        raise ActionFailed(spec.action, f"no valid answer from model '{spec.model}' after "
+                           f"{result.attempts} attempt(s); last error: {error}",
+                           hint="raise the action's `retries`, simplify its output, or use a stronger model")
+
+    async def _answer(self, provider: Provider, request: ModelRequest, result: CallResult) -> str:
+        """The answer text: from the journal, or from the model (then journaled at once)."""
+        key = request.hash()
+        stored = self.store.lookup(key) if self.store is not None else None
+        if stored is not None:
+            self.usage.reused_calls += 1
+            self.usage.reused_cost_usd += stored.cost_usd
+            result.reused += 1
+            self._emit("reused", request, key, stored.prompt_tokens, stored.completion_tokens, stored.cost_usd)
+            return stored.text
+        if self.replay:
+            raise ReplayDivergence(
+                f"replay diverged at action {request.spec.action} (role {request.spec.role}, "
+                f"attempt {request.attempt}): request {key[:12]} is not in the journal",
+                hint="the SOP, its inputs or the engine changed since the run was recorded")
+        async with self._admitted(request.spec):
+            answer, seconds = await self._complete(provider, request, key)
+            self._account(answer, result)
+        if self.store is not None:
+            self.store.record(key, request.spec.action, StoredAnswer(
+                answer.text, answer.prompt_tokens, answer.completion_tokens, answer.cost_usd,
+                model=request.spec.model, seconds=round(seconds, 3)))
+        self._emit("answer", request, key, answer.prompt_tokens, answer.completion_tokens,
+                   answer.cost_usd, seconds)
+        return answer.text
+
+    async def _complete(self, provider: Provider, request: ModelRequest, key: str) -> tuple[ModelAnswer, float]:
+        """One model request, retried with exponential backoff on transient errors."""
+        delay = self.backoff_s
+        for retry in range(self.transient_retries + 1):
+            self._emit("start", request, key)
+            started = time.monotonic()
+            try:
+                return await provider.complete(request), time.monotonic() - started
+            except TransientModelError as exc:
+                if retry == self.transient_retries:
+                    raise LLMError(f"{exc.message} (gave up after {retry + 1} attempts)") from None
+                self.usage.retries += 1
+                self._emit("retry", request, key, detail=exc.message)
+                await self.sleep(min(delay, self.backoff_max_s) * random.uniform(0.5, 1.0))
+                delay *= 2
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _account(self, answer: ModelAnswer, result: CallResult) -> None:
+        cost = max(float(answer.cost_usd or 0.0), 0.0)
+        for totals in (self.usage, result):
+            totals.prompt_tokens += answer.prompt_tokens
+            totals.completion_tokens += answer.completion_tokens
+            totals.cost_usd += cost
+        self.usage.llm_calls += 1
+        result.calls += 1
+        self._max_call_cost = max(self._max_call_cost or 0.0, cost)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, spec: CallSpec) -> Any:
+        """Budget admission (see module docstring); a no-op without a budget."""
+        if self.budget_usd <= 0:
+            yield
+            return
+        cond = self._condition()
+        async with cond:
+            while not self._may_start(spec):
+                await cond.wait()
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            async with cond:
+                self._in_flight -= 1
+                cond.notify_all()
+
+    def _may_start(self, spec: CallSpec) -> bool:
+        spent = self.usage.budget_spent_usd
+        if spent >= self.budget_usd:
+            raise BudgetExceeded(
+                f"budget of ${self.budget_usd:.4f} spent (${spent:.4f}); stopped before calling "
+                f"model '{spec.model}' for action {spec.action}",
+                hint="raise it with --budget (sopctl resume --budget continues the run)")
+        if self._in_flight == 0:
+            return True
+        if self._max_call_cost is None:
+            return False
+        return spent + (self._in_flight + 1) * self._max_call_cost < self.budget_usd
+
+    def _condition(self) -> asyncio.Condition:
+        loop = asyncio.get_running_loop()
+        if self._admission is None or self._admission[0] is not loop:
+            self._admission = (loop, asyncio.Condition())
+        return self._admission[1]
+
+    def _emit(self, kind: Any, request: ModelRequest, key: str, prompt_tokens: int = 0,
+              completion_tokens: int = 0, cost: float = 0.0, seconds: float = 0.0, detail: str = "") -> None:
+        if self.on_call is not None:
+            self.on_call(CallEvent(kind, request.spec, request.attempt, key, prompt_tokens,
+                                   completion_tokens, cost, seconds, detail))
+
+
+def _check_spec(spec: CallSpec) -> None:
+    """Catch an interpreter bug with a clear message instead of a confusing model error."""
+    if spec.kind not in ("json", "text", "code", "choice"):
+        raise LLMError(f"action {spec.action}: unknown call kind '{spec.kind}'")
+    if spec.kind == "json" and not isinstance(spec.schema, dict):
+        raise LLMError(f"action {spec.action}: a json call needs its output schema")
+    if spec.retries < 0:
+        raise LLMError(f"action {spec.action}: retries must be >= 0, got {spec.retries}")
+    if not spec.model:
+        raise LLMError(f"action {spec.action}: no model given")
