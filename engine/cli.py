@@ -21,15 +21,31 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    raise SopError("`sopctl validate` is not implemented yet")
+    from .compiler import check_path
+    from .render import report
+
+    text, code = report([check_path(f) for f in args.files], args.format, args.strict)
+    print(text)
+    return code
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    raise SopError("`sopctl graph` is not implemented yet")
+    from .compiler import check_path
+    from .render import render_graph, report
+
+    result = check_path(args.file)
+    if result.compiled is None:
+        print(report([result], "text", False)[0], file=sys.stderr)
+        return 1
+    print(render_graph(result.compiled.graph, args.format), end="")
+    return 0
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    raise SopError("`sopctl schema` is not implemented yet")
+    from .schema import schema_text
+
+    print(schema_text(), end="")
+    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -1,48 +1,189 @@
 """source -> schema -> spec -> checks -> graph: an immutable CompiledSop.
 
-STUB — the checker work (issue 2) replaces the body of `compile_path` / `compile_text` with
-the full pipeline; the signatures and `CompiledSop` fields stay as declared here because the
-interpreter depends on them.
+The pipeline runs phase by phase: YAML (safe load) -> JSON Schema -> pydantic spec ->
+references -> watch graph -> templates. Every problem of a phase is collected; the first
+phase with an error ends the pipeline (later phases would only report its echoes). This is
+the one place where JSON pointers become `file:line:col`.
+
+`check_path`/`check_text` never raise for a bad file: they return every diagnostic (what
+`sopctl validate` shows). `compile_path`/`compile_text` are for the interpreter: they return
+a CompiledSop carrying its warnings, or raise `LoadError`/`CompileError` with the diagnostics.
 """
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .errors import Diagnostic
-from .outputs import output_schema
+from .errors import CompileError, Diagnostic, LoadError, Related
 from .spec import Sop
 
-__all__ = ["CompiledSop", "compile_path", "compile_text"]
+__all__ = ["CompiledSop", "CheckResult", "check_path", "check_text", "compile_path", "compile_text"]
 
 
 @dataclass(frozen=True)
 class CompiledSop:
+    """A checked SOP, ready to run: the spec, its output schemas and its watch graph."""
+
     spec: Sop
     file: str                                   # path as given ("<string>" for text)
     source_hash: str                            # sha256 of the file's bytes
     output_schemas: Mapping[str, dict | None]   # action id -> JSON Schema (None: text/code)
-    graph: Any = None                           # networkx.DiGraph (the watch graph)
+    graph: Any = None                           # networkx.DiGraph (the watch graph), frozen
     warnings: tuple[Diagnostic, ...] = field(default_factory=tuple)
 
 
-def compile_text(text: str, file: str = "<string>") -> CompiledSop:
-    from ruamel.yaml import YAML
+@dataclass(frozen=True)
+class CheckResult:
+    """Everything `validate` reports about one file: located diagnostics, and the SOP if it compiled."""
 
-    data = YAML(typ="safe", pure=True).load(text)
-    spec = Sop.model_validate(data)
-    schemas = {aid: output_schema(a.output) for aid, a in spec.actions.items()}
-    return CompiledSop(
-        spec=spec,
-        file=file,
-        source_hash=hashlib.sha256(text.encode()).hexdigest(),
-        output_schemas=MappingProxyType(schemas),
-    )
+    file: str
+    diagnostics: tuple[Diagnostic, ...]
+    compiled: CompiledSop | None = None
+    lines: tuple[str, ...] = ()
+    """The file's lines, for rendering the offending line under a diagnostic."""
+
+    @property
+    def ok(self) -> bool:
+        return not any(d.is_error for d in self.diagnostics)
+
+
+def check_path(path: str | Path) -> CheckResult:
+    """Load and check a file; a file that cannot be read is a diagnostic too."""
+    from .source import load_path
+
+    try:
+        source = load_path(path)
+    except LoadError as exc:
+        return CheckResult(file=str(path), diagnostics=tuple(exc.diagnostics))
+    return _check_source(source)
+
+
+def check_text(text: str, file: str = "<string>") -> CheckResult:
+    """Check SOP YAML given as text."""
+    from .source import load_text
+
+    try:
+        source = load_text(text, file)
+    except LoadError as exc:
+        return CheckResult(file=file, diagnostics=tuple(exc.diagnostics), lines=tuple(text.splitlines()))
+    return _check_source(source)
 
 
 def compile_path(path: str | Path) -> CompiledSop:
-    return compile_text(Path(path).read_text(encoding="utf-8"), str(path))
+    """The compiled SOP of a file, or LoadError/CompileError carrying every diagnostic."""
+    return _compiled(check_path(path))
+
+
+def compile_text(text: str, file: str = "<string>") -> CompiledSop:
+    """The compiled SOP of YAML text, or LoadError/CompileError carrying every diagnostic."""
+    return _compiled(check_text(text, file))
+
+
+def _compiled(result: CheckResult) -> CompiledSop:
+    if result.compiled is not None and result.ok:
+        return result.compiled
+    errors = [d for d in result.diagnostics if d.is_error]
+    if errors and errors[0].code < "SOP100":
+        raise LoadError(list(result.diagnostics))
+    raise CompileError(list(result.diagnostics))
+
+
+def _check_source(source: Any) -> CheckResult:
+    found, compiled = _pipeline(source)
+    located = sorted((_locate(d, source) for d in found), key=_order)
+    if compiled is not None:
+        compiled = replace(compiled, warnings=tuple(d for d in located if not d.is_error))
+    return CheckResult(file=source.file, diagnostics=tuple(located), compiled=compiled,
+                       lines=tuple(source.lines))
+
+
+def _pipeline(source: Any) -> tuple[list[Diagnostic], CompiledSop | None]:
+    """Run the phases in order; stop after the first one with an error."""
+    from . import checks, schema
+
+    found = schema.validate(source.data)
+    if _has_error(found):
+        return found, None
+    spec, found = _spec(source.data)
+    if spec is None:
+        return found, None
+    ctx = checks.Context(spec=spec)
+    for phase in checks.PHASES:
+        if phase == "graph":
+            from .graph import build
+
+            ctx.graph = build(spec)
+        found += checks.run_phase(phase, ctx)
+        if _has_error(found):
+            return found, None
+    return found, _make(spec, source, ctx.graph)
+
+
+def _has_error(found: list[Diagnostic]) -> bool:
+    return any(d.is_error for d in found)
+
+
+def _spec(data: dict[str, Any]) -> tuple[Sop | None, list[Diagnostic]]:
+    """The pydantic models; their errors (if the schema let something through) are diagnostics."""
+    from pydantic import ValidationError
+
+    try:
+        return Sop.model_validate(data), []
+    except ValidationError as exc:
+        return None, [_from_pydantic(err) for err in exc.errors(include_url=False)]
+
+
+def _from_pydantic(err: dict[str, Any]) -> Diagnostic:
+    from .source import join_pointer
+
+    loc = [p for p in err["loc"] if isinstance(p, (str, int)) and not _is_branch(p)]
+    return Diagnostic(code="SOP108", severity="error", pointer=join_pointer("", *loc),
+                      message=f"invalid value: {err['msg']}", hint="the SOP models refuse this value")
+
+
+def _is_branch(part: Any) -> bool:
+    """pydantic names union branches in `loc` (e.g. `literal['text']`); they are not keys."""
+    return isinstance(part, str) and ("[" in part or part in ("CodeOutput", "function-after"))
+
+
+def _make(spec: Sop, source: Any, graph: Any) -> CompiledSop:
+    from .outputs import output_schema
+
+    schemas = {aid: output_schema(action.output) for aid, action in spec.actions.items()}
+    return CompiledSop(spec=spec, file=source.file, source_hash=hashlib.sha256(source.raw).hexdigest(),
+                       output_schemas=MappingProxyType(schemas), graph=graph)
+
+
+_AT_KEY = frozenset({"SOP101", "SOP106"})
+"""Codes about a key itself (unknown, badly named): the caret goes under the key."""
+
+
+def _locate(diag: Diagnostic, source: Any) -> Diagnostic:
+    """Fill file:line:col from the pointer (template lines are offset into the file)."""
+    smap = source.map
+    line, col = smap.locate(diag.pointer, prefer_key=diag.code in _AT_KEY)
+    if diag.line and diag.pointer in smap.literals:
+        line, col = _template_position(source, line + diag.line)
+    related = tuple(_locate_related(r, smap) for r in diag.related)
+    return replace(diag, file=source.file, line=line, col=col, related=related)
+
+
+def _template_position(source: Any, line: int) -> tuple[int, int]:
+    lines = source.lines
+    text = lines[line - 1] if 0 < line <= len(lines) else ""
+    return line, len(text) - len(text.lstrip()) + 1
+
+
+def _locate_related(rel: Related, smap: Any) -> Related:
+    if rel.line or not rel.pointer:
+        return rel
+    line, col = smap.locate(rel.pointer)
+    return replace(rel, line=line, col=col)
+
+
+def _order(diag: Diagnostic) -> tuple[int, int, str, str]:
+    return (diag.line, diag.col, diag.code, diag.message)

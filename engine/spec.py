@@ -42,7 +42,10 @@ RoleId = Annotated[str, StringConstraints(pattern=ROLE_ID)]
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    """Base of every model: unknown keys are errors, instances are immutable, and types are
+    strict (no "2" -> 2 coercion) so that the models accept what `sop.schema.json` accepts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class InputSpec(_Model):

@@ -1,0 +1,588 @@
+"""Semantic checks of a schema-valid SOP: references, the watch graph, templates.
+
+Each check is a small generator registered for a phase; it yields unlocated diagnostics
+(a JSON pointer, a code, a message saying what was expected, a hint) and never computes a
+position — the compiler resolves pointers in one place. A template check may set `line` to
+the line *inside the template*; the compiler turns it into a file line.
+
+Phases run in the order of `PHASES`; the compiler stops after a phase with an error, so a
+later check may assume that every reference an earlier phase checks is valid.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
+
+from .errors import Diagnostic, Related
+from .schema import did_you_mean
+from .source import join_pointer
+from .spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, ActionSpec, OutputNode, Sop
+
+__all__ = ["PHASES", "Context", "check", "run_phase", "registered_codes", "error", "warning"]
+
+PHASES = ("references", "graph", "templates")
+
+
+@dataclass
+class Context:
+    """What checks read: the spec, and the watch graph once the graph phase has built it."""
+
+    spec: Sop
+    graph: Any = None
+    cache: dict[str, Any] = field(default_factory=dict)
+
+
+Check = Callable[[Context], Iterator[Diagnostic]]
+_REGISTRY: dict[str, list[tuple[tuple[str, ...], Check]]] = {phase: [] for phase in PHASES}
+
+
+def check(phase: str, *codes: str) -> Callable[[Check], Check]:
+    """Register a check for a phase, with the codes it may emit (documented in the README)."""
+
+    def register(func: Check) -> Check:
+        _REGISTRY[phase].append((codes, func))
+        return func
+
+    return register
+
+
+def run_phase(phase: str, ctx: Context) -> list[Diagnostic]:
+    """Every diagnostic of every check of `phase` (all problems of a phase together)."""
+    return [diag for _, func in _REGISTRY[phase] for diag in func(ctx)]
+
+
+def registered_codes() -> set[str]:
+    return {code for checks in _REGISTRY.values() for codes, _ in checks for code in codes}
+
+
+def error(code: str, pointer: str, message: str, hint: str = "", **extra: Any) -> Diagnostic:
+    return Diagnostic(code=code, severity="error", message=message, pointer=pointer, hint=hint, **extra)
+
+
+def warning(code: str, pointer: str, message: str, hint: str = "", **extra: Any) -> Diagnostic:
+    return Diagnostic(code=code, severity="warning", message=message, pointer=pointer, hint=hint, **extra)
+
+
+def _unknown(kind: str, name: str, choices: list[str]) -> tuple[str, str]:
+    hint = did_you_mean(name, choices) or (f"known {kind}s: {', '.join(choices)}" if choices
+                                           else f"declare it under `{kind}s`")
+    return f"unknown {kind} '{name}'", hint
+
+
+# ---------------------------------------------------------------- references
+
+
+@check("references", "SOP107")
+def node_types(ctx: Context) -> Iterator[Diagnostic]:
+    """Every output node's `type` must parse (and `children` only go with no type or `list`)."""
+    from .outputs import TypeSyntaxError, parse_type
+
+    for aid, action in ctx.spec.actions.items():
+        if not isinstance(action.output, dict):
+            continue
+        for pointer, node in _nodes(action.output, f"/actions/{aid}/output"):
+            kind = (node.type or "").strip()
+            if node.children is not None:
+                if kind not in ("", "list"):
+                    yield error("SOP107", pointer + "/type", f"a node with children has type '{kind}'",
+                                "leave `type` out for an object, or write `type: list` for a list of objects")
+                continue
+            try:
+                parse_type(node.type or "str")
+            except TypeSyntaxError as exc:
+                yield error("SOP107", pointer + "/type", str(exc), did_you_mean(kind, _TYPE_WORDS))
+
+
+_TYPE_WORDS = ["str", "int", "float", "bool", "list[str]", "dict[str, str]", "optional[str]"]
+
+
+def _nodes(tree: dict[str, OutputNode], pointer: str) -> Iterator[tuple[str, OutputNode]]:
+    for key, node in tree.items():
+        here = join_pointer(pointer, key)
+        yield here, node
+        if node.children:
+            yield from _nodes(node.children, here + "/children")
+
+
+@check("references", "SOP201", "SOP211")
+def role_actions(ctx: Context) -> Iterator[Diagnostic]:
+    """Role `actions` name defined actions; an action no role runs is dead weight."""
+    known = list(ctx.spec.actions)
+    used: set[str] = set()
+    for rid, role in ctx.spec.roles.items():
+        for i, aid in enumerate(role.actions):
+            used.add(aid)
+            if aid not in ctx.spec.actions:
+                yield error("SOP201", f"/roles/{rid}/actions/{i}", *_unknown("action", aid, known))
+        if role.planner:
+            used.update((role.planner.action, role.planner.task_action))
+    for aid in known:
+        if aid not in used:
+            yield warning("SOP211", f"/actions/{aid}", f"action '{aid}' is run by no role",
+                          "add it to a role's `actions`, or delete it")
+
+
+@check("references", "SOP202")
+def watches(ctx: Context) -> Iterator[Diagnostic]:
+    """`watch` names actions (message types) or UserRequirement."""
+    known = [USER_REQUIREMENT, *ctx.spec.actions]
+    for rid, role in ctx.spec.roles.items():
+        for i, aid in enumerate(role.watch):
+            if aid not in known:
+                message, hint = _unknown("action", aid, known)
+                if aid in ctx.spec.roles:
+                    hint = f"'{aid}' is a role; watch one of the actions it runs"
+                yield error("SOP202", f"/roles/{rid}/watch/{i}", f"watches {message}", hint)
+
+
+def _addresses(spec: Sop) -> list[str]:
+    names = [spec.role_name(rid) for rid in spec.roles]
+    return list(dict.fromkeys([*spec.roles, *names]))
+
+
+@check("references", "SOP203")
+def send_to(ctx: Context) -> Iterator[Diagnostic]:
+    """`send_to` names roles (id or name) or one of <all>, <self>, <none>."""
+    known = [*_addresses(ctx.spec), *SPECIAL_ADDRESSES]
+    for aid, action in ctx.spec.actions.items():
+        for i, address in enumerate(action.send_to):
+            if address not in known:
+                message, hint = _unknown("address", address, known)
+                yield error("SOP203", f"/actions/{aid}/send_to/{i}", message,
+                            hint if "did you mean" in hint else
+                            f"a role id or name, or <all>, <self>, <none>; {hint}")
+        if "<none>" in action.send_to and len(action.send_to) > 1:
+            yield error("SOP203", f"/actions/{aid}/send_to", "<none> cannot be combined with other addresses")
+
+
+@check("references", "SOP204")
+def contexts(ctx: Context) -> Iterator[Diagnostic]:
+    """A list `context` names actions or UserRequirement."""
+    known = [USER_REQUIREMENT, *ctx.spec.actions]
+    for aid, action in ctx.spec.actions.items():
+        if isinstance(action.context, str):
+            continue
+        for i, name in enumerate(action.context):
+            if name not in known:
+                message, hint = _unknown("action", name, known)
+                yield error("SOP204", f"/actions/{aid}/context/{i}", f"context names {message}", hint)
+
+
+@check("references", "SOP205", "SOP206", "SOP208")
+def planners(ctx: Context) -> Iterator[Diagnostic]:
+    """plan_and_act needs a planner whose two actions exist; a planner elsewhere is ignored."""
+    known = list(ctx.spec.actions)
+    for rid, role in ctx.spec.roles.items():
+        pointer = f"/roles/{rid}"
+        if role.react_mode == "plan_and_act" and role.planner is None:
+            yield error("SOP206", pointer + "/react_mode", "react_mode plan_and_act needs a `planner`",
+                        "add `planner: {action: WritePlan, task_action: ExecuteTask}`")
+        if role.planner is None:
+            continue
+        if role.react_mode != "plan_and_act":
+            yield warning("SOP208", pointer + "/planner",
+                          f"`planner` is ignored: react_mode is {role.react_mode}",
+                          "set `react_mode: plan_and_act`, or remove the planner")
+        for key in ("action", "task_action"):
+            aid = getattr(role.planner, key)
+            if aid not in ctx.spec.actions:
+                yield error("SOP205", f"{pointer}/planner/{key}", *_unknown("action", aid, known))
+
+
+@check("references", "SOP207")
+def plan_shape(ctx: Context) -> Iterator[Diagnostic]:
+    """A planner action's output must be a plan: `tasks`, a list of task objects."""
+    for role in ctx.spec.roles.values():
+        aid = role.planner.action if role.planner else None
+        if aid is None or aid not in ctx.spec.actions or aid in ctx.cache.setdefault("plans", set()):
+            continue
+        ctx.cache["plans"].add(aid)
+        problem = _plan_problem(ctx.spec.actions[aid].output)
+        if problem:
+            yield error("SOP207", f"/actions/{aid}/output", f"planner action '{aid}' does not output a plan: {problem}",
+                        "give it `tasks: {type: list, children: {task_id: {type: str}, "
+                        "dependent_task_ids: {type: list[str]}, instruction: {type: str}}}`")
+
+
+_TASK_FIELDS = {"task_id": "str", "dependent_task_ids": "list[str]", "instruction": "str"}
+
+
+def _plan_problem(output: Any) -> str:
+    if not isinstance(output, dict):
+        return "its output is not a tree of nodes"
+    tasks = output.get("tasks")
+    if tasks is None:
+        return "its output tree has no key `tasks`"
+    if tasks.children is None or (tasks.type or "").strip() != "list":
+        return "`tasks` must be `type: list` with `children`"
+    for key, kind in _TASK_FIELDS.items():
+        node = tasks.children.get(key)
+        if node is None:
+            return f"a task has no `{key}`"
+        if node.children is not None or re.sub(r"\s", "", node.type or "str") != kind:
+            return f"a task's `{key}` must be of type {kind}"
+    return ""
+
+
+@check("references", "SOP209")
+def exec_actions(ctx: Context) -> Iterator[Diagnostic]:
+    """`command` only means something for kind exec (the schema already requires it there)."""
+    for aid, action in ctx.spec.actions.items():
+        if action.kind == "exec" and not action.command:
+            yield error("SOP209", f"/actions/{aid}", "an action of kind exec needs a non-empty `command`",
+                        'add `command: ["python", "-m", "pytest", "-q"]`')
+        if action.kind == "llm" and action.command:
+            yield warning("SOP209", f"/actions/{aid}/command", "`command` is ignored: the action is of kind llm",
+                          "add `kind: exec` to run the command instead of an LLM")
+
+
+@check("references", "SOP210")
+def addresses_unique(ctx: Context) -> Iterator[Diagnostic]:
+    """Two roles with one address would make `send_to` ambiguous."""
+    owner: dict[str, str] = {}
+    for rid in ctx.spec.roles:
+        owner.setdefault(rid, rid)
+    for rid in ctx.spec.roles:
+        name = ctx.spec.role_name(rid)
+        if owner.setdefault(name, rid) != rid:
+            yield error("SOP210", f"/roles/{rid}/name", f"role name '{name}' is already the address of role "
+                        f"'{owner[name]}'", "give each role a distinct name")
+
+
+@check("references", "SOP212")
+def builtin_ids(ctx: Context) -> Iterator[Diagnostic]:
+    """UserRequirement is the built-in first message; a file may not redefine it."""
+    if USER_REQUIREMENT in ctx.spec.actions:
+        yield error("SOP212", f"/actions/{USER_REQUIREMENT}", f"'{USER_REQUIREMENT}' is built in",
+                    "choose another action id")
+
+
+@check("references", "SOP213")
+def input_defaults(ctx: Context) -> Iterator[Diagnostic]:
+    """An input's default must have the input's type."""
+    kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+    for name, spec in ctx.spec.inputs.items():
+        default = spec.default
+        if default is None:
+            continue
+        wrong_bool = isinstance(default, bool) and spec.type != "bool"
+        if wrong_bool or not isinstance(default, kinds[spec.type]):
+            yield error("SOP213", f"/inputs/{name}/default",
+                        f"default {default!r} is not of the input's type {spec.type}",
+                        "quote it to make it a string" if spec.type == "str" else "")
+
+
+# ---------------------------------------------------------------- graph
+
+
+@check("graph", "SOP301")
+def bounded_loops(ctx: Context) -> Iterator[Diagnostic]:
+    """Every loop of activations must pass an action with `max_runs`."""
+    from .graph import unbounded_cycles
+
+    for cycle in unbounded_cycles(ctx.graph):
+        actions = [n.split(":", 1)[1] for n in cycle.nodes if n.startswith("action:")]
+        related = tuple(Related(message=f"action '{a}' is on the loop", pointer=f"/actions/{a}")
+                        for a in actions[1:])
+        yield error("SOP301", f"/actions/{actions[0]}", f"unbounded cycle: {cycle.label}",
+                    f"add `max_runs: N` to an action on the loop (e.g. {actions[0]})", related=related)
+
+
+@check("graph", "SOP302")
+def reachable(ctx: Context) -> Iterator[Diagnostic]:
+    """A role no message can reach never runs."""
+    from .graph import reachable_roles
+
+    live = reachable_roles(ctx.graph)
+    for rid in ctx.spec.roles:
+        if rid not in live:
+            yield warning("SOP302", f"/roles/{rid}", f"no message can ever reach role '{rid}'",
+                          "let it watch UserRequirement or an action a reachable role runs, "
+                          "or name it in an action's send_to")
+
+
+@check("graph", "SOP303")
+def consumed(ctx: Context) -> Iterator[Diagnostic]:
+    """An output nobody keeps, nobody later reads and no artifact writes is wasted work."""
+    from .graph import action_node, runners
+
+    ran_by = runners(ctx.spec)
+    for aid, action in ctx.spec.actions.items():
+        if not ran_by[aid] or action.artifacts or ctx.graph.out_degree(action_node(aid)):
+            continue
+        if any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
+            continue
+        yield warning("SOP303", f"/actions/{aid}", f"the output of '{aid}' is never used: no role keeps it "
+                      "and no artifact writes it",
+                      "watch it from a role, address a role in its send_to, or add `artifacts`")
+
+
+def _read_later(spec: Sop, rid: str, aid: str) -> bool:
+    """Another action of the same role sees `aid` in its context (MetaGPT memory)."""
+    role = spec.roles[rid]
+    own = [*role.actions, *([role.planner.action, role.planner.task_action] if role.planner else [])]
+    for other in own:
+        ctx_list = spec.actions[other].context if other in spec.actions and other != aid else "none"
+        if ctx_list == "all" or (isinstance(ctx_list, list) and aid in ctx_list):
+            return True
+    return False
+
+
+@check("graph", "SOP304")
+def watched_but_not_sent(ctx: Context) -> Iterator[Diagnostic]:
+    """A watch that the producer's `send_to` never delivers is a silent dead end."""
+    from .graph import delivered, runners
+
+    ran_by = runners(ctx.spec)
+    for rid, role in ctx.spec.roles.items():
+        for i, aid in enumerate(role.watch):
+            action = ctx.spec.actions.get(aid)
+            if action is None:
+                continue
+            reach, _ = delivered(list(action.send_to), rid, ctx.spec.role_name(rid), rid in ran_by[aid])
+            if not reach:
+                targets = ", ".join(action.send_to)
+                yield warning("SOP304", f"/roles/{rid}/watch/{i}", f"'{rid}' watches '{aid}', but '{aid}' is "
+                              f"sent only to {targets}", f"add '{rid}' or <all> to {aid}'s send_to")
+
+
+# ---------------------------------------------------------------- templates
+
+# ---------------------------------------------------------------- templates
+
+BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run"})
+"""Names every template may read (contract §3)."""
+_DICT_METHODS = frozenset({"items", "keys", "values", "get"})
+_EXEC_OUT = {"exit_code": None, "stdout": None, "stderr": None}
+
+
+@dataclass(frozen=True)
+class _Template:
+    """One template of an action: where it is, what it may read, what `out` means there."""
+
+    action: str
+    pointer: str
+    source: str
+    allowed: frozenset[str]
+
+
+def _templates(spec: Sop) -> Iterator[_Template]:
+    task_actions = {r.planner.task_action for r in spec.roles.values() if r.planner}
+    for aid, action in spec.actions.items():
+        base = set(BASE_VARIABLES) | ({"task"} if aid in task_actions else set())
+        per_item = {action.as_, "index"} if action.for_each else set()
+        here = f"/actions/{aid}"
+        if action.prompt:
+            yield _Template(aid, here + "/prompt", action.prompt, frozenset(base | per_item))
+        if action.for_each:
+            yield _Template(aid, here + "/for_each", action.for_each, frozenset(base))
+        for i, artifact in enumerate(action.artifacts):
+            allowed = frozenset(base | per_item | {"out"})
+            yield _Template(aid, f"{here}/artifacts/{i}/path", artifact.path, allowed)
+            yield _Template(aid, f"{here}/artifacts/{i}/content", artifact.content, allowed)
+
+
+def _parsed(ctx: Context) -> list[tuple[_Template, Any]]:
+    """Each template with its jinja AST (None when it does not parse), parsed once."""
+    if "templates" not in ctx.cache:
+        from .prompts import TemplateFailure, parse
+
+        result = []
+        for template in _templates(ctx.spec):
+            try:
+                result.append((template, parse(template.source)))
+            except TemplateFailure as exc:
+                result.append((template, exc))
+        ctx.cache["templates"] = result
+    return ctx.cache["templates"]
+
+
+@check("templates", "SOP401", "SOP406")
+def template_syntax(ctx: Context) -> Iterator[Diagnostic]:
+    """Templates must parse, and use only filters and tests the sandbox has."""
+    from jinja2 import nodes
+
+    from .prompts import environment
+
+    env = environment()
+    for template, ast in _parsed(ctx):
+        if isinstance(ast, Exception):
+            line = _template_line(str(ast))
+            yield error("SOP401", template.pointer, str(ast), "check the {{ }} and {% %} pairs", line=line)
+            continue
+        for node in ast.find_all((nodes.Filter, nodes.Test)):
+            table, kind = (env.filters, "filter") if isinstance(node, nodes.Filter) else (env.tests, "test")
+            if node.name not in table:
+                yield error("SOP406", template.pointer, f"unknown {kind} '{node.name}'",
+                            did_you_mean(node.name, list(table)), line=node.lineno)
+
+
+def _template_line(message: str) -> int:
+    match = re.search(r"template line (\d+)", message)
+    return int(match.group(1)) if match else 0
+
+
+@check("templates", "SOP402")
+def template_variables(ctx: Context) -> Iterator[Diagnostic]:
+    """A template reads only the variables its place provides (anything else fails at run time)."""
+    from jinja2 import meta, nodes
+
+    from .prompts import environment
+
+    globals_ = set(environment().globals)
+    for template, ast in _parsed(ctx):
+        if isinstance(ast, Exception):
+            continue
+        for name in sorted(meta.find_undeclared_variables(ast) - template.allowed - globals_):
+            line = next((n.lineno for n in ast.find_all(nodes.Name) if n.name == name), 0)
+            yield error("SOP402", template.pointer, f"undeclared template variable '{name}'",
+                        did_you_mean(name, sorted(template.allowed)) or
+                        f"available here: {', '.join(sorted(template.allowed))}", line=line)
+
+
+@check("templates", "SOP403", "SOP404", "SOP407")
+def template_references(ctx: Context) -> Iterator[Diagnostic]:
+    """`inputs.X`, `msgs.X` and `out['Key']` must name declared inputs, actions and keys."""
+    for template, ast in _parsed(ctx):
+        if isinstance(ast, Exception):
+            continue
+        for name, path, line in _chains(ast):
+            found = _REFERENCE_RULES.get(name)
+            if found is None:
+                continue
+            for diag in found(ctx.spec, template, path):
+                yield replace(diag, line=line)
+
+
+def _chains(ast: Any) -> Iterator[tuple[str, list[Any], int]]:
+    """(variable, accessors, line) for each outermost `a.b[c]...` chain; None = dynamic."""
+    from jinja2 import nodes
+
+    inner: set[int] = set()
+    found = []
+    for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
+        inner.add(id(node.node))
+        found.append(node)
+    for node in found:
+        if id(node) in inner:
+            continue
+        path: list[Any] = []
+        current = node
+        while isinstance(current, (nodes.Getattr, nodes.Getitem)):
+            path.append(current.attr if isinstance(current, nodes.Getattr) else _constant(current.arg))
+            current = current.node
+        if isinstance(current, nodes.Name):
+            yield current.name, path[::-1], node.lineno
+
+
+def _constant(arg: Any) -> Any:
+    from jinja2 import nodes
+
+    if isinstance(arg, nodes.Const) and isinstance(arg.value, (str, int)):
+        return arg.value
+    if isinstance(arg, nodes.Neg) and isinstance(arg.node, nodes.Const) and isinstance(arg.node.value, int):
+        return -arg.node.value
+    return None
+
+
+def _inputs_rule(spec: Sop, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    name = path[0] if path else None
+    if isinstance(name, str) and name not in _DICT_METHODS and name not in spec.inputs:
+        known = list(spec.inputs)
+        yield error("SOP404", template.pointer, f"undeclared input '{name}'",
+                    did_you_mean(name, known) or f"declare it under `inputs:` (declared: {', '.join(known) or 'none'})")
+
+
+def _msgs_rule(spec: Sop, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    source = path[0] if path else None
+    if not isinstance(source, str) or source in _DICT_METHODS:
+        return
+    if source not in spec.actions and source != USER_REQUIREMENT:
+        known = [USER_REQUIREMENT, *spec.actions]
+        yield error("SOP407", template.pointer, f"msgs.{source}: no action '{source}'", did_you_mean(source, known))
+        return
+    if source == USER_REQUIREMENT or len(path) < 4 or path[2] != "out" or isinstance(path[1], str):
+        return
+    producer = spec.actions[source]
+    keys = path[3:]
+    if producer.for_each:
+        if not isinstance(keys[0], int):
+            return
+        keys = keys[1:]
+    yield from _key_rule(spec, template, source, producer, keys)
+
+
+def _out_rule(spec: Sop, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    if template.pointer.split("/")[3] != "artifacts":
+        return
+    yield from _key_rule(spec, template, template.action, spec.actions[template.action], path)
+
+
+def _key_rule(spec: Sop, template: _Template, aid: str, action: ActionSpec, keys: list[Any]) -> Iterator[Diagnostic]:
+    tree: Any = _EXEC_OUT if action.kind == "exec" else action.output
+    if not isinstance(tree, dict) or not keys:
+        return
+    missing = _missing_key(tree, keys)
+    if missing:
+        key, level, trail = missing
+        where = f"'{aid}'" + "".join(f"['{k}']" for k in trail)
+        yield error("SOP403", template.pointer, f"the output of {where} has no key '{key}'",
+                    did_you_mean(key, list(level)) or f"its keys: {', '.join(level)}")
+
+
+def _missing_key(tree: dict[str, Any], keys: list[Any]) -> tuple[str, list[str], list[str]] | None:
+    """(missing key, keys available there, keys walked) for the first key not in the tree."""
+    level: Any = tree
+    trail: list[str] = []
+    for key in keys:
+        if isinstance(level, tuple):  # a list of objects: an index steps into its element
+            if not isinstance(key, int):
+                return None
+            level = level[0]
+            continue
+        if not isinstance(key, str) or not isinstance(level, dict) or key in _DICT_METHODS and key not in level:
+            return None
+        if key not in level:
+            return key, list(level), trail
+        trail.append(key)
+        level = _step(level[key])
+    return None
+
+
+def _step(node: Any) -> Any:
+    if not isinstance(node, OutputNode) or node.children is None:
+        return None
+    return (node.children,) if (node.type or "").strip() == "list" else node.children
+
+
+_REFERENCE_RULES = {"inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule}
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+@check("templates", "SOP405")
+def artifact_paths(ctx: Context) -> Iterator[Diagnostic]:
+    """Artifact paths stay inside the workspace: relative, forward slashes, no `..`."""
+    for aid, action in ctx.spec.actions.items():
+        for i, artifact in enumerate(action.artifacts):
+            problem = _path_problem(artifact.path)
+            if problem:
+                yield error("SOP405", f"/actions/{aid}/artifacts/{i}/path", f"artifact path '{artifact.path}' {problem}",
+                            "write a relative path inside the workspace, such as docs/prd.md")
+
+
+def _path_problem(path: str) -> str:
+    text = path.strip()
+    if not text:
+        return "is empty"
+    if "\\" in text:
+        return "contains a backslash (use /)"
+    if text.startswith(("/", "~")) or _DRIVE.match(text):
+        return "is absolute"
+    if ".." in re.split(r"/+", text):
+        return "leaves the workspace (..)"
+    if "\x00" in text:
+        return "contains a NUL character"
+    return ""
