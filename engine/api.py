@@ -21,7 +21,7 @@ from .events import RunEnded, RunEvent
 from .spec import InputSpec
 from .team import RunOptions, RunResult, Team, new_run_id
 
-__all__ = ["load", "resolve_inputs", "run", "run_async", "iter_run", "RunResult", "RunOptions",
+__all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "run", "run_async", "iter_run", "RunResult", "RunOptions",
            "new_run_id"]
 
 _TRUE = {"true", "yes", "y", "1", "on"}
@@ -81,6 +81,25 @@ def _coerce(key: str, spec: InputSpec, value: Any) -> Any:
         return int(value) if kind == "int" else float(value)
     except (TypeError, ValueError):
         raise UsageError(f"input '{key}' must be {kind}, got {value!r}") from None
+
+
+def parse_input_flags(pairs: list[str], idea: str | None = None) -> dict[str, str]:
+    """`--input k=v` flags (and `--idea`) as a mapping; a flag without `=` is a UsageError."""
+    given: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--input expects KEY=VALUE, got {pair!r}")
+        given[key.strip()] = value
+    if idea is not None:
+        given["idea"] = idea
+    return given
+
+
+def prepare(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
+            **options: Any) -> Team:
+    """A Team ready to run (inputs checked); call `check()`, `attach(journal)`, `await run()`."""
+    return Team(compiled, resolve_inputs(compiled, inputs or {}), _options(**options))
 
 
 def _options(**kwargs: Any) -> RunOptions:

@@ -49,7 +49,57 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    raise SopError("`sopctl run` is not implemented yet")
+    """Compile, check inputs, refuse exec/unusable models before starting, run, report.
+
+    Exit: 0 idle or max_rounds, 1 failed or budget, 130 interrupted (Ctrl-C), 2 usage,
+    invalid file, or a run that cannot start. Progress goes to stderr; the summary (or the
+    one JSON object of `--format json`) to stdout.
+    """
+    import asyncio
+    import json
+
+    from .api import parse_input_flags, prepare
+    from .display import make_display, summary
+    from .errors import LoadError, UsageError
+
+    try:
+        from .api import load
+        compiled = load(args.file)
+    except LoadError as exc:
+        for diag in exc.diagnostics or []:
+            where = f"{diag.file or args.file}:{diag.line}:{diag.col}"
+            print(f"{where}: {diag.severity}[{diag.code}]: {diag.message}"
+                  + (f"\n  hint: {diag.hint}" if diag.hint else ""), file=sys.stderr)
+        print(f"sopctl: error: {args.file} is not a valid SOP", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        raise UsageError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    if args.rounds is not None and args.rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    if args.budget is not None and args.budget < 0:
+        raise UsageError("--budget must be 0 (no limit) or more")
+    team = prepare(compiled, parse_input_flags(args.input, args.idea), model=args.model,
+                   max_rounds=args.rounds, budget_usd=args.budget, workspace=args.out,
+                   allow_exec=args.allow_exec)
+    team.check()
+    from .journal import Journal
+    journal = Journal.create(team.workspace.root, sop_name=compiled.spec.name,
+                             sop_hash=compiled.source_hash)
+    display = make_display(list(compiled.spec.roles))
+    team.options.observers = [display]
+    team.attach(journal)
+    try:
+        result = asyncio.run(team.run())
+    finally:
+        getattr(display, "close", lambda: None)()
+        journal.close()
+    if args.format == "json":
+        print(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        print(summary(result))
+        if result.error:
+            print(f"sopctl: {result.status}: {result.error}", file=sys.stderr)
+    return {"idle": 0, "max_rounds": 0, "interrupted": 130}.get(result.status, 1)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

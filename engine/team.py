@@ -121,12 +121,28 @@ class Team:
         self.rounds = 0
 
     def check(self) -> None:
-        """Refuse to start (before any model call): exec not allowed, workspace unusable."""
+        """Refuse to start (before any model call or file): exec not allowed, a model that
+        cannot work (e.g. `local` without its extra), a workspace that cannot be made."""
         needing = exec_actions(self.compiled)
         if needing and not self.options.allow_exec:
-            raise RunError(f"actions of kind exec need --allow-exec: {', '.join(needing)}",
+            raise RunError(f"this SOP runs commands; actions of kind exec need --allow-exec: "
+                           f"{', '.join(needing)}",
                            hint="read what they run first; then pass --allow-exec")
+        preflight = getattr(self.ctx.gateway, "preflight", None)
+        if preflight is not None and not self.options.replay:
+            for model in self.models():
+                preflight(model)
         self.workspace.create()
+
+    def attach(self, journal: Any) -> None:
+        """Plug a journal in: it observes every event and stores every model answer."""
+        self.options.observers = [journal, *self.options.observers]
+        if self.ctx.gateway.store is None:
+            self.ctx.gateway.store = journal
+        if self.options.completed is None and hasattr(journal, "completed"):
+            self.options.completed = journal
+            for role in self.roles:
+                role.completed = journal
 
     def models(self) -> list[str]:
         """Every model this run may call, resolved (`--model` > env > action > role > file)."""

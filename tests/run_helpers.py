@@ -64,6 +64,9 @@ class ScriptedGateway(Gateway):
         self.in_flight = 0
         self.max_in_flight = 0
 
+    def preflight(self, model: str) -> None:
+        """The scripted gateway answers every model name itself."""
+
     async def call(self, spec: CallSpec) -> CallResult:
         self.requests.append(spec)
         self.in_flight += 1
@@ -99,3 +102,4 @@ def sop_text(text: str) -> CompiledSop:
 
 def llm_error(message: str) -> LLMError:
     return LLMError(message)
+
