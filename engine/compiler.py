@@ -58,8 +58,21 @@ def check_path(path: str | Path) -> CheckResult:
     try:
         source = load_path(path)
     except LoadError as exc:
-        return CheckResult(file=str(path), diagnostics=tuple(exc.diagnostics))
+        return CheckResult(file=str(path), diagnostics=tuple(exc.diagnostics), lines=_lines_of(path))
     return _check_source(source)
+
+
+def _lines_of(path: str | Path) -> tuple[str, ...]:
+    """The lines of a file that failed to load, if it is readable text (for the excerpt)."""
+    from .source import MAX_FILE_BYTES
+
+    try:
+        file = Path(path)
+        if not file.is_file() or file.stat().st_size > MAX_FILE_BYTES:
+            return ()
+        return tuple(file.read_bytes().decode("utf-8").splitlines())
+    except (OSError, UnicodeDecodeError):
+        return ()
 
 
 def check_text(text: str, file: str = "<string>") -> CheckResult:

@@ -20,7 +20,59 @@ from typing import Any, Iterable, Sequence
 
 from .errors import Diagnostic
 
-__all__ = ["strict", "render_text", "render_json", "summary", "report", "render_graph"]
+__all__ = ["CODES", "strict", "render_text", "render_json", "summary", "report", "render_graph"]
+
+CODES: dict[str, str] = {
+    # loading (engine/source.py): the file is refused before anything else looks at it
+    "SOP001": "file missing, unreadable, or a directory",
+    "SOP002": "file larger than the size limit (1 MB)",
+    "SOP003": "file is binary or not UTF-8",
+    "SOP004": "file is empty",
+    "SOP005": "not valid YAML (syntax), or more than one document",
+    "SOP006": "a tag outside YAML's core schema (e.g. !!python/object), or a value its tag refuses",
+    "SOP007": "duplicate key",
+    "SOP008": "alias bomb: too many aliases, too large an expansion, or a recursive alias",
+    "SOP009": "nesting deeper than the limit (64)",
+    "SOP010": "the top level is not a mapping",
+    "SOP011": "a merge key (<<) or a non-scalar key",
+    # structure (engine/schema.py, sop.schema.json; the pydantic models agree)
+    "SOP101": "unknown key",
+    "SOP102": "a value that is not one of the allowed values (enum, apiVersion)",
+    "SOP103": "wrong type",
+    "SOP104": "missing required key (e.g. `command` of a kind exec action)",
+    "SOP105": "a value out of range, too short, or not matching its pattern",
+    "SOP106": "a badly formed action or role id (key)",
+    "SOP107": "an output node `type` the type grammar does not accept",
+    "SOP108": "a value the SOP models refuse although the schema allowed it (internal safety net)",
+    # references (engine/checks.py)
+    "SOP201": "a role's `actions` names an unknown action",
+    "SOP202": "`watch` names an unknown action",
+    "SOP203": "`send_to` names an unknown role or special address",
+    "SOP204": "`context` names an unknown action",
+    "SOP205": "`planner` names an unknown action",
+    "SOP206": "react_mode plan_and_act without a `planner`",
+    "SOP207": "a planner action whose output is not a plan (`tasks` with task_id, dependent_task_ids, instruction)",
+    "SOP208": "warning: `planner` on a role whose react_mode is not plan_and_act",
+    "SOP209": "warning: `command` on an action that is not of kind exec",
+    "SOP210": "two roles share an address (id or name)",
+    "SOP211": "warning: an action no role runs",
+    "SOP212": "an action redefines the built-in UserRequirement",
+    "SOP213": "an input's default does not have the input's type",
+    # the watch graph (engine/graph.py)
+    "SOP301": "a cycle of activations on which no action declares `max_runs`",
+    "SOP302": "warning: a role no message can ever reach",
+    "SOP303": "warning: an action whose output is neither kept by a role, read later, nor written as an artifact",
+    "SOP304": "warning: a role watches an action whose `send_to` never delivers to it",
+    # templates
+    "SOP401": "template syntax error",
+    "SOP402": "a template reads a variable that does not exist there",
+    "SOP403": "`out['Key']` names a key the producing action's output tree does not have",
+    "SOP404": "`inputs.X` names an undeclared input",
+    "SOP405": "an artifact path that is absolute or leaves the workspace",
+    "SOP406": "a template uses an unknown filter or test",
+    "SOP407": "`msgs.X` names an unknown action",
+}
+"""Every diagnostic code, with what it means (the README's table is this one)."""
 
 
 def strict(diagnostics: Iterable[Diagnostic]) -> tuple[Diagnostic, ...]:

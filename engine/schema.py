@@ -42,10 +42,15 @@ def schema() -> dict[str, Any]:
 
 @lru_cache(maxsize=1)
 def _validator() -> Any:
-    from jsonschema import Draft202012Validator
+    from jsonschema import Draft202012Validator, validators
     from referencing import Registry
 
-    return Draft202012Validator(schema(), registry=Registry())
+    # 2.0 is an "integer" to JSON Schema but not to the (strict) pydantic models; the checker
+    # sides with the models so that the two never disagree about a file.
+    checker = Draft202012Validator.TYPE_CHECKER.redefine(
+        "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool))
+    strict_validator = validators.extend(Draft202012Validator, type_checker=checker)
+    return strict_validator(schema(), registry=Registry())
 
 
 def did_you_mean(word: Any, choices: Iterable[str]) -> str:
@@ -92,9 +97,23 @@ def _collapse(error: Any) -> list[Any]:
     for sub in error.context:
         branches.setdefault(sub.relative_schema_path[0], []).append(sub)
     viable = [errs for errs in branches.values() if not any(_misfit(e) for e in errs)]
+    if len(viable) > 1:
+        viable = _closest(viable, error.instance)
     if len(viable) == 1:
         return [leaf for sub in viable[0] for leaf in _collapse(sub)]
     return [error]
+
+
+def _closest(branches: list[list[Any]], instance: Any) -> list[list[Any]]:
+    """Among object branches, the one naming the most of the instance's keys (`{code: 3}`)."""
+    if not isinstance(instance, dict):
+        return branches
+    scores = [len(set(errs[0].parent.schema["anyOf" if "anyOf" in errs[0].parent.schema else "oneOf"]
+                      [errs[0].relative_schema_path[0]].get("properties", {})) & set(instance))
+              for errs in branches]
+    best = max(scores)
+    chosen = [b for b, score in zip(branches, scores) if score == best]
+    return chosen if best > 0 else branches
 
 
 def _misfit(error: Any) -> bool:
@@ -189,34 +208,37 @@ def _type_hint(kinds: list[str], instance: Any) -> str:
 
 
 def _pattern(error: Any, pointer: str) -> Iterator[Diagnostic]:
+    if "propertyNames" in error.schema_path:
+        yield from _property_names(error, pointer)
+        return
     meaning = _PATTERNS.get(error.validator_value, f"a string matching {error.validator_value}")
     yield _diag("SOP105", pointer, f"{_show(error.instance)} is not {meaning}")
 
 
 def _property_names(error: Any, pointer: str) -> Iterator[Diagnostic]:
-    for sub in error.context or []:
-        if sub.validator == "pattern":
-            name = sub.instance
-            meaning = _PATTERNS.get(sub.validator_value, f"a string matching {sub.validator_value}")
-            yield _diag("SOP105", join_pointer(pointer, name), f"key {_show(name)} is not {meaning}")
+    """A badly formed key (an action or role id): reported at the key itself."""
+    if error.validator == "propertyNames":
+        for sub in error.context or []:
+            yield from _property_names(sub, pointer)
+        return
+    name = error.instance
+    meaning = _PATTERNS.get(error.validator_value, f"a string matching {error.validator_value}")
+    yield _diag("SOP106", join_pointer(pointer, name), f"key {_show(name)} is not {meaning}", _id_hint(name))
+
+
+def _id_hint(name: Any) -> str:
+    if isinstance(name, str) and name[:1].islower() and name[:1].isalpha():
+        return f"did you mean '{name[0].upper() + name[1:]}'?"
+    return "ids start with a capital letter: WritePRD, Architect"
 
 
 def _any_of(error: Any, pointer: str) -> Iterator[Diagnostic]:
     titles = [branch.get("title", "") for branch in error.validator_value if isinstance(branch, dict)]
     choices = ", ".join(t for t in titles if t) or "one of the allowed forms"
-    best = _best(error)
-    hint = f"closest form: {best}" if best else ""
+    consts = [b.get("const") for b in error.validator_value if isinstance(b, dict) and "const" in b]
+    hint = did_you_mean(error.instance, consts)
     yield _diag("SOP103", pointer, f"expected {choices}; got {_describe(error.instance)}", hint)
 
-
-def _best(error: Any) -> str:
-    from jsonschema.exceptions import best_match
-
-    leaf = best_match(error.context or [])
-    if leaf is None:
-        return ""
-    where = pointer_of(leaf.absolute_path)
-    return f"{leaf.message} (at {where})" if where else leaf.message
 
 
 def _generic(error: Any, pointer: str) -> Iterator[Diagnostic]:

@@ -16,7 +16,7 @@ pointer without knowing about YAML.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -173,8 +173,14 @@ def _compose(text: str, file: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         line, col = (mark.line + 1, mark.column + 1) if mark else (1, 1)
         problem = " ".join(str(p) for p in (exc.context, exc.problem) if p)
-        raise _fail(file, "SOP005", f"not valid YAML: {problem or exc}",
-                    _yaml_hint(problem), line=line, col=col) from None
+        error = _fail(file, "SOP005", f"not valid YAML: {problem or exc}", _yaml_hint(problem), line=line, col=col)
+        start = exc.context_mark
+        if start is not None and mark is not None and (start.line, start.column) != (mark.line, mark.column):
+            from .errors import Related
+
+            note = Related(message=str(exc.context or "started here"), line=start.line + 1, col=start.column + 1)
+            error.diagnostics[0] = replace(error.diagnostics[0], related=(note,))
+        raise error from None
     except RecursionError:
         raise _fail(file, "SOP009", f"nesting is deeper than the limit of {MAX_DEPTH}") from None
     except (YAMLError, ValueError) as exc:
