@@ -20,7 +20,7 @@ from .events import ActionCompleted, ActionStarted, CompletedActions, RunLog
 from .llm import CallSpec
 from .memory import Memory
 from .message import Message, message_id, resolve_send_to
-from .spec import USER_REQUIREMENT, RoleSpec
+from .spec import RoleSpec
 
 __all__ = ["Role", "choice_prompt", "parse_choice", "order_plan", "PlanError"]
 
@@ -42,8 +42,7 @@ class Role:
         self.spec: RoleSpec = spec.roles[role_id]
         self.name = spec.role_name(role_id)
         self.addresses = frozenset({role_id, self.name})
-        self.watch = frozenset(self.spec.watch if "watch" in self.spec.model_fields_set
-                               else [USER_REQUIREMENT])
+        self.watch = frozenset(self.spec.watch)  # as declared (the checker reasons the same)
         self.ctx = ctx
         self.completed = completed
         self.memory = Memory()
@@ -68,15 +67,20 @@ class Role:
         return not any(self.keeps(m) for m in self.inbox) or not self._can_act()
 
     def observe(self) -> list[Message]:
-        """Pop the inbox, keep what passes filter 2, remember it; returns this activation's news."""
+        """Pop the inbox; what passes filter 2 is this activation's news.
+
+        As MetaGPT v0.8.2 (`observe_all_msg_from_buffer`), every delivered message is
+        remembered, watched or not, so `msgs.X` and `context` can read e.g. the PRD that was
+        broadcast to everyone; only the news trigger work.
+        """
         news: list[Message] = []
         seen: set[str] = set()
         for message in self.inbox:
             if self.keeps(message) and message.id not in seen:
                 news.append(message)
                 seen.add(message.id)
+        self.memory.add_batch(self.inbox)
         self.inbox.clear()
-        self.memory.add_batch(news)
         return news
 
     def _can_act(self) -> bool:

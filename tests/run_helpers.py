@@ -103,3 +103,31 @@ def sop_text(text: str) -> CompiledSop:
 def llm_error(message: str) -> LLMError:
     return LLMError(message)
 
+
+
+def run_sop(compiled: CompiledSop, gateway: Gateway, workspace: Path, idea: str = "an idea",
+            **options: Any) -> Any:
+    """Run to the end on `gateway`, collecting every event; returns (result, events)."""
+    from engine import api
+
+    class Collect:
+        def __init__(self) -> None:
+            self.events: list[Any] = []
+
+        def on_event(self, event: Any) -> None:
+            self.events.append(event)
+
+    sink = Collect()
+    observers = [*options.pop("observers", []), sink]
+    result = api.run(compiled, {"idea": idea, **options.pop("inputs", {})}, gateway=gateway,
+                     workspace=workspace, observers=observers, **options)
+    result.events = sink.events
+    return result
+
+
+def logs(result: Any, level: str | None = None) -> list[str]:
+    """The RunLog lines of a run (optionally of one level)."""
+    from engine.events import RunLog
+
+    return [e.message for e in result.events
+            if isinstance(e, RunLog) and (level is None or e.level == level)]

@@ -1,0 +1,96 @@
+"""Roles: by_order, react with one action, what an activation publishes, max_runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from run_helpers import ScriptedGateway, logs, run_sop, sop, sop_text
+
+from engine.events import ActionCompleted, ActionStarted
+
+
+def test_by_order_runs_every_action_once_in_order_in_one_activation(tmp_path: Path) -> None:
+    gateway = ScriptedGateway()
+    result = run_sop(sop("by_order"), gateway, tmp_path)
+    assert gateway.actions() == ["Prepare", "WriteSpec", "Read"]
+    manager = [h for h in result.history if h["sent_from"] == "Manager"]
+    assert [(h["round"], h["cause_by"]) for h in manager] == [(1, "Prepare"), (1, "WriteSpec")]
+
+
+def test_later_actions_see_earlier_outputs_of_the_same_activation(tmp_path: Path) -> None:
+    gateway = ScriptedGateway(lambda s: {"Requirement": "REQ-42"} if s.action == "Prepare"
+                              else ScriptedGateway().answer(s))
+    run_sop(sop("by_order"), gateway, tmp_path)
+    write_spec = next(r for r in gateway.requests if r.action == "WriteSpec")
+    assert "Write the spec for REQ-42." in write_spec.prompt
+
+
+def test_only_the_last_message_is_published_without_publish_each(tmp_path: Path) -> None:
+    text = (Path(__file__).parent / "sops/by_order.sop.yaml").read_text()
+    gateway = ScriptedGateway()
+    result = run_sop(sop_text(text.replace("    publish: each\n", "")), gateway, tmp_path)
+    assert [h["cause_by"] for h in result.history] == ["UserRequirement", "WriteSpec", "Read"]
+    completed = [e.action for e in result.events if isinstance(e, ActionCompleted)]
+    assert completed == ["Prepare", "WriteSpec", "Read"]  # Prepare ran, stayed in memory
+
+
+def test_single_action_react_runs_up_to_max_react_loop(tmp_path: Path) -> None:
+    text = """
+apiVersion: sop/v1
+name: single
+inputs: {idea: {type: str}}
+actions:
+  Think: {prompt: "think", output: text, context: none}
+roles:
+  Solo: {actions: [Think], watch: [UserRequirement], max_react_loop: 3}
+"""
+    gateway = ScriptedGateway()
+    result = run_sop(sop_text(text), gateway, tmp_path)
+    assert gateway.actions() == ["Think", "Think", "Think"]
+    assert gateway.actions("choice") == []  # one action: no state choice, as MetaGPT
+    assert [h["id"] for h in result.history] == ["0-Human-0", "1-Solo-2"]
+
+
+def test_max_runs_bounds_a_self_loop(tmp_path: Path) -> None:
+    gateway = ScriptedGateway()
+    result = run_sop(sop("loop"), gateway, tmp_path)
+    assert result.status == "idle"
+    assert gateway.actions() == ["Iterate"] * 3
+    assert [h["round"] for h in result.history] == [0, 1, 2, 3]
+    assert result.rounds == 3  # idle at once when max_runs is spent: no wasted round
+
+
+def test_max_runs_skips_an_action_and_logs_it(tmp_path: Path) -> None:
+    text = """
+apiVersion: sop/v1
+name: skip
+inputs: {idea: {type: str}}
+actions:
+  Once: {prompt: "once", output: text, context: none, max_runs: 1}
+  Again: {prompt: "again", output: text, context: none, max_runs: 5}
+roles:
+  Solo: {actions: [Once, Again], react_mode: by_order, watch: [UserRequirement, Again], memory: false}
+"""
+    gateway = ScriptedGateway()
+    result = run_sop(sop_text(text), gateway, tmp_path, max_rounds=3)
+    assert gateway.actions() == ["Once", "Again", "Again", "Again"]
+    assert result.status == "max_rounds"
+    assert any("Once reached max_runs" in line for line in logs(result))
+
+
+def test_action_started_carries_a_stable_idempotency_key(tmp_path: Path) -> None:
+    first = run_sop(sop("pipeline"), ScriptedGateway(), tmp_path / "a", run_id="R1")
+    second = run_sop(sop("pipeline"), ScriptedGateway(), tmp_path / "b", run_id="R1")
+    keys = [e.key for e in first.events if isinstance(e, ActionStarted)]
+    assert keys == [e.key for e in second.events if isinstance(e, ActionStarted)]
+    assert len(set(keys)) == len(keys) == 3
+    assert all(k.startswith("R1/") for k in keys)
+
+
+def test_memory_on_does_not_reprocess_the_roles_own_message(tmp_path: Path) -> None:
+    """MetaGPT: what a role made is in its memory, so its own echo is not news (memory on)."""
+    text = (Path(__file__).parent / "sops/loop.sop.yaml").read_text()
+    gateway = ScriptedGateway()
+    result = run_sop(sop_text(text.replace("memory: false", "memory: true")), gateway, tmp_path)
+    assert gateway.actions() == ["Iterate"]
+    assert result.status == "idle" and result.rounds == 1
