@@ -214,6 +214,11 @@ def read(spec: CallSpec, text: str) -> Any:
 def parse_json_object(text: str) -> dict[str, Any]:
     """The first JSON object in `text`, after a fence or [CONTENT] wrapper and any prose."""
     body = _unwrap(text)
+    whole = _loads_or_none(body)
+    if whole is not None and not isinstance(whole, dict):
+        raise InvalidAnswer(f"expected one JSON object, got a JSON {_json_type(whole)}")
+    if isinstance(whole, dict):
+        return whole
     decoder = json.JSONDecoder()
     starts = [m.start() for m in re.finditer(r"\{", body)][:20]
     if not starts:
@@ -228,6 +233,17 @@ def parse_json_object(text: str) -> dict[str, Any]:
     assert first_error is not None
     raise InvalidAnswer(f"the JSON object does not parse: {first_error.msg} "
                         f"(line {first_error.lineno}, column {first_error.colno})")
+
+
+def _loads_or_none(body: str) -> Any:
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError:
+        return None
+
+
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "value")
 
 
 def _unwrap(text: str) -> str:

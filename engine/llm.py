@@ -350,10 +350,7 @@ class LiteLLMProvider:
                                   "--model local / --model fake") from None
         if "mock_response" in self.completion_kwargs:
             return
-        try:
-            missing = litellm.validate_environment(model=model).get("missing_keys") or []
-        except Exception:  # noqa: BLE001 - best effort; the call itself will tell
-            missing = []
+        missing = _missing_keys(model)
         if missing:
             raise RunError(f"model '{model}' needs {', '.join(missing)} in the environment",
                            hint="API keys are read only from the environment, never from files")
@@ -387,14 +384,18 @@ class LiteLLMProvider:
             return exc
         message = redact(f"{type(exc).__name__}: {exc}").strip()
         message = message if len(message) <= 400 else message[:400] + "..."
+        if type(exc).__name__ == "AuthenticationError" or _MISSING_KEY.search(str(exc)):
+            return LLMError(f"model '{spec.model}' has no valid API key (action {spec.action})",
+                            hint=_key_hint(spec.model))
         if self.transient and _is_transient(exc):
             return TransientModelError(f"model '{spec.model}' for action {spec.action}: {message}")
-        if type(exc).__name__ == "AuthenticationError":
-            return LLMError(f"model '{spec.model}' rejected the credentials for action {spec.action}",
-                            hint=_key_hint(spec.model))
         return LLMError(f"model '{spec.model}' failed for action {spec.action}: {message}")
 
 
+# litellm reports a missing key for some providers as a 500 ("Missing credentials..."):
+# that must not be retried as a server error.
+_MISSING_KEY = re.compile(r"missing credentials|(no|missing|invalid|incorrect) api[ _-]?key|"
+                          r"api[ _-]?key[^.]{0,60}(must be set|not set|not found|is required)", re.I)
 _TRANSIENT_NAMES = {"RateLimitError", "Timeout", "APIConnectionError", "InternalServerError",
                     "ServiceUnavailableError", "BadGatewayError", "APITimeoutError"}
 
@@ -406,12 +407,18 @@ def _is_transient(exc: Exception) -> bool:
     return isinstance(status, int) and (status in (408, 429) or status >= 500)
 
 
-def _key_hint(model: str) -> str:
-    """Which environment variable the model needs (from litellm), never its value."""
+def _missing_keys(model: str) -> list[str]:
+    """Key variables litellm says `model` needs and the environment lacks (not URLs etc.)."""
     try:
         missing = litellm_module().validate_environment(model=model).get("missing_keys") or []
-    except Exception:  # noqa: BLE001 - best effort
-        missing = []
+    except Exception:  # noqa: BLE001 - best effort; the call itself will tell
+        return []
+    return [name for name in missing if re.search(r"(KEY|TOKEN)$", str(name))]
+
+
+def _key_hint(model: str) -> str:
+    """Which environment variable the model needs (from litellm), never its value."""
+    missing = _missing_keys(model)
     if missing:
         return f"set {', '.join(missing)} in the environment (API keys are read only from there)"
     return "check the provider's API key variable in the environment (see litellm's docs)"

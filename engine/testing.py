@@ -1,0 +1,159 @@
+"""Helpers for testing SOPs (and sopctl itself) without a real model.
+
+- `ScriptedModel`: answers from a list, in order, or from a function `(spec, attempt) -> str`;
+  it records every request so a test can assert on what the model was shown. A list item
+  that is an exception is raised instead of answered (e.g. `TransientModelError` to test
+  backoff). Its answers are TEXT: the gateway parses and validates them like any other.
+- `use_model(model)`: inside the block every call goes to `model`, whatever model the SOP
+  or the command line names; `use_model(model, name="scripted")` instead registers it under
+  a name for `--model scripted`.
+- `block_real_models()`: inside the block any call to a real model (litellm, `local`)
+  raises `RealModelBlocked`; `allow_real_models()` lifts it for one test. As a pytest
+  plugin (`pytest_plugins = ["engine.testing"]` in a conftest.py) it is on for the session.
+- `MemoryAnswerStore`: a dict-backed `AnswerStore`, for journal reuse and replay tests.
+
+This module imports neither pytest nor litellm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence, Union
+
+from . import llm
+from .errors import LLMError
+from .llm import CallSpec, ModelAnswer, ModelRequest, Provider, StoredAnswer
+
+__all__ = [
+    "ScriptedModel",
+    "MemoryAnswerStore",
+    "use_model",
+    "block_real_models",
+    "allow_real_models",
+    "pytest_configure",
+    "pytest_unconfigure",
+]
+
+Script = Union[Sequence[Union[str, BaseException]], Callable[[CallSpec, int], str]]
+
+
+@dataclass
+class ScriptedModel:
+    """A model whose answers the test writes: a list (in order) or a function of the request."""
+
+    answers: Script
+    schema_support: bool = False
+    """True: requests carry the schema as `response_format` (like a structured-output model)."""
+    tokens_per_char: float = 0.25
+    cost_per_call: float = 0.0
+    """Pretend price of each answer (for budget tests)."""
+    requests: list[ModelRequest] = field(default_factory=list)
+    """Every request received, in order (re-asks included)."""
+
+    def supports_schema(self, model: str) -> bool:
+        return self.schema_support
+
+    async def complete(self, request: ModelRequest) -> ModelAnswer:
+        self.requests.append(request)
+        text = self._next(request)
+        prompt_chars = sum(len(m.get("content", "")) for m in request.messages)
+        return ModelAnswer(text=text, prompt_tokens=int(prompt_chars * self.tokens_per_char),
+                           completion_tokens=int(len(text) * self.tokens_per_char),
+                           cost_usd=self.cost_per_call)
+
+    def _next(self, request: ModelRequest) -> str:
+        if callable(self.answers):
+            return str(self.answers(request.spec, request.attempt))
+        index = len(self.requests) - 1
+        if index >= len(self.answers):
+            raise LLMError(f"ScriptedModel ran out of answers: request {index + 1} (action "
+                           f"{request.spec.action}) but only {len(self.answers)} scripted")
+        item = self.answers[index]
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    @property
+    def calls(self) -> int:
+        """How many requests reached this model."""
+        return len(self.requests)
+
+    def prompts(self) -> list[str]:
+        """The last user message of every request (what the model was asked each time)."""
+        return [next((m["content"] for m in reversed(r.messages) if m["role"] == "user"), "")
+                for r in self.requests]
+
+
+@dataclass
+class MemoryAnswerStore:
+    """An in-memory journal of answers: `lookup`/`record` as the gateway expects."""
+
+    answers: dict[str, StoredAnswer] = field(default_factory=dict)
+    actions: dict[str, str] = field(default_factory=dict)
+
+    def lookup(self, request_hash: str) -> StoredAnswer | None:
+        return self.answers.get(request_hash)
+
+    def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
+        self.answers[request_hash] = answer
+        self.actions[request_hash] = action
+
+
+@contextlib.contextmanager
+def use_model(model: Provider, name: str | None = None) -> Iterator[Provider]:
+    """Route every call to `model` (or, with `name`, register it as that model name)."""
+    if name is None:
+        with llm.override_model(model):
+            yield model
+        return
+    previous = llm.register_model(name, model)
+    try:
+        yield model
+    finally:
+        if previous is None:
+            llm.unregister_model(name)
+        else:
+            llm.register_model(name, previous)
+
+
+class _Switch(contextlib.ContextDecorator):
+    """A context manager (and decorator) that moves the real-model guard by `step`."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.saved = 0
+
+    def __enter__(self) -> _Switch:
+        self.saved = llm._BLOCKED[0]
+        llm._BLOCKED[0] = max(self.saved + self.step, 0) if self.step > 0 else 0
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        llm._BLOCKED[0] = self.saved
+
+
+def block_real_models() -> _Switch:
+    """Any real model call (litellm, `local`) inside raises RealModelBlocked."""
+    return _Switch(+1)
+
+
+def allow_real_models() -> _Switch:
+    """Lift the guard inside (for a test that means to run the real `local` model)."""
+    return _Switch(-1)
+
+
+_SESSION: list[_Switch] = []
+
+
+def pytest_configure(config: Any) -> None:
+    """pytest plugin hook: block real models for the whole session."""
+    switch = block_real_models()
+    switch.__enter__()
+    _SESSION.append(switch)
+
+
+def pytest_unconfigure(config: Any) -> None:
+    while _SESSION:
+        _SESSION.pop().__exit__(None, None, None)
+
