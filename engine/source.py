@@ -16,6 +16,7 @@ pointer without knowing about YAML.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
@@ -117,6 +118,7 @@ def load_text(text: str, file: str = "<string>") -> Source:
 def load_bytes(raw: bytes, file: str) -> Source:
     """Decode, compose and convert; raises LoadError with every problem found."""
     text = _decode(raw, file)
+    _flow_depth(text, file)
     root = _compose(text, file)
     data, smap = _Converter(file).run(root)
     return Source(file=file, text=text, data=data, map=smap, raw=raw)
@@ -159,6 +161,30 @@ def _decode(raw: bytes, file: str) -> str:
         raise _fail(file, "SOP004", "file is empty",
                     "start from `apiVersion: sop/v1`, `name`, `actions` and `roles`")
     return text
+
+
+_FLOW_SCAN_LIMIT = 4 * MAX_DEPTH
+_BRACKETS = re.compile(r"[\[\]{}]")
+
+
+def _flow_depth(text: str, file: str) -> None:
+    """Refuse absurd `[[[[...` nesting before the YAML scanner, which is slow on it, sees it.
+
+    A rough count of unclosed brackets (quotes are not tracked), so the limit is a multiple
+    of MAX_DEPTH: only text that can never be a valid SOP is refused here; the exact depth
+    check happens on the composed nodes."""
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        index, char = match.start(), match.group()
+        if char in "[{":
+            depth += 1
+            if depth > _FLOW_SCAN_LIMIT:
+                line = text.count("\n", 0, index) + 1
+                col = index - text.rfind("\n", 0, index)
+                raise _fail(file, "SOP009", f"nesting is deeper than the limit of {MAX_DEPTH}",
+                            "flatten the structure", line=line, col=col)
+        elif char in "]}" and depth:
+            depth -= 1
 
 
 def _compose(text: str, file: str) -> Any:
@@ -219,6 +245,8 @@ class _Converter:
             pass
         except RecursionError:
             self.report(root, "SOP009", f"nesting is deeper than the limit of {MAX_DEPTH}")
+        if not self.diagnostics and data is None:
+            raise _fail(self.file, "SOP004", "file is empty")
         if not self.diagnostics and not isinstance(data, dict):
             self.report(root, "SOP010", f"the top level must be a mapping, not {_kind(data)}",
                         "start the file with `apiVersion: sop/v1`")

@@ -1,0 +1,120 @@
+"""Semantic checks: what each one accepts as well as what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.checks import registered_codes
+from engine.compiler import check_text
+from engine.render import CODES
+
+
+def _sop(actions: str, roles: str = "  R: {actions: [A], watch: [UserRequirement]}\n", inputs: str = "") -> str:
+    return f"apiVersion: sop/v1\nname: t\n{inputs}actions:\n{actions}roles:\n{roles}"
+
+
+def _codes(text: str) -> list[str]:
+    return [d.code for d in check_text(text).diagnostics]
+
+
+ART = "artifacts: [{path: a.md, content: x}]"
+
+
+def test_registered_codes_are_catalogued() -> None:
+    assert registered_codes() <= set(CODES)
+
+
+@pytest.mark.parametrize("prompt", [
+    "{{ inputs }} {{ role.name }} {{ news[-1].content }} {{ run.round }} {{ msgs.A }}",
+    "{% for m in news %}{{ m.content }} {{ loop.index }}{% endfor %}",
+    "{% set x = 3 %}{{ x }} {{ range(3) | list }}",
+])
+def test_allowed_variables(prompt: str) -> None:
+    assert _codes(_sop(f'  A: {{prompt: "{prompt}", {ART}}}\n')) == []
+
+
+def test_out_only_in_artifacts() -> None:
+    assert _codes(_sop(f'  A: {{prompt: "{{{{ out }}}}", {ART}}}\n')) == ["SOP402"]
+
+
+def test_for_each_names_and_as() -> None:
+    action = ('  A:\n    for_each: "{{ inputs.files }}"\n    as: filename\n'
+              '    prompt: "{{ filename }} {{ index }}"\n'
+              '    artifacts: [{path: "src/{{ filename }}", content: "{{ out }}"}]\n')
+    assert _codes(_sop(action, inputs="inputs: {files: {type: str}}\n")) == []
+    assert _codes(_sop(action.replace("{{ filename }} {{ index }}", "{{ item }}"),
+                       inputs="inputs: {files: {type: str}}\n")) == ["SOP402"]
+
+
+def test_task_only_in_the_task_action() -> None:
+    plan = ('  P:\n    prompt: "{{ task }}"\n    output:\n      tasks:\n        type: list\n        children:\n'
+            '          task_id: {type: str}\n          dependent_task_ids: {type: "list[str]"}\n'
+            '          instruction: {type: str}\n'
+            f'  T: {{prompt: "{{{{ task.instruction }}}}", {ART}}}\n')
+    roles = "  R: {actions: [P, T], watch: [UserRequirement], react_mode: plan_and_act, planner: {action: P, task_action: T}}\n"
+    assert _codes(_sop(plan, roles)) == ["SOP402"]
+    assert _codes(_sop(plan.replace('prompt: "{{ task }}"', "prompt: plan"), roles)) == []
+
+
+def test_nested_keys_and_list_items() -> None:
+    output = ("    output:\n      Files:\n        type: list\n        children:\n"
+              "          path: {type: str}\n          body: {type: str}\n      Meta:\n        children:\n"
+              "          author: {type: str}\n")
+    good = "{{ out['Files'][0]['path'] }} {{ out.Meta.author }} {{ out['Files'] | length }} {{ out.items() }}"
+    assert _codes(_sop(f"  A:\n    prompt: x\n{output}    artifacts: [{{path: a, content: \"{good}\"}}]\n")) == []
+    bad = "{{ out['Files'][0]['paht'] }} {{ out.Meta.writer }}"
+    assert _codes(_sop(f"  A:\n    prompt: x\n{output}    artifacts: [{{path: a, content: \"{bad}\"}}]\n")) == [
+        "SOP403", "SOP403"]
+
+
+def test_msgs_reference_to_a_for_each_producer_needs_an_index() -> None:
+    actions = ('  A:\n    for_each: "{{ inputs.xs }}"\n    prompt: "{{ item }}"\n'
+               "    output: {Name: {type: str}}\n"
+               '  B: {prompt: "{{ msgs.A[-1].out[0][\'Name\'] }} {{ msgs.A[-1].out[0][\'Nme\'] }}", ' + ART + "}\n")
+    roles = "  R: {actions: [A], watch: [UserRequirement]}\n  S: {actions: [B], watch: [A]}\n"
+    found = check_text(_sop(actions, roles, inputs="inputs: {xs: {type: str}}\n")).diagnostics
+    assert [(d.code, d.message) for d in found] == [("SOP403", "the output of 'A' has no key 'Nme'")]
+
+
+def test_exec_output_keys() -> None:
+    action = ('  A: {kind: exec, command: [pytest], artifacts: [{path: log.txt, '
+              'content: "{{ out.stdout }}{{ out[\'exit_code\'] }}{{ out.stdot }}"}]}\n')
+    assert _codes(_sop(action)) == ["SOP403"]
+
+
+def test_template_line_in_a_block_scalar_is_the_file_line() -> None:
+    text = _sop(f"  A:\n    prompt: |\n      line one\n      line two {{{{ nope }}}}\n    {ART}\n")
+    (diag,) = check_text(text).diagnostics
+    assert (diag.code, diag.line, diag.col) == ("SOP402", 7, 7)
+
+
+def test_earlier_action_of_a_by_order_role_is_consumed_through_memory() -> None:
+    actions = f"  A: {{prompt: a, send_to: ['<none>']}}\n  B: {{prompt: b, {ART}}}\n"
+    roles = "  R: {actions: [A, B], watch: [UserRequirement], react_mode: by_order}\n"
+    assert _codes(_sop(actions, roles)) == []
+    assert _codes(_sop(actions.replace("b, ", "b, context: none, "), roles)) == ["SOP303"]
+
+
+def test_phases_stop_at_the_first_with_errors() -> None:
+    # an unknown watch (references) would also make the role unreachable (graph): only the first shows
+    assert _codes(_sop(f"  A: {{prompt: '{{{{ bad }}}}', {ART}}}\n",
+                       "  R: {actions: [A], watch: [Nope]}\n")) == ["SOP202"]
+
+
+def test_warnings_do_not_stop_later_phases() -> None:
+    text = _sop(f"  A: {{prompt: '{{{{ bad }}}}', {ART}}}\n  Spare: {{prompt: x}}\n")
+    assert sorted(_codes(text)) == ["SOP211", "SOP402"]
+
+
+def test_self_watch_loop_needs_max_runs() -> None:
+    actions = f"  A: {{prompt: a, send_to: ['<self>'], {ART}}}\n"
+    roles = "  R: {actions: [A], watch: [UserRequirement, A]}\n"
+    assert _codes(_sop(actions, roles)) == ["SOP301"]
+    assert _codes(_sop(actions.replace("a, ", "a, max_runs: 3, "), roles)) == []
+
+
+def test_address_by_name_and_id() -> None:
+    actions = (f"  A: {{prompt: a, send_to: [Bob, Second], {ART}}}\n"
+               f"  B: {{prompt: b, {ART}}}\n")
+    roles = "  First: {actions: [A], watch: [UserRequirement]}\n  Second: {name: Bob, actions: [B]}\n"
+    assert _codes(_sop(actions, roles)) == []
