@@ -1,0 +1,371 @@
+"""sopctl side by side with MetaGPT 0.8.2: the same team, the same fake latency, one run.
+
+Both systems run their software company on a fake model that answers instantly or after a
+fixed delay (`SOPCTL_FAKE_LATENCY_MS` for sopctl, the same number for MetaGPT's patched
+`acompletion_text`), with a task list of `files` source files. Every repetition is a fresh
+process for each system, alternating, so both see the same machine. Each figure is a ratio
+sopctl / MetaGPT of medians taken in this run; the spread (min-max) goes with it.
+
+The sopctl side is `sopctl run --model <fake> --format json` called in-process through
+`engine.cli.main`, with the built-in `fake` wrapped so that the design's file list and the
+task list have `files` entries (the plain fake answers one-element lists). By default it
+runs `sops/software_company.sop.yaml` without its QA engineer, which is the team that
+MetaGPT's `generate_repo` hires by default (no `--run-tests`): PRD, design, tasks, code
+and a review per file, summary. The shipped file (with tests) is measured too, for calls
+and tokens.
+
+    python -m bench.compare                 # full size (installs MetaGPT on first use)
+    python -m bench.compare --quick         # tiny, sopctl only
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main", "run_sopctl", "no_qa_variant", "count_tokens", "busy_time"]
+
+ROOT = Path(__file__).resolve().parent.parent
+SOP = ROOT / "sops" / "software_company.sop.yaml"
+IDEA = "a command-line 2048 game"
+TARGET_OVERHEAD = 0.1
+
+
+# --------------------------------------------------------------------------- shared helpers
+
+def task_files(n: int) -> list[str]:
+    """The task list both systems get: n-1 modules in dependency order, then main.py."""
+    return [f"module_{i}.py" for i in range(1, n)] + ["main.py"]
+
+
+def busy_time(intervals: list[list[float]]) -> float:
+    """Seconds with at least one model call in flight (the union of the call intervals)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def _tokenizer() -> Any:
+    """tiktoken's cl100k_base, offline: its cache, or the copy litellm ships with."""
+    import importlib.util
+
+    if not os.environ.get("TIKTOKEN_CACHE_DIR"):
+        spec = importlib.util.find_spec("litellm")
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            folder = Path(location) / "litellm_core_utils" / "tokenizers"
+            if folder.is_dir():
+                os.environ["TIKTOKEN_CACHE_DIR"] = str(folder)
+    try:
+        import tiktoken
+
+        return tiktoken.get_encoding("cl100k_base")
+    except Exception:  # noqa: BLE001 - no tokenizer: fall back to chars / 4, and say so
+        return None
+
+
+def count_tokens(prompts: list[str]) -> tuple[int, str]:
+    """Prompt tokens of a run, counted the same way for both systems; (tokens, method)."""
+    enc = _tokenizer()
+    if enc is None:
+        return sum(len(p) for p in prompts) // 4, "chars/4"
+    return sum(len(enc.encode(p, disallowed_special=())) for p in prompts), "cl100k_base"
+
+
+def no_qa_variant(source: Path, target: Path) -> Path:
+    """The shipped SOP minus its QA engineer: MetaGPT's default team (no --run-tests)."""
+    from ruamel.yaml import YAML
+
+    data = YAML(typ="safe").load(source.read_text())
+    data["roles"].pop("QaEngineer", None)
+    data["actions"].pop("WriteTest", None)
+    for action in data["actions"].values():
+        if "Edward" in action.get("send_to", []):
+            action["send_to"] = ["<all>"]
+    target.write_text(json.dumps(data, indent=1))  # JSON is YAML
+    return target
+
+
+# --------------------------------------------------------------------------- sopctl child process
+
+class _BenchModel:
+    """`fake` with an N-file design and task list, timing every answer and keeping prompts."""
+
+    def __init__(self, files: list[str]) -> None:
+        from engine.fake import FakeModel
+
+        self.inner, self.files = FakeModel(), files
+        self.intervals: list[list[float]] = []
+        self.prompts: list[str] = []
+
+    def supports_schema(self, model: str) -> bool:
+        return self.inner.supports_schema(model)
+
+    async def complete(self, request: Any) -> Any:
+        t0 = time.perf_counter()
+        answer = await self.inner.complete(request)
+        answer = dataclasses.replace(answer, text=self._widen(answer.text))
+        self.prompts.append("\n".join(str(m.get("content", "")) for m in request.messages))
+        self.intervals.append([t0, time.perf_counter()])
+        return answer
+
+    def _widen(self, text: str) -> str:
+        if "Task list" not in text and "File list" not in text:
+            return text
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text
+        if "File list" in value:
+            value["File list"] = self.files
+        if "Task list" in value:
+            value["Task list"] = self.files
+            value["Logic Analysis"] = [[f, f"part {i} of the program"] for i, f in enumerate(self.files, 1)]
+        return json.dumps(value, indent=2)
+
+
+def _child(sop: str, files: int, latency_ms: float, idea: str) -> dict[str, Any]:
+    """Runs in a fresh process: import, then one `sopctl run --format json`, measured."""
+    os.environ["SOPCTL_FAKE_LATENCY_MS"] = str(latency_ms)
+    t0 = time.perf_counter()
+    from engine import api, cli, display, fake, journal, team  # noqa: F401 - what a run loads
+    from engine.testing import use_model
+    api.load(sop)  # the checker's libraries load lazily; import them here, as MetaGPT's are
+    import_s = time.perf_counter() - t0
+
+    names = task_files(files)
+    model = _BenchModel(names)
+    out, err = io.StringIO(), io.StringIO()
+    with tempfile.TemporaryDirectory(prefix="sopctl-bench-") as tmp, use_model(model, name="benchfake"):
+        argv = ["run", sop, "--model", "benchfake", "--idea", idea, "--out", str(Path(tmp) / "ws"),
+                "--format", "json"]
+        t0 = time.perf_counter()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli.main(argv)
+        run_s = time.perf_counter() - t0
+    if code != 0:
+        raise SystemExit(f"sopctl run exited {code}:\n{err.getvalue()[-2000:]}\n{out.getvalue()[-2000:]}")
+    result = json.loads(out.getvalue())
+    written = {Path(a).name for a in result["artifacts"] if not a.startswith(("docs/", "tests/"))}
+    return {
+        "system": "sopctl", "import_s": import_s, "run_s": run_s,
+        "llm_s": sum(b - a for a, b in model.intervals), "llm_busy_s": busy_time(model.intervals),
+        "llm_calls": result["llm_calls"], "rounds": result["rounds"], "status": result["status"],
+        "prompt_chars": sum(len(p) for p in model.prompts), "prompts": model.prompts,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "files_expected": names, "files_written": [f for f in names if f in written],
+    }
+
+
+def run_sopctl(files: int, latency_ms: float, sop: Path = SOP, idea: str = IDEA) -> dict[str, Any]:
+    """One fresh process running the SOP on the widened fake; its JSON result."""
+    cmd = [sys.executable, "-m", "bench.compare", "--child", str(sop), "--files", str(files),
+           "--latency-ms", str(latency_ms), "--idea", idea]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"sopctl bench run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    missing = set(result["files_expected"]) - set(result["files_written"])
+    if missing:
+        raise RuntimeError(f"sopctl run did not write {sorted(missing)}")
+    return result
+
+
+# --------------------------------------------------------------------------- cold start
+
+def _timed(cmd: list[str], env: dict[str, str] | None = None, cwd: Path | str = ROOT) -> float:
+    t0 = time.perf_counter()
+    subprocess.run(cmd, env=env, cwd=cwd, check=True, capture_output=True)
+    return time.perf_counter() - t0
+
+
+def sopctl_cold_start() -> dict[str, float]:
+    """Seconds for `sopctl run --help` and `sopctl validate` of the shipped SOP, fresh processes."""
+    sopctl = str(Path(sys.executable).parent / "sopctl")
+    return {"help_s": _timed([sopctl, "run", "--help"]),
+            "validate_s": _timed([sopctl, "validate", str(SOP)])}
+
+
+# --------------------------------------------------------------------------- the comparison
+
+def _stats(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def _per_call_overhead(r: dict[str, Any]) -> float:
+    """Engine time on the run's path per call: wall time with no model call in flight."""
+    return (r["run_s"] - r.get("llm_busy_s", r["llm_s"])) / r["llm_calls"]
+
+
+def _summarise(runs: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
+    first = runs[0]
+    return {
+        "run_s": _stats([r["run_s"] for r in runs]),
+        "llm_busy_s": _stats([r.get("llm_busy_s", r["llm_s"]) for r in runs]),
+        "overhead_per_call_ms": _stats([1000 * _per_call_overhead(r) for r in runs]),
+        "import_s": _stats([r["import_s"] for r in runs]),
+        "peak_rss_mb": _stats([r["peak_rss_mb"] for r in runs]),
+        "llm_calls": first["llm_calls"], "prompt_chars": first["prompt_chars"],
+        "prompt_tokens": tokens, "files_written": len(first["files_written"]),
+    }
+
+
+def _measure(system: str, reps: int, files: int, latency_ms: float, sop: Path) -> list[dict[str, Any]]:
+    if system == "metagpt":
+        from bench.metagpt_baseline import run_team
+
+        return [run_team(files, latency_ms, IDEA) for _ in range(reps)]
+    return [run_sopctl(files, latency_ms, sop) for _ in range(reps)]
+
+
+def compare(reps: int = 5, files: int = 10, latencies: tuple[float, float] = (0.0, 200.0),
+            with_metagpt: bool = True, log=print) -> dict[str, Any]:
+    """All runs, alternating systems per repetition; summaries per system and latency."""
+    systems = ["sopctl", "metagpt"] if with_metagpt else ["sopctl"]
+    if with_metagpt:
+        from bench.metagpt_baseline import ensure_installed
+
+        ensure_installed(log)
+    out: dict[str, Any] = {"files": files, "reps": reps, "latencies_ms": list(latencies)}
+    with tempfile.TemporaryDirectory(prefix="sopctl-compare-") as tmp:
+        sop = no_qa_variant(SOP, Path(tmp) / "software_company_no_qa.sop.yaml")
+        for latency in latencies:
+            runs: dict[str, list[dict[str, Any]]] = {s: [] for s in systems}
+            for i in range(reps):
+                for system in systems:
+                    log(f"  {system}: {files} files, {latency:g} ms latency, repetition {i + 1}/{reps}")
+                    runs[system] += _measure(system, 1, files, latency, sop)
+            for system in systems:
+                tokens, method = count_tokens(runs[system][0]["prompts"])
+                out[f"{system}@{latency:g}"] = _summarise(runs[system], tokens)
+                out["token_method"] = method
+        shipped = run_sopctl(files, 0.0, SOP)
+        out["sopctl_shipped"] = {"llm_calls": shipped["llm_calls"],
+                                 "prompt_tokens": count_tokens(shipped["prompts"])[0]}
+    out["cold"] = _cold(reps, with_metagpt, log)
+    out["ratios"] = _ratios(out, with_metagpt)
+    return out
+
+
+def _cold(reps: int, with_metagpt: bool, log) -> dict[str, Any]:
+    log(f"  cold start, {reps} repetition(s)")
+    samples: dict[str, list[float]] = {}
+    for _ in range(reps):
+        pairs = {f"sopctl_{k}": v for k, v in sopctl_cold_start().items()}
+        if with_metagpt:
+            from bench.metagpt_baseline import cold_start
+
+            pairs.update({f"metagpt_{k}": v for k, v in cold_start().items()})
+        for key, value in pairs.items():
+            samples.setdefault(key, []).append(value)
+    return {key: _stats(values) for key, values in samples.items()}
+
+
+def _ratios(out: dict[str, Any], with_metagpt: bool) -> dict[str, float]:
+    if not with_metagpt:
+        return {}
+    lo, hi = (f"{{}}@{lat:g}" for lat in out["latencies_ms"])
+    s0, m0 = out[lo.format("sopctl")], out[lo.format("metagpt")]
+    s1, m1 = out[hi.format("sopctl")], out[hi.format("metagpt")]
+    cold = out["cold"]
+    return {
+        "overhead_per_call": s0["overhead_per_call_ms"]["median"] / m0["overhead_per_call_ms"]["median"],
+        "wall_at_latency": s1["run_s"]["median"] / m1["run_s"]["median"],
+        "llm_calls": s0["llm_calls"] / m0["llm_calls"],
+        "prompt_tokens": s0["prompt_tokens"] / m0["prompt_tokens"],
+        "peak_rss": s0["peak_rss_mb"]["median"] / m0["peak_rss_mb"]["median"],
+        "import": s0["import_s"]["median"] / m0["import_s"]["median"],
+        "cold_help": cold["sopctl_help_s"]["median"] / cold["metagpt_help_s"]["median"],
+        "cold_validate_vs_import": cold["sopctl_validate_s"]["median"] / cold["metagpt_import_s"]["median"],
+    }
+
+
+# --------------------------------------------------------------------------- report
+
+def _fmt(s: dict[str, float], unit: str = "", digits: int = 3) -> str:
+    return f"{s['median']:.{digits}f}{unit} ({s['min']:.{digits}f}-{s['max']:.{digits}f})"
+
+
+def markdown(res: dict[str, Any]) -> str:
+    """The side-by-side table for docs/benchmarks.md (medians, min-max in brackets)."""
+    lats = res["latencies_ms"]
+    has_mg = f"metagpt@{lats[0]:g}" in res
+    cols = ["sopctl", "MetaGPT 0.8.2", "sopctl / MetaGPT", "target"] if has_mg else ["sopctl"]
+    rows = [f"| figure | {' | '.join(cols)} |", "|---" * (len(cols) + 1) + "|"]
+    r = res.get("ratios", {})
+
+    def row(name: str, key: str, lat: float, field: str, unit: str, ratio: str, target: str = "",
+            digits: int = 3) -> None:
+        s = res[f"sopctl@{lat:g}"][field]
+        cells = [_fmt(s, unit, digits) if isinstance(s, dict) else f"{s:,}"]
+        if has_mg:
+            m = res[f"metagpt@{lat:g}"][field]
+            cells += [_fmt(m, unit, digits) if isinstance(m, dict) else f"{m:,}",
+                      f"**{r[ratio]:.3f}**" if ratio else "", target]
+        rows.append(f"| {name} | {' | '.join(cells)} |")
+
+    row(f"engine overhead per LLM call, {lats[0]:g} ms latency", "", lats[0], "overhead_per_call_ms",
+        " ms", "overhead_per_call", f"<= {TARGET_OVERHEAD}", 2)
+    row(f"team run wall time, {lats[1]:g} ms latency", "", lats[1], "run_s", " s", "wall_at_latency")
+    row(f"time with a call in flight, {lats[1]:g} ms latency", "", lats[1], "llm_busy_s", " s", "")
+    row("LLM calls per run", "", lats[0], "llm_calls", "", "llm_calls")
+    row(f"prompt tokens per run ({res.get('token_method', '')})", "", lats[0], "prompt_tokens", "",
+        "prompt_tokens")
+    row("peak RSS of the run's process", "", lats[0], "peak_rss_mb", " MB", "peak_rss", "", 0)
+    row("import of what a run needs", "", lats[0], "import_s", " s", "import", "", 2)
+    cold = res["cold"]
+    for name, s_key, m_key, ratio in (("cold start: `sopctl run --help` / `metagpt --help`",
+                                       "sopctl_help_s", "metagpt_help_s", "cold_help"),
+                                      ("cold start: `sopctl validate` / import MetaGPT's team",
+                                       "sopctl_validate_s", "metagpt_import_s", "cold_validate_vs_import")):
+        cells = [_fmt(cold[s_key], " s", 2)]
+        if has_mg:
+            cells += [_fmt(cold[m_key], " s", 2), f"**{r[ratio]:.3f}**", ""]
+        rows.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(rows)
+
+
+def main(size_factor: float = 1.0, reps: int | None = None, with_metagpt: bool | None = None) -> dict[str, Any]:
+    """Run the comparison (MetaGPT only at full size unless asked), print the table, return figures."""
+    files = max(2, round(10 * size_factor))
+    reps = reps or (5 if size_factor >= 1 else 1)
+    with_metagpt = size_factor >= 1 if with_metagpt is None else with_metagpt
+    res = compare(reps=reps, files=files, with_metagpt=with_metagpt,
+                  log=lambda msg: print(msg, file=sys.stderr))
+    res["markdown"] = markdown(res)
+    print(res["markdown"])
+    return res
+
+
+def _cli() -> None:
+    ap = argparse.ArgumentParser(description="sopctl vs MetaGPT 0.8.2 on a fake model")
+    ap.add_argument("--child", metavar="SOP", help=argparse.SUPPRESS)
+    ap.add_argument("--files", type=int, default=10)
+    ap.add_argument("--latency-ms", type=float, default=0.0)
+    ap.add_argument("--idea", default=IDEA)
+    ap.add_argument("--quick", action="store_true", help="tiny size, one repetition, no MetaGPT")
+    ap.add_argument("--skip-metagpt", action="store_true")
+    ap.add_argument("--reps", type=int)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(_child(args.child, args.files, args.latency_ms, args.idea)))
+        return
+    main(0.2 if args.quick else 1.0, reps=1 if args.quick else args.reps,
+         with_metagpt=not (args.quick or args.skip_metagpt))
+
+
+if __name__ == "__main__":
+    _cli()
