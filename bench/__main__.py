@@ -1,0 +1,216 @@
+"""`python -m bench` (and `make bench`): run every benchmark, rewrite docs/benchmarks.md.
+
+Each bench module exposes `main(size_factor=1.0)`, prints its table and returns its figures
+(a dict; `markdown`, when present, is its section of the report). Modules are imported one
+at a time, when their turn comes, so that a missing or broken one is skipped with a note
+instead of stopping the rest. The report names the machine, the versions and the date,
+because ratios are only comparable between runs on the same kind of machine.
+
+    python -m bench                    # everything, full size (installs MetaGPT on first use)
+    python -m bench --skip-metagpt     # no MetaGPT: sopctl figures only, no ratios
+    python -m bench --quick --out /tmp/b.md   # tiny sizes, 1 repetition, no MetaGPT (smoke test)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime as dt
+import importlib
+import importlib.metadata
+import io
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_OUT = ROOT / "docs" / "benchmarks.md"
+
+BENCHES: list[tuple[str, str, str]] = [
+    ("compare", "bench.compare", "sopctl side by side with MetaGPT 0.8.2"),
+    ("routing", "bench.routing_bench", "Routing scale: 1,000 roles, up to 100,000 messages"),
+    ("validate", "bench.validate_bench", "Validation speed"),
+    ("gateway", "bench.gateway_bench", "LLM gateway"),
+    ("run", "bench.run_bench", "Runs on the fake model"),
+    ("journal", "bench.journal_bench", "Journal"),
+    ("context", "bench.context_bench", "Declared context against `context: all`"),
+]
+
+
+class _Tee(io.TextIOBase):
+    """Writes to the terminal and keeps a copy for the report."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.copy = stream, io.StringIO()
+
+    def write(self, text: str) -> int:
+        self.stream.write(text)
+        return self.copy.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def run_one(name: str, module: str, size_factor: float, skip_metagpt: bool) -> dict[str, Any]:
+    """Import and run one bench; never raises (a failure is recorded for the report)."""
+    entry: dict[str, Any] = {"name": name, "module": module}
+    t0 = time.perf_counter()
+    tee = _Tee(sys.stdout)
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            entry["error"] = f"import failed: {exc}"
+        else:
+            entry["missing"] = True
+        return entry
+    main: Callable[..., Any] = mod.main
+    kwargs: dict[str, Any] = {"size_factor": size_factor}
+    if name == "compare":
+        kwargs["with_metagpt"] = not skip_metagpt
+        if size_factor < 1:
+            kwargs["reps"] = 1
+    try:
+        with contextlib.redirect_stdout(tee):
+            entry["result"] = main(**kwargs)
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - one bench must not stop the others
+        entry["error"] = f"{type(exc).__name__}: {exc}"
+        traceback.print_exc(file=sys.stderr)
+    entry["output"] = tee.copy.getvalue()
+    entry["seconds"] = time.perf_counter() - t0
+    return entry
+
+
+# --------------------------------------------------------------------------- the report
+
+def machine() -> dict[str, str]:
+    """CPU count and model, OS, and the versions the figures depend on."""
+    model = platform.processor() or "unknown"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {"cpus": str(os.cpu_count()), "cpu": model, "os": f"{platform.system()} {platform.release()}",
+            "python": platform.python_version(), "sopctl": _version("sopctl"),
+            "litellm": _version("litellm"), "metagpt": _metagpt_version()}
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _metagpt_version() -> str:
+    from bench.metagpt_baseline import installed_version
+
+    return installed_version() or "not installed (run without --skip-metagpt)"
+
+
+def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
+    """The headline table: every ratio with its target, from whichever benches produced one."""
+    rows = ["| figure | value | target |", "|---|---|---|"]
+    res = {e["name"]: e.get("result") for e in entries if isinstance(e.get("result"), dict)}
+    ratios = (res.get("compare") or {}).get("ratios") or {}
+    labels = {
+        "overhead_per_call": ("engine overhead per LLM call at 0 ms (sopctl / MetaGPT)", "<= 0.1"),
+        "wall_at_latency": ("wall time at 200 ms latency, 10-file task list (sopctl / MetaGPT)", "< 1"),
+        "llm_calls": ("LLM calls per run (sopctl / MetaGPT)", ""),
+        "prompt_tokens": ("prompt tokens per run (sopctl / MetaGPT)", "< 1"),
+        "peak_rss": ("peak memory of the run's process (sopctl / MetaGPT)", "< 1"),
+        "cold_help": ("cold start `sopctl run --help` / `metagpt --help`", "< 1"),
+        "cold_validate_vs_import": ("cold `sopctl validate` / importing MetaGPT's team", "< 1"),
+    }
+    for key, (label, target) in labels.items():
+        if key in ratios:
+            rows.append(f"| {label} | **{ratios[key]:.3f}** | {target} |")
+    if res.get("routing"):
+        r = res["routing"]
+        rows.append(f"| routing: exponent of time vs messages ({r['roles']:,} roles, "
+                    f"{r['curve'][0]['messages']:,}-{r['curve'][-1]['messages']:,} messages) | "
+                    f"**{r['exponent']:.2f}** | 1.00 (linear) |")
+    for name, result in res.items():
+        if name not in ("compare", "routing") and result and "ratio" in result:
+            target = result.get("target", "")
+            target = f"<= {target}" if isinstance(target, (int, float)) else str(target)
+            rows.append(f"| {name}: ratio | **{result['ratio']:.3f}** | {target} |")
+    return rows if len(rows) > 2 else []
+
+
+def render(entries: list[dict[str, Any]], info: dict[str, str], argv: list[str]) -> str:
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = ["# Benchmarks", "",
+             "Generated by `python -m bench` (`make bench`); do not edit by hand. Every ratio is "
+             "sopctl / MetaGPT (or declared / baseline) measured in the same run, on the same "
+             "machine; medians with (min-max) over the repetitions.", "",
+             f"- date: {now}; command: `python -m bench {' '.join(argv)}`".rstrip(),
+             f"- machine: {info['cpus']} CPU(s), {info['cpu']}, {info['os']}",
+             f"- versions: Python {info['python']}, sopctl {info['sopctl']}, "
+             f"MetaGPT {info['metagpt']}, litellm {info['litellm']}", ""]
+    summary = summary_rows(entries)
+    if summary:
+        lines += ["## Summary", "", *summary, ""]
+    for (name, _module, title), entry in zip(BENCHES, entries):
+        lines += [f"## {title}", "", f"`{entry['module']}`" + (f", {entry['seconds']:.0f} s" if "seconds" in entry else ""), ""]
+        if entry.get("skipped"):
+            lines += ["Not run in this invocation (`--only`).", ""]
+            continue
+        if entry.get("missing"):
+            lines += ["Not run: the module is not in this checkout yet.", ""]
+            continue
+        if entry.get("error"):
+            lines += [f"Not run to the end: `{entry['error']}`", ""]
+        result = entry.get("result")
+        if isinstance(result, dict) and result.get("markdown"):
+            lines += [result["markdown"], ""]
+            if name == "compare":
+                lines += [COMPARE_NOTES, ""]
+        elif entry.get("output", "").strip():
+            lines += ["```", entry["output"].rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+COMPARE_NOTES = """\
+How it is measured: each repetition runs each system in a fresh process, alternating. MetaGPT
+0.8.2 (its own venv, `bench/.cache/metagpt-venv`) runs `generate_repo` (ProductManager,
+Architect, ProjectManager, Engineer with code review; no QA, its default) with only
+`acompletion_text` replaced by a fake that returns well-formed answers; sopctl runs
+`sopctl run --format json` (in-process `engine.cli.main`) on `sops/software_company.sop.yaml`
+without its QA engineer (the same team), on `fake` widened to the same task list. Both
+fakes sleep the same latency. Engine overhead per call = (team run wall time - time with a
+model call in flight) / calls. The team run excludes imports on both sides (shown
+separately); sopctl's includes compiling the SOP. Prompt tokens: every prompt sent,
+counted with the same tokenizer for both. Every task file is checked to be written."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition, no MetaGPT")
+    ap.add_argument("--skip-metagpt", action="store_true", help="do not install or run MetaGPT")
+    ap.add_argument("--only", action="append", choices=[b[0] for b in BENCHES],
+                    help="run only this bench (repeatable)")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="report file (default docs/benchmarks.md)")
+    args = ap.parse_args(argv)
+    size = 0.05 if args.quick else 1.0
+    skip = args.skip_metagpt or args.quick
+    entries = []
+    for name, module, title in BENCHES:
+        if args.only and name not in args.only:
+            entries.append({"name": name, "module": module, "skipped": True})
+            continue
+        print(f"== {title} ({module})", file=sys.stderr)
+        entries.append(run_one(name, module, size, skip))
+    report = render(entries, machine(), list(argv if argv is not None else sys.argv[1:]))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 1 if any(e.get("error") for e in entries) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
