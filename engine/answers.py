@@ -201,14 +201,22 @@ def read(spec: CallSpec, text: str) -> Any:
             raise InvalidAnswer("the answer is empty")
         return text.strip()
     schema = spec.schema or {}
-    if spec.format == "markdown" and not text.lstrip().startswith(("{", "```")):
-        value: Any = parse_markdown(text, schema)
-    else:
-        value = parse_json_object(text)
+    value = _markdown_or_json(text, schema) if spec.format == "markdown" else parse_json_object(text)
     errors = schema_errors(value, schema)
     if errors:
         raise InvalidAnswer("the object does not match the schema: " + "; ".join(errors))
     return value
+
+
+def _markdown_or_json(text: str, schema: dict[str, Any]) -> Any:
+    """`format: markdown` answers are sections; a model that answers JSON anyway is read too."""
+    try:
+        return parse_markdown(text, schema)
+    except InvalidAnswer as markdown_error:
+        try:
+            return parse_json_object(text)
+        except InvalidAnswer:
+            raise markdown_error from None
 
 
 def parse_json_object(text: str) -> dict[str, Any]:

