@@ -1,0 +1,102 @@
+"""Smoke tests of the bench scripts: they run at a tiny size and produce their figures.
+
+No timing assertions (timings depend on the machine): only that every figure is there,
+numbers are positive and the work was done. MetaGPT is never installed here; its fake LLM
+answers and the installer's requirement list are checked as plain functions.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+# bench/ is not an installed package: make it importable under plain `pytest` too.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import compare  # noqa: E402, metagpt_fake_llm, routing_bench
+from bench.__main__ import DEFAULT_OUT
+from bench.__main__ import main as bench_main
+from bench.metagpt_baseline import _requirements
+
+
+def _positive(stats: dict) -> None:
+    assert stats["n"] >= 1
+    assert 0 < stats["min"] <= stats["median"] <= stats["max"]
+
+
+def test_compare_sopctl_side_produces_its_figures() -> None:
+    res = compare.main(size_factor=0.2, reps=1, with_metagpt=False)
+    for lat in res["latencies_ms"]:
+        side = res[f"sopctl@{lat:g}"]
+        for key in ("run_s", "llm_busy_s", "import_s", "peak_rss_mb"):
+            _positive(side[key])
+        assert side["llm_calls"] > 0 and side["prompt_tokens"] > 0
+        assert side["files_written"] == res["files"]
+    assert res["sopctl_shipped"]["llm_calls"] > res["sopctl@0"]["llm_calls"]  # the QA engineer's calls
+    for key in ("sopctl_help_s", "sopctl_validate_s"):
+        _positive(res["cold"][key])
+    assert "| engine overhead per LLM call" in res["markdown"]
+
+
+def test_routing_bench_produces_a_curve() -> None:
+    res = routing_bench.main(size_factor=0.02)
+    assert len(res["curve"]) >= 2
+    for point in res["curve"]:
+        assert point["median_s"] > 0 and point["delivered"] >= point["messages"]
+    assert math.isfinite(res["exponent"])
+
+
+def test_bench_command_writes_the_report_where_asked(tmp_path: Path) -> None:
+    before = DEFAULT_OUT.read_bytes() if DEFAULT_OUT.exists() else None
+    out = tmp_path / "benchmarks.md"
+    assert bench_main(["--quick", "--only", "routing", "--out", str(out)]) == 0
+    text = out.read_text()
+    for needle in ("# Benchmarks", "- machine:", "- versions: Python", "## Routing scale", "## Summary"):
+        assert needle in text
+    assert (DEFAULT_OUT.read_bytes() if DEFAULT_OUT.exists() else None) == before
+
+
+def test_busy_time_is_the_union_of_call_intervals() -> None:
+    assert compare.busy_time([[0, 1], [0.5, 2], [3, 4]]) == pytest.approx(3.0)
+    assert compare.busy_time([]) == 0
+
+
+def test_fit_exponent_of_linear_and_quadratic_growth() -> None:
+    assert routing_bench.fit_exponent([(n, 2e-6 * n) for n in (10, 100, 1000)]) == pytest.approx(1.0)
+    assert routing_bench.fit_exponent([(n, 1e-9 * n * n) for n in (10, 100, 1000)]) == pytest.approx(2.0)
+
+
+def _content(text: str) -> dict:
+    assert text.startswith("[CONTENT]") and text.rstrip().endswith("[/CONTENT]")
+    return json.loads(text.split("[CONTENT]", 1)[1].rsplit("[/CONTENT]", 1)[0])
+
+
+def test_metagpt_fake_answers_are_well_formed() -> None:
+    files = metagpt_fake_llm.task_files(10)
+    node_prompt = "## context\n...\n## nodes: \"<node>: <type>\"\n- {}: str\n## constraint\n..."
+    kind, text = metagpt_fake_llm.answer(node_prompt.format("Task list"), "idea", files)
+    assert kind == "tasks" and _content(text)["Task list"] == files
+    kind, text = metagpt_fake_llm.answer(node_prompt.format("Implementation approach"), "idea", files)
+    assert kind == "design" and _content(text)["File list"] == files
+    kind, text = metagpt_fake_llm.answer(node_prompt.format("Original Requirements"), "idea", files)
+    assert kind == "prd" and _content(text)["Original Requirements"] == "idea"
+    kind, text = metagpt_fake_llm.answer("## Code: module_3.py. Write code with triple quoto", "i", files)
+    assert kind == "code" and "```python\n" in text and "module_3" in text
+    kind, text = metagpt_fake_llm.answer("## Code to be Reviewed: main.py\n## Code Review Result", "i", files)
+    assert kind == "review" and text.rstrip().endswith("LGTM") and "main.py" in text
+    assert metagpt_fake_llm.answer("something else", "i", files)[0] == "unknown"
+
+
+def test_metagpt_requirements_follow_the_recipe(tmp_path: Path) -> None:
+    wheel = tmp_path / "metagpt-0.8.2-py3-none-any.whl"
+    meta = "\n".join(["Name: metagpt", "Requires-Dist: aiohttp==3.8.6", "Requires-Dist: lancedb==0.4.0",
+                      "Requires-Dist: agentops", "Requires-Dist: pytest ; extra == \"test\""])
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr("metagpt-0.8.2.dist-info/METADATA", meta)
+    reqs = _requirements(wheel)
+    assert "aiohttp==3.8.6" in reqs and "agentops==0.3.10" in reqs
+    assert not any(r.startswith(("lancedb", "pytest")) for r in reqs)
