@@ -103,11 +103,40 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    raise SopError("`sopctl resume` is not implemented yet")
+    """Continue an interrupted run from its journal; output and exit code as `sopctl run`."""
+    from .runs import print_result, progress_display, read_origin, resume_run
+
+    origin = read_origin(args.run_dir)
+    print(f"sopctl: resuming run {origin.first.run_id} of {origin.first.sop_name} "
+          f"({origin.ended_status or 'interrupted'})", file=sys.stderr)
+    display = progress_display(origin)
+    try:
+        result = resume_run(args.run_dir, budget=args.budget, rounds=args.rounds,
+                            model=args.model, allow_exec=args.allow_exec, force=args.force,
+                            observers=(display,))
+    finally:
+        getattr(display, "close", lambda: None)()
+    return print_result(result, args.format)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    raise SopError("`sopctl replay` is not implemented yet")
+    """Re-run a recorded run in --out with every answer from its journal; exit 1 on divergence."""
+    from .runs import print_result, progress_display, read_origin, replay_run
+
+    origin = read_origin(args.run_dir)
+    display = progress_display(origin)
+    try:
+        result, diverged = replay_run(args.run_dir, args.out, allow_exec=args.allow_exec,
+                                      observers=(display,))
+    finally:
+        getattr(display, "close", lambda: None)()
+    code = print_result(result, args.format)
+    if diverged:
+        note = "" if origin.ended_status else (" (the recorded run was interrupted: its journal "
+                                               "has answers only up to where it stopped)")
+        print(f"sopctl: replay diverged from {args.run_dir}{note}", file=sys.stderr)
+        return 1
+    return code
 
 
 def cmd_runs(args: argparse.Namespace) -> int:

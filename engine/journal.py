@@ -27,16 +27,21 @@ real `sopctl run` at every point of the journal and check that `sopctl resume` r
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import re
-import socket
 import sqlite3
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import IO, Any, Iterator
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
 
 from . import __version__
 from .errors import JournalError
@@ -55,7 +60,7 @@ __all__ = [
     "Journal",
     "ReplayStore",
     "journal_path",
-    "pid_alive",
+    "writer_active",
     "decode_event",
 ]
 
@@ -96,6 +101,8 @@ CREATE TABLE IF NOT EXISTS answers (
     prompt_tokens     INTEGER NOT NULL,
     completion_tokens INTEGER NOT NULL,
     cost_usd          REAL NOT NULL,
+    model             TEXT NOT NULL,
+    seconds           REAL NOT NULL,
     origin            TEXT NOT NULL,
     seq               INTEGER NOT NULL
 );
@@ -220,12 +227,31 @@ class Journal:
         self._crash_event = _crash_point(CRASH_AFTER_EVENT_ENV)
         self._crash_answer = _crash_point(CRASH_AFTER_ANSWER_ENV)
         self._completed: dict[str, ActionCompleted] | None = None
+        self.workspace: Path | None = None
+        self._lock: IO[str] | None = None
+        """Set for a writable journal: `completed` then checks the action's artifacts there."""
 
     # opening ---------------------------------------------------------------------------
 
     @classmethod
+    def for_run(cls, workspace: str | Path, compiled: Any, *, force: bool = False) -> Journal:
+        """The journal of a run (or a resume) of a compiled SOP, in its workspace.
+
+        Also remembers the SOP file's absolute path, so `resume` and `replay` find it from
+        any folder. Attach it with `**journal.run_options()` to `engine.api.run`.
+        """
+        file = str(getattr(compiled, "file", ""))
+        sop_path = str(Path(file).resolve()) if file and not file.startswith("<") else ""
+        return cls.create(workspace, sop_name=compiled.spec.name, sop_hash=compiled.source_hash,
+                          force=force, sop_path=sop_path)
+
+    def run_options(self) -> dict[str, Any]:
+        """The runner options that make a run durable: observer, completed actions, answers."""
+        return {"observers": [self], "completed": self, "store": self}
+
+    @classmethod
     def create(cls, workspace: str | Path, *, sop_name: str, sop_hash: str,
-               force: bool = False) -> Journal:
+               force: bool = False, sop_path: str = "") -> Journal:
         """Open the workspace's journal for writing, creating it if needed.
 
         An existing journal must come from this schema version and this SOP (same hash);
@@ -236,11 +262,12 @@ class Journal:
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = _connect(path, readonly=False)
         journal = cls(path, conn, writable=True)
+        journal.workspace = Path(workspace)
         try:
             journal._init_schema()
             journal._check_meta(sop_hash=sop_hash, force=force)
-            journal._check_owner()
-            journal._write_meta(sop_name=sop_name, sop_hash=sop_hash)
+            journal._lock = _take_writer_lock(path)
+            journal._write_meta(sop_name=sop_name, sop_hash=sop_hash, sop_path=sop_path)
         except BaseException:
             journal.close()
             raise
@@ -284,26 +311,10 @@ class Journal:
                 f"(sha256 {sop_hash[:12]})",
                 "use a fresh workspace (--out), or --force to continue with the changed file")
 
-    def _check_owner(self) -> None:
-        """Refuse to write a journal another live sopctl process on this host is writing."""
-        meta = self.meta()
-        pid = int(meta.get("pid", "0") or 0)
-        if meta.get("host") != socket.gethostname() or pid in (0, os.getpid()):
-            return
-        if pid_alive(pid) and not self._ended_last():
-            raise JournalError(f"journal {self.path} is being written by process {pid}",
-                               "wait for that run to finish (or stop it) before resuming")
-
-    def _ended_last(self) -> bool:
-        with _guard(self.path, "read"):
-            row = self._conn.execute("SELECT type FROM events WHERE type IN ('RunStarted', "
-                                     "'RunEnded') ORDER BY seq DESC LIMIT 1").fetchone()
-        return row is None or row[0] == "RunEnded"
-
-    def _write_meta(self, *, sop_name: str, sop_hash: str) -> None:
-        rows = {"schema_version": str(SCHEMA_VERSION), "sop_name": sop_name,
-                "sop_hash": sop_hash, "engine_version": __version__,
-                "pid": str(os.getpid()), "host": socket.gethostname()}
+    def _write_meta(self, *, sop_name: str, sop_hash: str, sop_path: str) -> None:
+        rows = {"sop_path": sop_path} if sop_path else {}
+        rows |= {"schema_version": str(SCHEMA_VERSION), "sop_name": sop_name,
+                "sop_hash": sop_hash, "engine_version": __version__}
         with _guard(self.path, "write"):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
@@ -316,10 +327,14 @@ class Journal:
                 raise
 
     def close(self) -> None:
+        """Close the database and drop the writer lock (idempotent)."""
         try:
             self._conn.close()
         except sqlite3.Error:
             pass
+        if self._lock is not None:
+            self._lock.close()           # closing the file releases the flock
+            self._lock = None
 
     def __enter__(self) -> Journal:
         return self
@@ -350,8 +365,9 @@ class Journal:
         with _guard(self.path, "read"):
             rows = self._conn.execute(
                 "SELECT request_hash, action, text, prompt_tokens, completion_tokens, cost_usd, "
-                "origin, seq FROM answers ORDER BY rowid").fetchall()
-        return [AnswerRow(h, a, StoredAnswer(t, pt, ct, c), o, s) for h, a, t, pt, ct, c, o, s in rows]
+                "model, seconds, origin, seq FROM answers ORDER BY rowid").fetchall()
+        return [AnswerRow(h, a, StoredAnswer(t, pt, ct, c, model=m, seconds=sec), o, s)
+                for h, a, t, pt, ct, c, m, sec, o, s in rows]
 
     def first_run_started(self) -> RunStarted:
         """The event that started the run (resume and replay read SOP, inputs and model here)."""
@@ -368,10 +384,18 @@ class Journal:
     # CompletedActions --------------------------------------------------------------------
 
     def completed(self, key: str) -> ActionCompleted | None:
-        """The recorded completion of the action with this idempotency key, if any."""
+        """The recorded completion of the action with this idempotency key, if any.
+
+        An action whose artifacts are missing or changed in the workspace counts as not
+        completed, so a resume runs it again (its answers come from the journal, at no
+        cost) and the workspace rewrites exactly those files.
+        """
         if self._completed is None:
             self._completed = self._load_completed()
-        return self._completed.get(key)
+        record = self._completed.get(key)
+        if record is None or self.workspace is None:
+            return record
+        return record if all(_artifact_intact(self.workspace, a) for a in record.artifacts) else None
 
     def _load_completed(self) -> dict[str, ActionCompleted]:
         with _guard(self.path, "read"):
@@ -389,6 +413,8 @@ class Journal:
     def on_event(self, event: RunEvent) -> None:
         """Append one event, committed before returning (the crash hook fires after it)."""
         self._require_writable()
+        if isinstance(event, RunStarted):
+            self._remember_sop_path(event.sop_file)
         key = getattr(event, "key", None)
         text = _scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
         with _guard(self.path, "write an event to"):
@@ -400,14 +426,23 @@ class Journal:
         if self._crash_event and self._events_written == self._crash_event:
             os._exit(_CRASH_EXIT)
 
+    def _remember_sop_path(self, sop_file: str) -> None:
+        """The SOP file's absolute path, resolved in the process that runs it (for resume)."""
+        path = Path(sop_file)
+        if not sop_file or sop_file.startswith("<") or not path.is_file():
+            return
+        with _guard(self.path, "write"):
+            self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('sop_path', ?)",
+                               (str(path.resolve()),))
+
     # AnswerStore -------------------------------------------------------------------------
 
     def lookup(self, request_hash: str) -> StoredAnswer | None:
         with _guard(self.path, "read"):
             row = self._conn.execute(
-                "SELECT text, prompt_tokens, completion_tokens, cost_usd FROM answers "
-                "WHERE request_hash = ?", (request_hash,)).fetchone()
-        return None if row is None else StoredAnswer(*row)
+                "SELECT text, prompt_tokens, completion_tokens, cost_usd, model, seconds "
+                "FROM answers WHERE request_hash = ?", (request_hash,)).fetchone()
+        return None if row is None else StoredAnswer(*row[:4], model=row[4], seconds=row[5])
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         """Store a model answer (the first answer for a request wins), durably."""
@@ -418,10 +453,11 @@ class Journal:
         text = _scrub(answer.text, self._secrets)
         with _guard(self.path, "write an answer to"):
             self._conn.execute(
-                "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, "
+                "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
                 "(SELECT COALESCE(MAX(seq), 0) FROM events))",
                 (request_hash, action, text, int(answer.prompt_tokens),
-                 int(answer.completion_tokens), float(answer.cost_usd), origin))
+                 int(answer.completion_tokens), float(answer.cost_usd),
+                 str(getattr(answer, "model", "")), float(getattr(answer, "seconds", 0.0)), origin))
         self._answers_written += 1
         if self._crash_answer and self._answers_written == self._crash_answer:
             os._exit(_CRASH_EXIT)
@@ -443,10 +479,14 @@ class ReplayStore:
     def __init__(self, source: Journal, target: Journal) -> None:
         self.source = source
         self.target = target
+        self.misses: list[str] = []
+        """Request hashes the run asked for that the old journal lacks (a divergence)."""
 
     def lookup(self, request_hash: str) -> StoredAnswer | None:
         answer = self.source.lookup(request_hash)
-        if answer is not None:
+        if answer is None:
+            self.misses.append(request_hash)
+        else:
             action = self._action_of(request_hash)
             self.target.record_as(request_hash, action, answer, origin="replay")
         return answer
@@ -461,13 +501,59 @@ class ReplayStore:
         return row[0] if row else "?"
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this host (signal 0 probes, sends nothing)."""
+def _artifact_intact(workspace: Path, artifact: dict[str, str]) -> bool:
+    """True when the file is there with the recorded sha256 (unreadable counts as changed)."""
+    path = workspace / str(artifact.get("path", ""))
     try:
-        os.kill(pid, 0)
+        return hashlib.sha256(path.read_bytes()).hexdigest() == artifact.get("sha256")
     except OSError:
         return False
-    return True
+
+
+def _lock_file(path: Path) -> Path:
+    return path.with_name("writer.lock")
+
+
+def _take_writer_lock(path: Path) -> IO[str] | None:
+    """An exclusive advisory lock held while a process writes the journal.
+
+    The kernel drops it when the process dies, however it dies, so a crashed run never
+    blocks its resume, while two live processes can never write one journal at once.
+    """
+    if fcntl is None:            # no advisory locks on this platform: best effort
+        return None
+    with _guard(path, "lock"):
+        handle = open(_lock_file(path), "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        owner = handle.read().strip() or "?"
+        handle.close()
+        raise JournalError(f"journal {path} is being written by another process (pid {owner})",
+                           "wait for that run to finish (or stop it) before resuming") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def writer_active(workspace: str | Path) -> bool:
+    """True while some live process holds the journal's writer lock (the run is going on)."""
+    lock = _lock_file(journal_path(workspace))
+    if fcntl is None or not lock.is_file():
+        return False
+    try:
+        with open(lock, encoding="utf-8") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError:
+        return False
+    return False
 
 
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:

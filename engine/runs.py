@@ -17,18 +17,18 @@ the start with the same answers, so the final state is:
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from .errors import JournalError, UsageError
-from .journal import JOURNAL_DIR, JOURNAL_FILE, EventRow, Journal, decode_event, pid_alive
+from .errors import JournalError, SopError, UsageError
+from .journal import JOURNAL_DIR, JOURNAL_FILE, EventRow, Journal, ReplayStore, decode_event, writer_active
 from .events import ActionCompleted, ActionStarted, LLMCalled, MessagePublished, RoundStarted, RunEnded, RunStarted
 
 __all__ = ["ActionStats", "ActionRecord", "RunState", "read_run", "rebuild", "find_runs",
-           "list_runs", "runs_json", "result_object", "render_show", "render_runs"]
+           "list_runs", "runs_json", "result_object", "render_show", "render_runs", "Origin",
+           "read_origin", "resume_run", "replay_run", "progress_display", "print_result"]
 
 
 @dataclass
@@ -104,7 +104,7 @@ def read_run(run_dir: str | Path) -> RunState:
     with Journal.open(run_dir) as journal:
         state = rebuild(journal.events(), run_dir=str(run_dir))
         _add_answers(state, journal)
-        _mark_live(state, journal.meta())
+        _mark_live(state, run_dir)
     return state
 
 
@@ -229,12 +229,9 @@ def _add_answers(state: RunState, journal: Journal) -> None:
         state.llm_calls += 1
 
 
-def _mark_live(state: RunState, meta: dict[str, str]) -> None:
-    """An unended run whose writer is alive on this host is `running`, not `interrupted`."""
-    if state.ended or meta.get("host") != socket.gethostname():
-        return
-    pid = int(meta.get("pid", "0") or 0)
-    if 0 < pid != os.getpid() and pid_alive(pid):
+def _mark_live(state: RunState, run_dir: str | Path) -> None:
+    """An unended run whose writer still holds the journal lock is `running`, not `interrupted`."""
+    if not state.ended and writer_active(run_dir):
         state.status = "running"
 
 
@@ -348,7 +345,8 @@ def render_show(state: RunState) -> str:
         f"status {_status_line(state)}",
         "",
     ]
-    for rnd in sorted(set(state.round_roles) | {r.round for r in state.timeline}):
+    rounds = set(state.round_roles) | {r.round for r in state.timeline}
+    for rnd in sorted(rounds | {int(m.get("round", 0)) for m in state.history}):
         lines.append(f"round {rnd}  roles: {', '.join(state.round_roles.get(rnd, [])) or '-'}")
         lines += [_action_line(r) for r in state.timeline if r.round == rnd]
         lines += [_message_line(m) for m in state.history if int(m.get("round", 0)) == rnd]
@@ -401,3 +399,179 @@ def render_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
                      f"{item.rounds:>6} {item.llm_calls:>5} ${item.cost_usd:>8.4f}  "
                      f"{_when(item.started_at):<20} {path}")
     return "\n".join(lines)
+
+
+# --- resume and replay --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Origin:
+    """How a run was started, as its journal has it (resume and replay start from here)."""
+
+    first: RunStarted              # the run's own start: id, inputs
+    last: RunStarted               # the latest invocation: SOP hash, model, rounds, budget
+    sop_path: Path
+    ended_status: str              # "" when the last invocation has no RunEnded
+
+
+def read_origin(run_dir: str | Path) -> Origin:
+    """The first and latest RunStarted of a run and where its SOP file is now."""
+    with Journal.open(run_dir) as journal:
+        rows = journal.events()
+        meta = journal.meta()
+    starts = [decode_event(r) for r in rows if r.type == "RunStarted"]
+    if not starts:
+        raise JournalError(f"the journal of {run_dir} has no RunStarted event",
+                           "the run died before it started; run it again with `sopctl run`")
+    state = rebuild(rows, run_dir=str(run_dir))
+    first, last = starts[0], starts[-1]
+    assert isinstance(first, RunStarted) and isinstance(last, RunStarted)
+    return Origin(first, last, _sop_path(meta, last), state.status if state.ended else "")
+
+
+def _sop_path(meta: dict[str, str], last: RunStarted) -> Path:
+    """The SOP file: the absolute path the journal remembers, else the recorded one."""
+    for candidate in (meta.get("sop_path", ""), last.sop_file):
+        if candidate and Path(candidate).is_file():
+            return Path(candidate)
+    raise JournalError(f"the run's SOP file {meta.get('sop_path') or last.sop_file} is gone",
+                       "put the file back where it was (or run from the folder the run started in)")
+
+
+def _compile(path: Path) -> Any:
+    from .compiler import compile_path
+
+    try:
+        return compile_path(path)
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _model_override(compiled: Any, recorded: str, explicit: str | None) -> str | None:
+    """`--model` if given; else the recorded model only if today's default would differ.
+
+    Passing the recorded model as an override when it *is* the default would also override
+    per-role and per-action models, which the original run did not do.
+    """
+    if explicit:
+        return explicit
+    default = os.environ.get("SOPCTL_MODEL") or compiled.spec.llm.model or "local"
+    return None if recorded == default else recorded
+
+
+def _check_numbers(rounds: int | None, budget: float | None) -> None:
+    if rounds is not None and rounds < 1:
+        raise UsageError("--rounds must be at least 1")
+    if budget is not None and budget < 0:
+        raise UsageError("--budget must be 0 (no limit) or more")
+
+
+def resume_run(run_dir: str | Path, *, budget: float | None = None, rounds: int | None = None,
+               model: str | None = None, allow_exec: bool = False, force: bool = False,
+               observers: tuple[Any, ...] = ()) -> Any:
+    """Continue a run in its own workspace: same run id, completed actions and answers reused.
+
+    Refuses (JournalError) when the SOP file changed since the run (last) started, unless
+    `force`. Returns the interpreter's RunResult of this invocation.
+    """
+    _check_numbers(rounds, budget)
+    origin = read_origin(run_dir)
+    compiled = _compile(origin.sop_path)
+    if compiled.source_hash != origin.last.sop_hash and not force:
+        raise JournalError(f"the SOP file {origin.sop_path} changed since the run started "
+                           f"(sha256 {origin.last.sop_hash[:12]} -> {compiled.source_hash[:12]})",
+                           "resuming with a different SOP may mix two pipelines; pass --force "
+                           "to do it anyway, or `sopctl run` it afresh")
+    options = dict(model=_model_override(compiled, origin.last.model, model),
+                   max_rounds=rounds or origin.last.max_rounds,
+                   budget_usd=origin.last.budget_usd if budget is None else budget,
+                   workspace=str(Path(run_dir).resolve()), allow_exec=allow_exec,
+                   run_id=origin.first.run_id)
+    journal_for = lambda ws: Journal.for_run(ws, compiled, force=force)  # noqa: E731
+    result = _run(compiled, origin.first.inputs, options, journal_for, observers)
+    _add_earlier_artifacts(result, run_dir)
+    return result
+
+
+def _add_earlier_artifacts(result: Any, run_dir: str | Path) -> None:
+    """Actions reused from the journal wrote their files earlier: list those too."""
+    root = Path(run_dir)
+    earlier = {p for p in read_run(root).artifacts if (root / p).is_file()}
+    result.artifacts = sorted(set(result.artifacts) | earlier)
+
+
+def replay_run(run_dir: str | Path, out: str | Path, *, allow_exec: bool = False,
+               observers: tuple[Any, ...] = ()) -> tuple[Any, bool]:
+    """Run the SOP again in `out` with every answer from `run_dir`'s journal; no model called.
+
+    Returns (RunResult, diverged): diverged is True when the run asked for a request the
+    journal lacks (the run then ends `failed` with the divergence as its error).
+    """
+    origin = read_origin(run_dir)
+    target = Path(out)
+    if target.resolve() == Path(run_dir).resolve():
+        raise UsageError("--out must be another folder than the run being replayed")
+    if (target / JOURNAL_DIR / JOURNAL_FILE).exists():
+        raise UsageError(f"{out} already holds a run", "replay into a new or empty folder")
+    compiled = _compile(origin.sop_path)
+    options = dict(model=_model_override(compiled, origin.last.model, None),
+                   max_rounds=origin.last.max_rounds, budget_usd=origin.last.budget_usd,
+                   workspace=str(target), allow_exec=allow_exec, run_id=origin.first.run_id,
+                   replay=True)
+    with Journal.open(run_dir) as source:
+        stores: list[ReplayStore] = []
+
+        def journal_for(ws: Path) -> Journal:
+            journal = Journal.for_run(ws, compiled)
+            stores.append(ReplayStore(source, journal))
+            return journal
+
+        result = _run(compiled, origin.first.inputs, options, journal_for, observers, stores)
+    return result, bool(stores and stores[0].misses)
+
+
+def _run(compiled: Any, inputs: dict[str, Any], options: dict[str, Any], journal_for: Any,
+         observers: tuple[Any, ...], stores: list[ReplayStore] | None = None) -> Any:
+    """Prepare the team, open its journal, attach it (and a replay store), run to the end."""
+    import asyncio
+
+    from .api import prepare
+
+    team = prepare(compiled, inputs, **options)
+    team.check()
+    journal = journal_for(team.workspace.root)
+    try:
+        if stores:
+            team.ctx.gateway.store = stores[0]
+        team.options.observers = [*observers]
+        team.attach(journal)
+        return asyncio.run(team.run())
+    finally:
+        journal.close()
+
+
+def progress_display(origin: Origin) -> Any:
+    """The progress display of `sopctl run` (stderr), for a resume or a replay."""
+    from .display import make_display
+
+    try:
+        roles = list(_compile(origin.sop_path).spec.roles)
+    except SopError:
+        roles = []
+    return make_display(roles)
+
+
+def print_result(result: Any, fmt: str) -> int:
+    """Print a RunResult as `sopctl run` does; the exit code of its status (contract §6)."""
+    import json
+    import sys
+
+    from .display import summary
+
+    if fmt == "json":
+        print(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        print(summary(result))
+    if result.error:
+        print(f"sopctl: {result.status}: {result.error}", file=sys.stderr)
+    return {"idle": 0, "max_rounds": 0, "interrupted": 130}.get(result.status, 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
 import subprocess
@@ -25,6 +26,7 @@ from engine.llm import StoredAnswer
 from engine.runs import read_run, rebuild, result_object
 
 HASH = "a" * 64
+SAME = hashlib.sha256(b"same").hexdigest()
 
 
 def started(run_id: str = "r1", workspace: str = "ws") -> RunStarted:
@@ -45,7 +47,7 @@ def action_events(rnd: int, role: str, action: str, msg: dict, key: str, *, call
         LLMCalled(round=rnd, role=role, action=action, calls=calls, reused=reused,
                   prompt_tokens=10 * calls, completion_tokens=5 * calls, cost_usd=0.01 * calls),
         ActionCompleted(round=rnd, role=role, action=action, key=key, messages=[msg],
-                        artifacts=[{"path": f"docs/{action}.md", "sha256": "f" * 64}]),
+                        artifacts=[{"path": f"docs/{action}.md", "sha256": SAME}]),
     ]
 
 
@@ -120,6 +122,9 @@ def test_answer_store_first_answer_wins(tmp_path: Path) -> None:
 
 
 def test_completed_actions_lookup(tmp_path: Path) -> None:
+    for name in ("Write", "Review"):
+        (tmp_path / "docs").mkdir(exist_ok=True)
+        (tmp_path / "docs" / f"{name}.md").write_text("same")
     with new_journal(tmp_path) as journal:
         for event in full_run()[:6]:
             journal.on_event(event)
@@ -127,6 +132,22 @@ def test_completed_actions_lookup(tmp_path: Path) -> None:
         journal.on_event(full_run()[10])           # k2's ActionCompleted, after the cache is warm
         done = journal.completed("k2")
     assert done is not None and done.messages[0]["id"] == "2-Reviewer-0"
+
+
+def test_action_with_missing_or_changed_artifact_is_not_completed(tmp_path: Path) -> None:
+    """So a resume re-runs it (answers from the journal) and rewrites just that file."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "Write.md").write_text("same")
+    with new_journal(tmp_path) as journal:
+        for event in full_run()[:6]:
+            journal.on_event(event)
+        assert journal.completed("k1") is not None
+        (tmp_path / "docs" / "Write.md").write_text("edited by hand")
+        assert journal.completed("k1") is None
+        (tmp_path / "docs" / "Write.md").unlink()
+        assert journal.completed("k1") is None
+    with Journal.open(tmp_path) as reader:          # show/replay readers do not check files
+        assert reader.completed("k1") is not None
 
 
 def test_another_sop_is_refused_unless_forced(tmp_path: Path) -> None:
@@ -221,7 +242,9 @@ def test_resumed_journal_state(tmp_path: Path) -> None:
     with new_journal(tmp_path) as journal:
         for event in first:
             journal.on_event(event)
-        crashed = read_run(tmp_path)
+        assert read_run(tmp_path).status == "running"    # its writer holds the lock
+    crashed = read_run(tmp_path)
+    with new_journal(tmp_path) as journal:
         for event in resumed:
             journal.on_event(event)
     assert crashed.status == "interrupted" and crashed.rounds == 2
@@ -230,6 +253,16 @@ def test_resumed_journal_state(tmp_path: Path) -> None:
     assert state.status == "idle" and state.invocations == 2
     assert [m["id"] for m in state.history] == ["0-Human-0", "1-Writer-0", "2-Reviewer-0"]
     assert state.completions == {"k1": 1, "k2": 1} and state.reused_calls == 1
+
+
+def test_one_writer_at_a_time(tmp_path: Path) -> None:
+    """A second live writer is refused; a closed (or dead) one leaves no stale lock."""
+    first = new_journal(tmp_path)
+    with pytest.raises(JournalError, match="being written by another process") as err:
+        new_journal(tmp_path)
+    assert str(os.getpid()) in err.value.message
+    first.close()
+    new_journal(tmp_path).close()
 
 
 def test_replay_store_copies_answers(tmp_path: Path) -> None:
