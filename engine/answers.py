@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from .llm import CallSpec
@@ -44,6 +44,7 @@ MAX_ECHO_CHARS = 6000
 """A previous answer shown back to the model in a re-ask is cut to this many characters."""
 
 _MAX_ERRORS = 5
+_SCHEMA_CACHE: dict[tuple[int, str], tuple[Any, Any]] = {}
 _CODE_BLOCK = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.S)
 _INTEGER = re.compile(r"-?\d+")
 _HEADING = re.compile(r"^[ \t]{0,3}#{1,4}[ \t]+(.+?)[ \t]*:?[ \t]*#*[ \t]*$", re.M)
@@ -102,10 +103,29 @@ def _instructions(spec: CallSpec, schema_mode: bool) -> str:
 
 def _json_instructions(spec: CallSpec, schema_mode: bool) -> str:
     schema = spec.schema or {}
+    mode = "schema" if schema_mode else spec.format
+    return _per_schema(schema, f"instructions:{mode}", lambda: _build_json_instructions(schema, mode))
+
+
+def _per_schema(schema: dict[str, Any], purpose: str, build: Callable[[], Any]) -> Any:
+    """Memoize work derived from an output schema (the same dict object for every call of
+    an action). The entry keeps the schema alive, so an `id` is never confused with another's."""
+    key = (id(schema), purpose)
+    hit = _SCHEMA_CACHE.get(key)
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    value = build()
+    if len(_SCHEMA_CACHE) >= 1024:
+        _SCHEMA_CACHE.clear()
+    _SCHEMA_CACHE[key] = (schema, value)
+    return value
+
+
+def _build_json_instructions(schema: dict[str, Any], mode: str) -> str:
     fields = "\n".join(_field_lines(schema, "")) or "- (no fields)"
-    if schema_mode:
+    if mode == "schema":
         return f"## Answer format\nAnswer with one JSON object that fills these fields:\n{fields}"
-    if spec.format == "markdown":
+    if mode == "markdown":
         return (
             "## Answer format\nWrite one section per field, in this order. Start each section "
             "with a line `## <field name>`, the name written exactly as below, then the value. "
@@ -354,7 +374,9 @@ def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:
     """Up to five readable validation errors (`at /Key/0: ...`); empty when `value` is valid."""
     from jsonschema.exceptions import relevance
 
-    validator = _validator(json.dumps(schema, sort_keys=True))
+    validator = _per_schema(schema, "validator", lambda: _validator(json.dumps(schema, sort_keys=True)))
+    if validator.is_valid(value):
+        return []
     errors = sorted(validator.iter_errors(value), key=relevance)
     return [_error_line(e) for e in errors[:_MAX_ERRORS]]
 

@@ -79,7 +79,7 @@ def answer_text(spec: CallSpec, schema_mode: bool = False) -> str:
     value = instance(spec.schema or {"type": "object"})
     if spec.format == "markdown" and not schema_mode:
         return _markdown(value)
-    return json.dumps(value, ensure_ascii=False, indent=2)
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _markdown(value: Any) -> str:
