@@ -1,0 +1,221 @@
+"""`sopctl resume` and `sopctl replay`, in-process, with a model that counts its calls."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+from engine.cli import main
+from engine.fake import FakeModel
+from engine.llm import ModelAnswer, ModelRequest
+from engine.runs import read_run
+from engine.testing import use_model
+
+SOP = Path(__file__).parent / "sops" / "journal_small.sop.yaml"
+
+
+@dataclass
+class CountingModel:
+    """`fake`'s answers at a price, counting every call (the paid calls a test may not repeat)."""
+
+    cost_per_call: float = 0.0
+    calls: int = 0
+    inner: FakeModel = field(default_factory=FakeModel)
+
+    def supports_schema(self, model: str) -> bool:
+        return self.inner.supports_schema(model)
+
+    async def complete(self, request: ModelRequest) -> ModelAnswer:
+        self.calls += 1
+        answer = await self.inner.complete(request)
+        return ModelAnswer(answer.text, answer.prompt_tokens, answer.completion_tokens,
+                           self.cost_per_call)
+
+
+@pytest.fixture()
+def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[CountingModel]:
+    monkeypatch.delenv("SOPCTL_MODEL", raising=False)
+    monkeypatch.delenv("SOPCTL_CRASH_AFTER_EVENT", raising=False)
+    monkeypatch.delenv("SOPCTL_CRASH_AFTER_ANSWER", raising=False)
+    counting = CountingModel()
+    with use_model(counting, name="counting"):
+        yield counting
+
+
+def sopctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any], str]:
+    """Run the CLI in-process; (exit code, the JSON result or {}, stderr)."""
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    try:
+        return code, json.loads(out), err
+    except json.JSONDecodeError:
+        return code, {}, err
+
+
+def run(capsys: pytest.CaptureFixture[str], ws: Path, *extra: str,
+        sop: Path = SOP) -> tuple[int, dict[str, Any], str]:
+    return sopctl(capsys, "run", str(sop), "--idea", "a snake game", "--model", "counting",
+                  "--out", str(ws), "--format", "json", *extra)
+
+
+def artifact_files(ws: Path) -> dict[str, bytes]:
+    return {p.relative_to(ws).as_posix(): p.read_bytes() for p in ws.rglob("*")
+            if p.is_file() and ".sopctl" not in p.parts}
+
+
+def test_resume_after_max_rounds_continues_without_repaying(
+        model: CountingModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, full, _ = run(capsys, tmp_path / "full")
+    assert code == 0 and full["status"] == "idle"
+    paid_full = model.calls
+    code, first, _ = run(capsys, tmp_path / "short", "--rounds", "1")
+    assert code == 0 and first["status"] == "max_rounds"
+    paid_first = model.calls - paid_full
+    code, resumed, err = sopctl(capsys, "resume", str(tmp_path / "short"), "--rounds", "5",
+                                "--format", "json")
+    assert code == 0, err
+    assert resumed["status"] == "idle" and resumed["history"] == full["history"]
+    assert resumed["llm_calls"] == paid_full - paid_first == model.calls - paid_full - paid_first
+    assert resumed["artifacts"] == full["artifacts"]
+    assert artifact_files(tmp_path / "short") == artifact_files(tmp_path / "full")
+    state = read_run(tmp_path / "short")
+    assert state.invocations == 2 and state.llm_calls == paid_full
+    assert set(state.completions.values()) == {1}
+
+
+def test_resume_after_budget_with_a_raised_budget(
+        model: CountingModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    model.cost_per_call = 0.01
+    ws = tmp_path / "run"
+    code, first, _ = run(capsys, ws, "--budget", "0.025")
+    assert code == 1 and first["status"] == "budget"
+    paid = model.calls
+    code, again, _ = sopctl(capsys, "resume", str(ws), "--format", "json")
+    assert code == 1 and again["status"] == "budget"            # same budget: still spent
+    code, resumed, err = sopctl(capsys, "resume", str(ws), "--budget", "1", "--format", "json")
+    assert code == 0 and resumed["status"] == "idle", err
+    state = read_run(ws)
+    assert state.llm_calls == model.calls and model.calls > paid
+    assert state.cost_usd == pytest.approx(0.01 * model.calls)   # no answer paid twice
+    assert len(state.history) == 5
+
+
+def test_resume_reuses_answers_of_an_unfinished_action(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A real process dies right after its 3rd answer is journaled, before the action ends:
+    the resume re-runs that action with the journaled answer and pays only for the rest."""
+    monkeypatch.delenv("SOPCTL_MODEL", raising=False)
+    args = ["run", str(SOP), "--idea", "a snake game", "--model", "fake", "--format", "json"]
+    full = subprocess.run([sys.executable, "-m", "engine.cli", *args, "--out", str(tmp_path / "full")],
+                          capture_output=True, text=True)
+    total = read_run(tmp_path / "full").llm_calls
+    env = {**os.environ, "SOPCTL_CRASH_AFTER_ANSWER": "3"}
+    crashed = subprocess.run([sys.executable, "-m", "engine.cli", *args, "--out",
+                              str(tmp_path / "run")], capture_output=True, text=True, env=env)
+    assert crashed.returncode == 137
+    counting = CountingModel()
+    with use_model(counting):                     # every call this process makes lands here
+        code, resumed, err = sopctl(capsys, "resume", str(tmp_path / "run"), "--format", "json")
+    assert code == 0, err
+    assert resumed["reused_calls"] == 1 and counting.calls == total - 3 == resumed["llm_calls"]
+    assert resumed["history"] == json.loads(full.stdout)["history"]
+
+
+def test_resume_rewrites_only_missing_or_changed_artifacts(
+        model: CountingModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ws = tmp_path / "run"
+    run(capsys, ws)
+    before = artifact_files(ws)
+    paid = model.calls
+    (ws / "docs" / "brief.md").unlink()
+    (ws / "src" / "main.py").write_text("edited by hand\n")
+    untouched = (ws / "docs" / "prd.json").stat()
+    code, resumed, err = sopctl(capsys, "resume", str(ws), "--format", "json")
+    assert code == 0, err
+    assert artifact_files(ws) == before
+    assert (ws / "docs" / "prd.json").stat().st_mtime_ns == untouched.st_mtime_ns
+    assert (ws / "docs" / "prd.json").stat().st_ino == untouched.st_ino
+    assert model.calls == paid and resumed["llm_calls"] == 0   # re-run from journaled answers
+    assert resumed["reused_calls"] >= 2
+
+
+def test_replay_calls_no_model_and_gives_the_same_run(
+        model: CountingModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, original, _ = run(capsys, tmp_path / "run")
+    paid = model.calls
+    code, replayed, err = sopctl(capsys, "replay", str(tmp_path / "run"), "--out",
+                                 str(tmp_path / "replay"), "--format", "json")
+    assert code == 0, err
+    assert model.calls == paid                                  # no model called
+    assert replayed["llm_calls"] == 0 and replayed["cost_usd"] == 0
+    assert replayed["reused_calls"] == paid
+    assert replayed["history"] == original["history"]
+    assert artifact_files(tmp_path / "replay") == artifact_files(tmp_path / "run")
+    state = read_run(tmp_path / "replay")                      # its own, complete journal
+    assert state.status == "idle" and state.journaled_calls == paid and state.llm_calls == 0
+    code, again, err = sopctl(capsys, "replay", str(tmp_path / "replay"), "--out",
+                              str(tmp_path / "replay2"), "--format", "json")
+    assert code == 0 and again["history"] == original["history"], err
+
+
+def test_replay_of_a_changed_sop_diverges_clearly(
+        model: CountingModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sop = tmp_path / "my.sop.yaml"
+    shutil.copy(SOP, sop)
+    run(capsys, tmp_path / "run", sop=sop)
+    paid = model.calls
+    sop.write_text(SOP.read_text().replace("Design {{ inputs.idea }}.",
+                                           "Design {{ inputs.idea }} carefully."))
+    code, result, err = sopctl(capsys, "replay", str(tmp_path / "run"), "--out",
+                               str(tmp_path / "replay"), "--format", "json")
+    assert code == 1
+    assert "replay diverged at action WriteDesign" in err
+    assert result["status"] == "failed" and model.calls == paid
+    assert read_run(tmp_path / "replay").status == "failed"
+
+
+def test_replay_refuses_a_used_folder(model: CountingModel, tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    run(capsys, tmp_path / "run")
+    run(capsys, tmp_path / "other")
+    for out in ("run", "other"):
+        code, _, err = sopctl(capsys, "replay", str(tmp_path / "run"), "--out", str(tmp_path / out))
+        assert code == 2 and "sopctl: error:" in err
+
+
+@pytest.mark.parametrize("command", ["resume", "replay"])
+def test_missing_run_or_journal_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                         command: str) -> None:
+    extra = ["--out", str(tmp_path / "out")] if command == "replay" else []
+    code, _, err = sopctl(capsys, command, str(tmp_path / "nope"), *extra)
+    assert code == 2 and "does not exist" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = sopctl(capsys, command, str(tmp_path / "empty"), *extra)
+    assert code == 2 and "has no journal" in err and "Traceback" not in err
+
+
+def test_resume_with_a_bad_flag_is_exit_2(model: CountingModel, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    run(capsys, tmp_path / "run")
+    for flags in (["--rounds", "0"], ["--budget", "-1"]):
+        code, _, err = sopctl(capsys, "resume", str(tmp_path / "run"), *flags)
+        assert code == 2 and "must be" in err
+
+
+def test_resume_keeps_the_recorded_model(model: CountingModel, tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """No --model on resume: the run's own model is used again (not the default `local`)."""
+    code, _, _ = run(capsys, tmp_path / "run", "--rounds", "1")
+    paid = model.calls
+    code, resumed, err = sopctl(capsys, "resume", str(tmp_path / "run"), "--rounds", "9",
+                                "--format", "json")
+    assert code == 0, err
+    assert model.calls > paid and resumed["status"] == "idle"

@@ -1,0 +1,135 @@
+"""`sopctl show` and `sopctl runs`: everything read from the journal alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.cli import main
+from engine.journal import Journal, journal_path
+
+SOP = Path(__file__).parent / "sops" / "journal_small.sop.yaml"
+ROOT = Path(__file__).parent.parent
+CONTRACT_KEYS = {"status", "rounds", "llm_calls", "reused_calls", "prompt_tokens",
+                 "completion_tokens", "cost_usd", "workspace", "artifacts", "history",
+                 "journaled_calls"}
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def fake_run(ws: Path, crash_after_event: int = 0) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOPCTL_")}
+    if crash_after_event:
+        env["SOPCTL_CRASH_AFTER_EVENT"] = str(crash_after_event)
+    return subprocess.run([sys.executable, "-m", "engine.cli", "run", str(SOP), "--idea",
+                           "a snake game", "--model", "fake", "--out", str(ws), "--format",
+                           "json"], cwd=ROOT, env=env, capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One finished run and one killed mid-way, side by side under one folder."""
+    root = tmp_path_factory.mktemp("runs")
+    done = fake_run(root / "a-done")
+    assert done.returncode == 0, done.stderr
+    killed = fake_run(root / "b-killed", crash_after_event=14)
+    assert killed.returncode == 137
+    return {"root": root, "result": json.loads(done.stdout)}
+
+
+def test_show_json_is_the_run_result(runs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "show", str(runs["root"] / "a-done"), "--format", "json")
+    assert code == 0
+    shown = json.loads(out)
+    assert CONTRACT_KEYS <= set(shown)
+    for key in ("status", "rounds", "llm_calls", "reused_calls", "prompt_tokens",
+                "completion_tokens", "cost_usd", "workspace", "artifacts", "history"):
+        assert shown[key] == runs["result"][key], key
+    assert shown["journaled_calls"] == shown["llm_calls"] == 8
+
+
+def test_show_works_on_a_killed_run(runs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "show", str(runs["root"] / "b-killed"), "--format", "json")
+    assert code == 0
+    shown = json.loads(out)
+    assert shown["status"] == "interrupted"
+    assert shown["history"] == runs["result"]["history"][: len(shown["history"])]
+    assert 0 < shown["journaled_calls"] < 8 and shown["rounds"] >= 1
+    code, text, _ = cli(capsys, "show", str(runs["root"] / "b-killed"))
+    assert "interrupted" in text and "sopctl resume" in text
+
+
+def test_show_text_timeline(runs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    code, text, _ = cli(capsys, "show", str(runs["root"] / "a-done"))
+    assert code == 0
+    for expected in ("round 1  roles: ProductManager", "round 2  roles: Architect, Reviewer",
+                     "ProductManager.WritePRD  [done]", "-> 2-Architect-0  WriteDesign",
+                     "per action:", "total: 8 model calls", "artifacts: NOTES.md"):
+        assert expected in text, expected
+    assert text.index("round 1") < text.index("round 2") < text.index("round 3")
+
+
+def test_runs_lists_every_run(runs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "runs", str(runs["root"]), "--format", "json")
+    assert code == 0
+    listed = {Path(r["dir"]).name: r for r in json.loads(out)}
+    assert set(listed) == {"a-done", "b-killed"}
+    assert listed["a-done"]["status"] == "idle" and listed["a-done"]["calls"] == 8
+    assert listed["a-done"]["sop"] == "journal_small" and listed["a-done"]["rounds"] == 3
+    assert listed["b-killed"]["status"] == "interrupted"
+    code, text, _ = cli(capsys, "runs", str(runs["root"]))
+    assert code == 0 and "a-done" in text and "interrupted" in text and "journal_small" in text
+
+
+def test_runs_on_an_empty_or_missing_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "runs", str(tmp_path))
+    assert code == 0 and "no runs under" in out
+    code, out, _ = cli(capsys, "runs", str(tmp_path), "--format", "json")
+    assert code == 0 and json.loads(out) == []
+    code, _, err = cli(capsys, "runs", str(tmp_path / "nope"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_runs_shows_an_unreadable_journal_as_a_row(tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    path = journal_path(tmp_path / "broken")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"not a database at all" * 50)
+    code, out, _ = cli(capsys, "runs", str(tmp_path), "--format", "json")
+    assert code == 0
+    (row,) = json.loads(out)
+    assert row["status"] == "unreadable" and "torn or corrupted" in row["error"]
+
+
+@pytest.mark.parametrize("setup", ["missing", "no-journal"])
+def test_show_without_a_journal_is_exit_2(tmp_path: Path, setup: str,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "nope"
+    if setup == "no-journal":
+        target.mkdir()
+    code, _, err = cli(capsys, "show", str(target))
+    assert code == 2 and "sopctl: error:" in err and "Traceback" not in err
+
+
+def test_show_marks_a_run_whose_writer_is_alive(tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.events import RunStarted
+
+    with Journal.create(tmp_path, sop_name="x", sop_hash="a" * 64) as journal:
+        journal.on_event(RunStarted(run_id="r", sop_file="x", sop_name="x", sop_hash="a" * 64,
+                                    inputs={}, model="fake", engine_version="0", workspace="w",
+                                    max_rounds=1, budget_usd=0.0))
+        code, out, _ = cli(capsys, "show", str(tmp_path), "--format", "json")
+        assert json.loads(out)["status"] == "running"
+    code, out, _ = cli(capsys, "show", str(tmp_path), "--format", "json")
+    assert json.loads(out)["status"] == "interrupted"
