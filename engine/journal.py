@@ -1,7 +1,7 @@
 """The run journal: an append-only SQLite record from which a run can be rebuilt.
 
-Why SQLite: one file per run, atomic and durable commits (WAL, `synchronous=FULL`), and
-readable by `sopctl show` while the run is still going or after its process was killed.
+Why SQLite: one file per run, atomic commits (WAL), and readable by `sopctl show` while
+the run is still going or after its process was killed.
 
 A journal lives at `<workspace>/.sopctl/journal.sqlite` and has three tables:
 
@@ -14,7 +14,16 @@ A journal lives at `<workspace>/.sopctl/journal.sqlite` and has three tables:
 `Journal` implements the three interfaces the interpreter talks to: `RunObserver`
 (`on_event`), `CompletedActions` (`completed`) and the gateway's `AnswerStore`
 (`lookup`/`record`). Every write is its own committed transaction, so when a method returns
-the fact is on disk. Secrets never reach the file: the journal stores only what events and
+the fact survives the death of the process (kill -9, OOM, Ctrl-C), whatever happens next.
+
+Durability against power loss is tiered, because an fsync costs milliseconds and a run
+writes dozens of events: the facts that cannot be re-created (a paid answer, the start,
+an action's completion, the end) are committed with `synchronous=FULL` (fsynced before the
+method returns); the other events (round/action started, LLM called, message published,
+logs) with `synchronous=NORMAL`, and become power-safe at the next FULL commit, which
+fsyncs the whole WAL. A power cut can so only drop a tail of events that resume
+re-creates by re-executing with the journaled answers. `SOPCTL_JOURNAL_SYNC=full` fsyncs
+every write (bench/journal_bench.py measures both). Secrets never reach the file: the journal stores only what events and
 answers carry, and also redacts the value of any secret-looking environment variable
 (`*_API_KEY`, `*_TOKEN`, ...) before writing.
 
@@ -55,6 +64,7 @@ __all__ = [
     "JOURNAL_FILE",
     "CRASH_AFTER_EVENT_ENV",
     "CRASH_AFTER_ANSWER_ENV",
+    "SYNC_ENV",
     "EventRow",
     "AnswerRow",
     "Journal",
@@ -70,6 +80,9 @@ JOURNAL_FILE = "journal.sqlite"
 CRASH_AFTER_EVENT_ENV = "SOPCTL_CRASH_AFTER_EVENT"
 CRASH_AFTER_ANSWER_ENV = "SOPCTL_CRASH_AFTER_ANSWER"
 _CRASH_EXIT = 137
+SYNC_ENV = "SOPCTL_JOURNAL_SYNC"
+_FSYNCED_EVENTS = frozenset({"RunStarted", "ActionCompleted", "RunEnded"})
+"""Events fsynced before `on_event` returns; answers always are (see the module docstring)."""
 _REDACTED = "[REDACTED]"
 _SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY)", re.I)
 _EVENT_TYPES: dict[str, type] = {
@@ -229,6 +242,8 @@ class Journal:
         self._completed: dict[str, ActionCompleted] | None = None
         self.workspace: Path | None = None
         self._lock: IO[str] | None = None
+        self._fsync_all = os.environ.get(SYNC_ENV, "").strip().lower() == "full"
+        self._full = True                     # _connect starts every connection at FULL
         """Set for a writable journal: `completed` then checks the action's artifacts there."""
 
     # opening ---------------------------------------------------------------------------
@@ -418,6 +433,7 @@ class Journal:
         key = getattr(event, "key", None)
         text = _scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
         with _guard(self.path, "write an event to"):
+            self._sync(full=event_type(event) in _FSYNCED_EVENTS)
             self._conn.execute("INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)",
                                (time.time(), event_type(event), key, text))
         if isinstance(event, ActionCompleted) and self._completed is not None:
@@ -425,6 +441,17 @@ class Journal:
         self._events_written += 1
         if self._crash_event and self._events_written == self._crash_event:
             os._exit(_CRASH_EXIT)
+
+    def is_fsynced(self, event: RunEvent) -> bool:
+        """Whether `on_event` fsyncs this event before returning (the durability tier)."""
+        return self._fsync_all or event_type(event) in _FSYNCED_EVENTS
+
+    def _sync(self, *, full: bool) -> None:
+        """Set the connection's synchronous level for the next commit (only when it changes)."""
+        full = full or self._fsync_all
+        if full != self._full:
+            self._conn.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
+            self._full = full
 
     def _remember_sop_path(self, sop_file: str) -> None:
         """The SOP file's absolute path, resolved in the process that runs it (for resume)."""
@@ -452,6 +479,7 @@ class Journal:
         self._require_writable()
         text = _scrub(answer.text, self._secrets)
         with _guard(self.path, "write an answer to"):
+            self._sync(full=True)
             self._conn.execute(
                 "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
                 "(SELECT COALESCE(MAX(seq), 0) FROM events))",

@@ -93,6 +93,25 @@ def test_journal_settings_are_durable(tmp_path: Path) -> None:
     assert mode == "wal" and sync == 2          # 2 = FULL
 
 
+def test_durability_tiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Facts that cannot be re-created are fsynced; the rest ride on the next fsync."""
+    events = full_run()
+    with new_journal(tmp_path) as journal:
+        tiers = {type(e).__name__: journal.is_fsynced(e) for e in events}
+        for event in events:
+            journal.on_event(event)
+            level = journal._conn.execute("PRAGMA synchronous").fetchone()[0]
+            assert level == (2 if journal.is_fsynced(event) else 1), type(event).__name__
+        journal.record("h", "A", StoredAnswer("t", 1, 1, 0.0))
+        assert journal._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    assert tiers == {"RunStarted": True, "MessagePublished": False, "RoundStarted": False,
+                     "ActionStarted": False, "LLMCalled": False, "ActionCompleted": True,
+                     "RunEnded": True}
+    monkeypatch.setenv("SOPCTL_JOURNAL_SYNC", "full")
+    with new_journal(tmp_path) as strict:
+        assert all(strict.is_fsynced(e) for e in events)
+
+
 def test_each_write_is_committed_before_returning(tmp_path: Path) -> None:
     """Another connection sees an event as soon as on_event returns: no open transaction."""
     with new_journal(tmp_path) as journal:
