@@ -18,7 +18,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from .compiler import CompiledSop
 from .errors import ActionFailed, BudgetExceeded, LLMError
 from .events import LLMCalled, RunEvent
-from .llm import CallResult, CallSpec, Gateway, Usage
+from .llm import CallResult, CallSpec, Gateway
 from .memory import Memory
 from .message import Message, render_content
 from .outputs import output_kind
@@ -59,7 +59,6 @@ class RunContext:
     model_override: str | None = None
     allow_exec: bool = False
     budget_usd: float = 0.0
-    usage: Usage = field(default_factory=Usage)
 
 
 @dataclass
@@ -210,9 +209,13 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
 
 
 async def call_gateway(ctx: RunContext, spec: CallSpec, round_: int) -> CallResult:
-    """One gateway call with the run's budget check, usage totals and an LLMCalled event."""
-    if ctx.budget_usd > 0 and ctx.usage.cost_usd >= ctx.budget_usd:
-        raise BudgetExceeded(f"budget of ${ctx.budget_usd:.4f} spent (${ctx.usage.cost_usd:.4f})",
+    """One gateway call with the run's budget check and an LLMCalled event (the gateway
+    keeps the totals: failed attempts were paid too)."""
+    usage = ctx.gateway.usage
+    spent = getattr(usage, "budget_spent_usd", usage.cost_usd)
+    if ctx.budget_usd > 0 and spent >= ctx.budget_usd:
+        raise BudgetExceeded(f"budget of ${ctx.budget_usd:.4f} spent (${spent:.4f}); stopped "
+                             f"before calling the model for action {spec.action}",
                              hint="raise it with --budget")
     try:
         result = await ctx.gateway.call(spec)
@@ -222,20 +225,10 @@ async def call_gateway(ctx: RunContext, spec: CallSpec, round_: int) -> CallResu
         if spec.kind == "choice":
             raise
         raise ActionFailed(spec.action, exc.message, exc.hint) from None
-    _account(ctx, result)
     ctx.emit(LLMCalled(round=round_, role=spec.role, action=spec.action, calls=result.calls,
                        reused=result.reused, prompt_tokens=result.prompt_tokens,
                        completion_tokens=result.completion_tokens, cost_usd=result.cost_usd))
     return result
-
-
-def _account(ctx: RunContext, result: CallResult) -> None:
-    usage = ctx.usage
-    usage.llm_calls += result.calls
-    usage.reused_calls += result.reused
-    usage.prompt_tokens += result.prompt_tokens
-    usage.completion_tokens += result.completion_tokens
-    usage.cost_usd += result.cost_usd
 
 
 def _write_artifacts(action_id: str, action: ActionSpec, workspace: Workspace,

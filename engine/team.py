@@ -225,7 +225,7 @@ class Team:
             pass
 
     def _result(self, status: str, error: str) -> RunResult:
-        usage = self.ctx.usage
+        usage = self.ctx.gateway.usage  # the gateway counts failed attempts too: they were paid
         return RunResult(run_id=self.run_id, status=status, rounds=self.rounds,
                          llm_calls=usage.llm_calls, reused_calls=usage.reused_calls,
                          prompt_tokens=usage.prompt_tokens,

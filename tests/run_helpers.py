@@ -82,6 +82,11 @@ class ScriptedGateway(Gateway):
                 value, text = value
             else:
                 text = str(value)
+            for totals in (self.usage,):
+                totals.llm_calls += 1
+                totals.prompt_tokens += 10
+                totals.completion_tokens += 5
+                totals.cost_usd += self.cost
             return CallResult(value=value, text=text, prompt_tokens=10, completion_tokens=5,
                               cost_usd=self.cost, calls=1)
         finally:
