@@ -360,3 +360,21 @@ def test_software_company_runs_on_the_local_model_to_its_end(tmp_path: Path):
     tasks = json.loads((ws / "docs/tasks.json").read_text())
     assert len([p for p in result.artifacts if not p.startswith(("docs/", "tests/"))]) >= min(
         1, len(tasks["Task list"]))
+
+
+# --------------------------------------------------------------------------- the context bench
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tiktoken") is None, reason="tiktoken not installed")
+def test_declared_context_sends_at_most_half_the_tokens_of_context_all(capsys: pytest.CaptureFixture[str]):
+    """Token counts on `fake` are deterministic, so the bench's target is checked here too."""
+    import sys
+
+    sys.path.insert(0, str(ROOT))
+    from bench import context_bench
+
+    figures = context_bench.main(size_factor=1.0)
+    assert figures["statuses"] == ["idle", "idle"]
+    assert figures["declared_calls"] == figures["all_calls"] > 0
+    assert 0 < figures["ratio"] <= context_bench.TARGET
+    assert "ratio declared / all" in capsys.readouterr().out
