@@ -386,15 +386,84 @@ def _templates(spec: Sop) -> Iterator[_Template]:
             yield _Template(aid, f"{here}/artifacts/{i}/content", artifact.content, allowed)
 
 
+@dataclass
+class _Analysis:
+    """What one walk over a template's AST finds (jinja's own `meta` runs its code
+    generator, several times slower than this walk over a typical prompt)."""
+
+    loads: dict[str, int] = field(default_factory=dict)
+    """Names read, with the template line of the first read."""
+    stores: set[str] = field(default_factory=set)
+    """Names the template binds itself (for, set, macro parameters...)."""
+    filters: list[tuple[str, str, int]] = field(default_factory=list)
+    """(filter or test, name, line)."""
+    chains: list[tuple[str, list[Any], int]] = field(default_factory=list)
+    """(variable, accessors, line) of each outermost `a.b[c]...`; None = dynamic accessor."""
+
+    @property
+    def free(self) -> set[str]:
+        return set(self.loads) - self.stores - _JINJA_IMPLICIT
+
+
+_JINJA_IMPLICIT = frozenset({"loop", "caller", "varargs", "kwargs", "self"})
+
+
+def _analyse(ast: Any) -> _Analysis:
+    from jinja2 import nodes
+
+    found = _Analysis()
+    stack = [ast]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, nodes.Name):
+            if node.ctx == "load":
+                found.loads[node.name] = min(found.loads.get(node.name, node.lineno), node.lineno)
+            else:
+                found.stores.add(node.name)
+        elif isinstance(node, (nodes.Filter, nodes.Test)):
+            found.filters.append(("filter" if isinstance(node, nodes.Filter) else "test", node.name, node.lineno))
+        if isinstance(node, (nodes.Getattr, nodes.Getitem)):
+            chain = _chain(node)
+            if chain is not None:
+                found.chains.append(chain)
+            stack.extend(_beside_chain(node))
+            continue
+        stack.extend(node.iter_child_nodes())
+    return found
+
+
+def _chain(node: Any) -> tuple[str, list[Any], int] | None:
+    from jinja2 import nodes
+
+    path: list[Any] = []
+    current = node
+    while isinstance(current, (nodes.Getattr, nodes.Getitem)):
+        path.append(current.attr if isinstance(current, nodes.Getattr) else _constant(current.arg))
+        current = current.node
+    return (current.name, path[::-1], node.lineno) if isinstance(current, nodes.Name) else None
+
+
+def _beside_chain(node: Any) -> list[Any]:
+    """The chain's root and its subscript expressions, still to be walked (not the links)."""
+    from jinja2 import nodes
+
+    rest = []
+    while isinstance(node, (nodes.Getattr, nodes.Getitem)):
+        if isinstance(node, nodes.Getitem):
+            rest.append(node.arg)
+        node = node.node
+    return [*rest, node]
+
+
 def _parsed(ctx: Context) -> list[tuple[_Template, Any]]:
-    """Each template with its jinja AST (None when it does not parse), parsed once."""
+    """Each template with its analysis, or the TemplateFailure when it does not parse."""
     if "templates" not in ctx.cache:
         from .prompts import TemplateFailure, parse
 
-        result = []
+        result: list[tuple[_Template, Any]] = []
         for template in _templates(ctx.spec):
             try:
-                result.append((template, parse(template.source)))
+                result.append((template, _analyse(parse(template.source))))
             except TemplateFailure as exc:
                 result.append((template, exc))
         ctx.cache["templates"] = result
@@ -404,21 +473,19 @@ def _parsed(ctx: Context) -> list[tuple[_Template, Any]]:
 @check("templates", "SOP401", "SOP406")
 def template_syntax(ctx: Context) -> Iterator[Diagnostic]:
     """Templates must parse, and use only filters and tests the sandbox has."""
-    from jinja2 import nodes
-
     from .prompts import environment
 
     env = environment()
-    for template, ast in _parsed(ctx):
-        if isinstance(ast, Exception):
-            line = _template_line(str(ast))
-            yield error("SOP401", template.pointer, str(ast), "check the {{ }} and {% %} pairs", line=line)
+    for template, found in _parsed(ctx):
+        if isinstance(found, Exception):
+            line = _template_line(str(found))
+            yield error("SOP401", template.pointer, str(found), "check the {{ }} and {% %} pairs", line=line)
             continue
-        for node in ast.find_all((nodes.Filter, nodes.Test)):
-            table, kind = (env.filters, "filter") if isinstance(node, nodes.Filter) else (env.tests, "test")
-            if node.name not in table:
-                yield error("SOP406", template.pointer, f"unknown {kind} '{node.name}'",
-                            did_you_mean(node.name, list(table)), line=node.lineno)
+        for kind, name, line in found.filters:
+            table = env.filters if kind == "filter" else env.tests
+            if name not in table:
+                yield error("SOP406", template.pointer, f"unknown {kind} '{name}'",
+                            did_you_mean(name, list(table)), line=line)
 
 
 def _template_line(message: str) -> int:
@@ -429,56 +496,30 @@ def _template_line(message: str) -> int:
 @check("templates", "SOP402")
 def template_variables(ctx: Context) -> Iterator[Diagnostic]:
     """A template reads only the variables its place provides (anything else fails at run time)."""
-    from jinja2 import TemplateError, meta, nodes
-
     from .prompts import environment
 
     globals_ = set(environment().globals)
-    for template, ast in _parsed(ctx):
-        try:
-            free = meta.find_undeclared_variables(ast) if not isinstance(ast, Exception) else set()
-        except TemplateError:  # an unknown filter or test: SOP406 reports it
+    for template, found in _parsed(ctx):
+        if isinstance(found, Exception):
             continue
-        for name in sorted(free - template.allowed - globals_):
-            line = next((n.lineno for n in ast.find_all(nodes.Name) if n.name == name), 0)
+        for name in sorted(found.free - template.allowed - globals_):
             yield error("SOP402", template.pointer, f"undeclared template variable '{name}'",
                         did_you_mean(name, sorted(template.allowed)) or
-                        f"available here: {', '.join(sorted(template.allowed))}", line=line)
+                        f"available here: {', '.join(sorted(template.allowed))}", line=found.loads[name])
 
 
 @check("templates", "SOP403", "SOP404", "SOP407")
 def template_references(ctx: Context) -> Iterator[Diagnostic]:
     """`inputs.X`, `msgs.X` and `out['Key']` must name declared inputs, actions and keys."""
-    for template, ast in _parsed(ctx):
-        if isinstance(ast, Exception):
+    for template, found in _parsed(ctx):
+        if isinstance(found, Exception):
             continue
-        for name, path, line in _chains(ast):
-            found = _REFERENCE_RULES.get(name)
-            if found is None:
+        for name, path, line in found.chains:
+            rule = _REFERENCE_RULES.get(name)
+            if rule is None:
                 continue
-            for diag in found(ctx.spec, template, path):
+            for diag in rule(ctx.spec, template, path):
                 yield replace(diag, line=line)
-
-
-def _chains(ast: Any) -> Iterator[tuple[str, list[Any], int]]:
-    """(variable, accessors, line) for each outermost `a.b[c]...` chain; None = dynamic."""
-    from jinja2 import nodes
-
-    inner: set[int] = set()
-    found = []
-    for node in ast.find_all((nodes.Getattr, nodes.Getitem)):
-        inner.add(id(node.node))
-        found.append(node)
-    for node in found:
-        if id(node) in inner:
-            continue
-        path: list[Any] = []
-        current = node
-        while isinstance(current, (nodes.Getattr, nodes.Getitem)):
-            path.append(current.attr if isinstance(current, nodes.Getattr) else _constant(current.arg))
-            current = current.node
-        if isinstance(current, nodes.Name):
-            yield current.name, path[::-1], node.lineno
 
 
 def _constant(arg: Any) -> Any:

@@ -116,12 +116,9 @@ def _check_source(source: Any) -> CheckResult:
 
 def _pipeline(source: Any) -> tuple[list[Diagnostic], CompiledSop | None]:
     """Run the phases in order; stop after the first one with an error."""
-    from . import checks, schema
+    from . import checks
 
-    found = schema.validate(source.data)
-    if _has_error(found):
-        return found, None
-    spec, found = _spec(source.data)
+    spec, found = _structure(source.data)
     if spec is None:
         return found, None
     ctx = checks.Context(spec=spec)
@@ -134,6 +131,23 @@ def _pipeline(source: Any) -> tuple[list[Diagnostic], CompiledSop | None]:
         if _has_error(found):
             return found, None
     return found, _make(spec, source, ctx.graph)
+
+
+def _structure(data: dict[str, Any]) -> tuple[Sop | None, list[Diagnostic]]:
+    """The schema phase: the spec, or the JSON Schema's diagnostics.
+
+    The models accept exactly what the schema accepts (a test runs every case and random
+    documents through both), so a file the models accept skips the schema validator and its
+    import: the common case, a valid file, stays fast. When the models refuse, the schema
+    explains why, with better messages than pydantic's; if it finds nothing, the models'
+    errors are reported (SOP108)."""
+    spec, model_errors = _spec(data)
+    if spec is not None:
+        return spec, []
+    from . import schema
+
+    found = schema.validate(data)
+    return None, found if _has_error(found) else model_errors
 
 
 def _has_error(found: list[Diagnostic]) -> bool:

@@ -9,10 +9,8 @@ that says what was expected and a did-you-mean hint where a close spelling exist
 
 from __future__ import annotations
 
-import difflib
 import json
 from functools import lru_cache
-from importlib import resources
 from typing import Any, Iterable, Iterator
 
 from .errors import Diagnostic
@@ -32,6 +30,8 @@ _JSON_TYPES = {"object": "a mapping", "array": "a list", "string": "a string", "
 
 def schema_text() -> str:
     """The schema file as shipped in the package (what `sopctl schema` prints)."""
+    from importlib import resources
+
     return resources.files("engine").joinpath("sop.schema.json").read_text(encoding="utf-8")
 
 
@@ -55,6 +55,8 @@ def _validator() -> Any:
 
 def did_you_mean(word: Any, choices: Iterable[str]) -> str:
     """A `did you mean 'x'?` hint when a choice is a close spelling of `word`, else ''."""
+    import difflib
+
     if not isinstance(word, str):
         return ""
     options = [c for c in choices if isinstance(c, str)]
