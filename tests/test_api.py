@@ -1,0 +1,149 @@
+"""The Python API: load, run, run_async, iter_run, inputs; and the displays fed by events."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from run_helpers import SOPS, ScriptedGateway
+
+from engine import api
+from engine.display import LiveDisplay, PlainProgress, make_display, summary
+from engine.errors import CompileError, UsageError
+from engine.events import (ActionCompleted, ActionStarted, LLMCalled, MessagePublished,
+                           RoundStarted, RunEnded, RunStarted)
+
+
+def test_import_engine_does_not_import_litellm() -> None:
+    import subprocess
+    import sys
+    code = ("import sys, engine, engine.api, engine.team, engine.cli, engine.display; "
+            "sys.exit('litellm' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+def test_load_compiles_and_refuses_a_bad_file(tmp_path: Path) -> None:
+    assert api.load(SOPS / "pipeline.sop.yaml").spec.name == "pipeline"
+    bad = tmp_path / "bad.sop.yaml"
+    bad.write_text("apiVersion: sop/v1\nname: bad\nactions: {}\nroles: {R: {actions: [Nope]}}\n")
+    with pytest.raises(CompileError):
+        api.load(bad)
+
+
+def test_run_returns_the_result_with_messages(tmp_path: Path) -> None:
+    result = api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, model="fake",
+                     workspace=tmp_path)
+    assert result.status == "idle"
+    assert [m.cause_by for m in result.messages] == ["UserRequirement", "WritePRD", "WriteDesign", "WriteTasks"]
+    assert result.to_json()["history"] == result.history
+    assert "status:    idle" in summary(result)
+
+
+def test_iter_run_yields_every_event_in_order(tmp_path: Path) -> None:
+    async def collect() -> list[Any]:
+        compiled = api.load(SOPS / "pipeline.sop.yaml")
+        return [e async for e in api.iter_run(compiled, {"idea": "x"}, gateway=ScriptedGateway(),
+                                              workspace=tmp_path)]
+    events = asyncio.run(collect())
+    assert isinstance(events[0], RunStarted) and isinstance(events[-1], RunEnded)
+    kinds = [type(e).__name__ for e in events]
+    assert kinds[1] == "MessagePublished"  # the idea, before round 1
+    assert kinds.count("RoundStarted") == 3 and kinds.count("LLMCalled") == 3
+    # an action's events come in order: started, called, completed; then the round's publish
+    assert kinds[2:7] == ["RoundStarted", "ActionStarted", "LLMCalled", "ActionCompleted", "MessagePublished"]
+    published = [e.message["id"] for e in events if isinstance(e, MessagePublished)]
+    assert published == ["0-Human-0", "1-ProductManager-0", "2-Architect-0", "3-ProjectManager-0"]
+
+
+def test_leaving_iter_run_early_cancels_the_run(tmp_path: Path) -> None:
+    gateway = ScriptedGateway()
+
+    async def first_round() -> None:
+        async for event in api.iter_run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"},
+                                        gateway=gateway, workspace=tmp_path):
+            if isinstance(event, RoundStarted):
+                break
+    asyncio.run(first_round())
+    assert len(gateway.requests) <= 1
+
+
+def test_resolve_inputs_defaults_and_coercion() -> None:
+    text = """
+apiVersion: sop/v1
+name: typed
+inputs:
+  idea: {type: str, required: true}
+  n: {type: int, default: 3}
+  ratio: {type: float}
+  fast: {type: bool, default: false}
+actions: {A: {prompt: "{{ inputs.n }}", output: text}}
+roles: {R: {actions: [A], watch: [UserRequirement]}}
+"""
+    from engine.compiler import compile_text
+    compiled = compile_text(text)
+    got = api.resolve_inputs(compiled, {"idea": "x", "ratio": "0.5", "fast": "yes"})
+    assert got == {"idea": "x", "n": 3, "ratio": 0.5, "fast": True}
+    with pytest.raises(UsageError, match="input 'n' must be int"):
+        api.resolve_inputs(compiled, {"idea": "x", "n": "three"})
+    with pytest.raises(UsageError, match="input 'fast' must be bool"):
+        api.resolve_inputs(compiled, {"idea": "x", "fast": "maybe"})
+    with pytest.raises(UsageError, match="missing required input 'idea'"):
+        api.resolve_inputs(compiled, {})
+    with pytest.raises(UsageError) as info:
+        api.resolve_inputs(compiled, {"idea": "x", "ratoi": "1"})
+    assert "did you mean 'ratio'" in str(info.value)
+
+
+def test_parse_input_flags() -> None:
+    assert api.parse_input_flags(["a=1", "b=x=y"], "idea") == {"a": "1", "b": "x=y", "idea": "idea"}
+    with pytest.raises(UsageError):
+        api.parse_input_flags(["=1"])
+
+
+def test_unknown_run_option_is_a_usage_error() -> None:
+    with pytest.raises(UsageError):
+        api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, modle="fake")
+
+
+# --- displays ---------------------------------------------------------------------------------
+
+def _events() -> list[Any]:
+    return [
+        RunStarted(run_id="r1", sop_file="f", sop_name="demo", sop_hash="h", inputs={}, model="fake",
+                   engine_version="0", workspace="/w", max_rounds=5, budget_usd=0.0),
+        RoundStarted(round=1, active_roles=["A"]),
+        ActionStarted(round=1, role="A", action="Write", key="k"),
+        LLMCalled(round=1, role="A", action="Write", calls=1, reused=0, prompt_tokens=100,
+                  completion_tokens=20, cost_usd=0.01),
+        ActionCompleted(round=1, role="A", action="Write", key="k", messages=[],
+                        artifacts=[{"path": "a.txt", "sha256": "0"}]),
+        RunEnded(status="idle", rounds=1),
+    ]
+
+
+def test_plain_progress_lines() -> None:
+    stream = io.StringIO()
+    display = PlainProgress(stream, ["A", "B"])
+    for event in _events():
+        display.on_event(event)
+    text = stream.getvalue()
+    assert "round 1: A" in text and "A: Write done, 1 file(s)" in text
+    assert "100+20 tokens" in text and "$0.0100" in text and "run ended: idle" in text
+    assert "\x1b[" not in text  # no terminal codes in logs
+
+
+def test_live_display_renders_roles_calls_and_cost() -> None:
+    stream = io.StringIO()
+    display = LiveDisplay(["A", "B"], stream)
+    for event in _events():
+        display.on_event(event)
+    assert display.live is None  # stopped at RunEnded
+    assert display.stats.role_calls == {"A": 1} and display.stats.roles["B"] == "idle"
+    assert "round 1/5" in display.stats.headline()
+
+
+def test_make_display_picks_plain_when_not_a_terminal() -> None:
+    assert isinstance(make_display(["A"], io.StringIO()), PlainProgress)
