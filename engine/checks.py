@@ -128,11 +128,11 @@ def role_actions(ctx: Context) -> Iterator[Diagnostic]:
 @check("references", "SOP202")
 def watches(ctx: Context) -> Iterator[Diagnostic]:
     """`watch` names actions (message types) or UserRequirement."""
-    known = [USER_REQUIREMENT, *ctx.spec.actions]
+    known = dict.fromkeys([USER_REQUIREMENT, *ctx.spec.actions])  # ordered, O(1) lookups
     for rid, role in ctx.spec.roles.items():
         for i, aid in enumerate(role.watch):
             if aid not in known:
-                message, hint = _unknown("action", aid, known)
+                message, hint = _unknown("action", aid, list(known))
                 if aid in ctx.spec.roles:
                     hint = f"'{aid}' is a role; watch one of the actions it runs"
                 yield error("SOP202", f"/roles/{rid}/watch/{i}", f"watches {message}", hint)
@@ -146,11 +146,11 @@ def _addresses(spec: Sop) -> list[str]:
 @check("references", "SOP203")
 def send_to(ctx: Context) -> Iterator[Diagnostic]:
     """`send_to` names roles (id or name) or one of <all>, <self>, <none>."""
-    known = [*_addresses(ctx.spec), *SPECIAL_ADDRESSES]
+    known = dict.fromkeys([*_addresses(ctx.spec), *SPECIAL_ADDRESSES])
     for aid, action in ctx.spec.actions.items():
         for i, address in enumerate(action.send_to):
             if address not in known:
-                message, hint = _unknown("address", address, known)
+                message, hint = _unknown("address", address, list(known))
                 yield error("SOP203", f"/actions/{aid}/send_to/{i}", message,
                             hint if "did you mean" in hint else
                             f"a role id or name, or <all>, <self>, <none>; {hint}")
@@ -161,13 +161,13 @@ def send_to(ctx: Context) -> Iterator[Diagnostic]:
 @check("references", "SOP204")
 def contexts(ctx: Context) -> Iterator[Diagnostic]:
     """A list `context` names actions or UserRequirement."""
-    known = [USER_REQUIREMENT, *ctx.spec.actions]
+    known = dict.fromkeys([USER_REQUIREMENT, *ctx.spec.actions])
     for aid, action in ctx.spec.actions.items():
         if isinstance(action.context, str):
             continue
         for i, name in enumerate(action.context):
             if name not in known:
-                message, hint = _unknown("action", name, known)
+                message, hint = _unknown("action", name, list(known))
                 yield error("SOP204", f"/actions/{aid}/context/{i}", f"context names {message}", hint)
 
 

@@ -91,6 +91,7 @@ def build(spec: Sop) -> Any:
 
     graph = nx.DiGraph(name=spec.name)
     ran_by = runners(spec)
+    order = {rid: i for i, rid in enumerate(spec.roles)}
     graph.add_node(action_node(USER_REQUIREMENT), kind="action", id=USER_REQUIREMENT,
                    max_runs=None, builtin=True)
     for aid, action in spec.actions.items():
@@ -100,13 +101,31 @@ def build(spec: Sop) -> Any:
         for aid in _role_actions(role):
             if aid in spec.actions:
                 graph.add_edge(role_node(rid), action_node(aid), kind="runs")
+    watchers, by_address = _indexes(spec)
     for aid, send_to in _senders(spec):
-        for rid, role in spec.roles.items():
+        # only a role that watches the action, or is addressed by it, can keep its message
+        candidates = set(watchers.get(aid, ()))
+        candidates.update(rid for address in send_to for rid in by_address.get(address, ()))
+        if "<self>" in send_to:
+            candidates.update(ran_by.get(aid, ()))
+        for rid in sorted(candidates, key=order.__getitem__):
             reach, addressed = delivered(send_to, rid, spec.role_name(rid), rid in ran_by.get(aid, []))
-            watched = aid in role.watch
+            watched = aid in spec.roles[rid].watch
             if reach and (watched or addressed):
                 graph.add_edge(action_node(aid), role_node(rid), kind="watch" if watched else "send_to")
     return nx.freeze(graph)
+
+
+def _indexes(spec: Sop) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """action id -> roles watching it; address (id or name) -> roles: linear, not roles x actions."""
+    watchers: dict[str, list[str]] = {}
+    by_address: dict[str, list[str]] = {}
+    for rid, role in spec.roles.items():
+        for aid in role.watch:
+            watchers.setdefault(aid, []).append(rid)
+        for address in {rid, spec.role_name(rid)}:
+            by_address.setdefault(address, []).append(rid)
+    return watchers, by_address
 
 
 def _senders(spec: Sop) -> Iterator[tuple[str, list[str]]]:
