@@ -145,6 +145,9 @@ def _child(sop: str, files: int, latency_ms: float, idea: str) -> dict[str, Any]
     from engine.testing import use_model
     api.load(sop)  # the checker's libraries load lazily; import them here, as MetaGPT's are
     import_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    api.load(sop)  # what compiling the SOP costs inside the run below (reported apart)
+    compile_s = time.perf_counter() - t0
 
     names = task_files(files)
     model = _BenchModel(names)
@@ -161,13 +164,53 @@ def _child(sop: str, files: int, latency_ms: float, idea: str) -> dict[str, Any]
     result = json.loads(out.getvalue())
     written = {Path(a).name for a in result["artifacts"] if not a.startswith(("docs/", "tests/"))}
     return {
-        "system": "sopctl", "import_s": import_s, "run_s": run_s,
+        "system": "sopctl", "import_s": import_s, "run_s": run_s, "compile_s": compile_s,
         "llm_s": sum(b - a for a, b in model.intervals), "llm_busy_s": busy_time(model.intervals),
         "llm_calls": result["llm_calls"], "rounds": result["rounds"], "status": result["status"],
         "prompt_chars": sum(len(p) for p in model.prompts), "prompts": model.prompts,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "files_expected": names, "files_written": [f for f in names if f in written],
     }
+
+
+_AREAS = (("sqlite3", "journal: SQLite statements (commit + fsync)"), ("ruamel", "YAML loading (ruamel)"),
+          ("jinja2", "templates (jinja2)"), ("jsonschema", "JSON Schema"), ("referencing", "JSON Schema"),
+          ("pydantic", "pydantic"), ("networkx", "watch graph (networkx)"), ("asyncio", "asyncio"),
+          ("builtins.compile", "templates (jinja2)"),  # jinja compiles each template to Python
+          ("urllib/parse", "JSON Schema"),  # $ref resolution
+          ("marshal.loads", "imports during the run"), ("importlib", "imports during the run"))
+
+
+def _area(filename: str, func: str) -> str:
+    """Which part of the stack a profiled function belongs to."""
+    where = f"{filename} {func}"
+    for needle, area in _AREAS:
+        if needle in where:
+            return area
+    if f"{os.sep}engine{os.sep}" in filename:
+        return "engine." + Path(filename).stem
+    return "other (stdlib, builtins)"
+
+
+def _profile_child(sop: str, files: int, idea: str) -> dict[str, Any]:
+    """One run at 0 ms under cProfile; own time summed by area (why the overhead is what it is)."""
+    import cProfile
+    import pstats
+
+    from engine import api, cli
+    from engine.testing import use_model
+
+    api.load(sop)
+    model, out = _BenchModel(task_files(files)), io.StringIO()
+    prof = cProfile.Profile()
+    with tempfile.TemporaryDirectory(prefix="sopctl-prof-") as tmp, use_model(model, name="benchfake"):
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()):
+            prof.runcall(cli.main, ["run", sop, "--model", "benchfake", "--idea", idea, "--out",
+                                    str(Path(tmp) / "ws"), "--format", "json"])
+    areas: dict[str, float] = {}
+    for (filename, _line, func), (_cc, _nc, own, _cum, _callers) in pstats.Stats(prof).stats.items():
+        areas[_area(filename, func)] = areas.get(_area(filename, func), 0.0) + own
+    return {"areas": areas, "calls": len(model.prompts)}
 
 
 def run_sopctl(files: int, latency_ms: float, sop: Path = SOP, idea: str = IDEA) -> dict[str, Any]:
@@ -182,6 +225,15 @@ def run_sopctl(files: int, latency_ms: float, sop: Path = SOP, idea: str = IDEA)
     if missing:
         raise RuntimeError(f"sopctl run did not write {sorted(missing)}")
     return result
+
+
+def profile_sopctl(files: int, sop: Path) -> dict[str, Any]:
+    """The profiled run, in a fresh process."""
+    cmd = [sys.executable, "-m", "bench.compare", "--profile", str(sop), "--files", str(files)]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"profiled sopctl run failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # --------------------------------------------------------------------------- cold start
@@ -212,7 +264,11 @@ def _per_call_overhead(r: dict[str, Any]) -> float:
 
 def _summarise(runs: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
     first = runs[0]
-    return {
+    extra = {}
+    if "compile_s" in first:
+        extra["overhead_ex_compile_ms"] = _stats(
+            [1000 * (_per_call_overhead(r) - r["compile_s"] / r["llm_calls"]) for r in runs])
+    return {**extra,
         "run_s": _stats([r["run_s"] for r in runs]),
         "llm_busy_s": _stats([r.get("llm_busy_s", r["llm_s"]) for r in runs]),
         "overhead_per_call_ms": _stats([1000 * _per_call_overhead(r) for r in runs]),
@@ -252,6 +308,7 @@ def compare(reps: int = 5, files: int = 10, latencies: tuple[float, float] = (0.
                 tokens, method = count_tokens(runs[system][0]["prompts"])
                 out[f"{system}@{latency:g}"] = _summarise(runs[system], tokens)
                 out["token_method"] = method
+        out["profile"] = profile_sopctl(files, sop)
         shipped = run_sopctl(files, 0.0, SOP)
         out["sopctl_shipped"] = {"llm_calls": shipped["llm_calls"],
                                  "prompt_tokens": count_tokens(shipped["prompts"])[0]}
@@ -319,6 +376,10 @@ def markdown(res: dict[str, Any]) -> str:
 
     row(f"engine overhead per LLM call, {lats[0]:g} ms latency", "", lats[0], "overhead_per_call_ms",
         " ms", "overhead_per_call", f"<= {TARGET_OVERHEAD}", 2)
+    if has_mg:
+        s = res[f"sopctl@{lats[0]:g}"]["overhead_ex_compile_ms"]
+        rows.append(f"| the same, without compiling the SOP (sopctl) | {_fmt(s, ' ms', 2)} | | "
+                    f"{s['median'] / res[f'metagpt@{lats[0]:g}']['overhead_per_call_ms']['median']:.3f} | |")
     row(f"team run wall time, {lats[1]:g} ms latency", "", lats[1], "run_s", " s", "wall_at_latency")
     row(f"time with a call in flight, {lats[1]:g} ms latency", "", lats[1], "llm_busy_s", " s", "")
     row("LLM calls per run", "", lats[0], "llm_calls", "", "llm_calls")
@@ -335,6 +396,19 @@ def markdown(res: dict[str, Any]) -> str:
         if has_mg:
             cells += [_fmt(cold[m_key], " s", 2), f"**{r[ratio]:.3f}**", ""]
         rows.append(f"| {name} | {' | '.join(cells)} |")
+    return "\n".join(rows) + "\n\n" + _profile_table(res.get("profile"))
+
+
+def _profile_table(profile: dict[str, Any] | None) -> str:
+    """Where sopctl's own time goes at 0 ms latency (cProfile's own time, summed by area)."""
+    if not profile:
+        return ""
+    total = sum(profile["areas"].values())
+    rows = [f"Where sopctl's time goes in one run at 0 ms ({profile['calls']} calls, under cProfile, "
+            "which inflates Python-heavy parts; own time summed by area, top 8):", "",
+            "| area | seconds | share | per call (ms) |", "|---|---|---|---|"]
+    for area, secs in sorted(profile["areas"].items(), key=lambda kv: -kv[1])[:8]:
+        rows.append(f"| {area} | {secs:.3f} | {secs / total:.0%} | {1000 * secs / profile['calls']:.1f} |")
     return "\n".join(rows)
 
 
@@ -353,6 +427,7 @@ def main(size_factor: float = 1.0, reps: int | None = None, with_metagpt: bool |
 def _cli() -> None:
     ap = argparse.ArgumentParser(description="sopctl vs MetaGPT 0.8.2 on a fake model")
     ap.add_argument("--child", metavar="SOP", help=argparse.SUPPRESS)
+    ap.add_argument("--profile", metavar="SOP", help=argparse.SUPPRESS)
     ap.add_argument("--files", type=int, default=10)
     ap.add_argument("--latency-ms", type=float, default=0.0)
     ap.add_argument("--idea", default=IDEA)
@@ -362,6 +437,9 @@ def _cli() -> None:
     args = ap.parse_args()
     if args.child:
         print(json.dumps(_child(args.child, args.files, args.latency_ms, args.idea)))
+        return
+    if args.profile:
+        print(json.dumps(_profile_child(args.profile, args.files, args.idea)))
         return
     main(0.2 if args.quick else 1.0, reps=1 if args.quick else args.reps,
          with_metagpt=not (args.quick or args.skip_metagpt))
