@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import LLMError, RunError
-from .llm import LiteLLMProvider, ModelAnswer, ModelRequest, check_real_model_allowed, litellm_module
+from .hosted import LiteLLMProvider, litellm_module
+from .llm import ModelAnswer, ModelRequest, check_real_model_allowed
 
 __all__ = [
     "LocalModel",

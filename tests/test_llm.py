@@ -11,10 +11,10 @@ import pytest
 
 from engine import answers
 from engine.errors import ActionFailed, BudgetExceeded, LLMError, ReplayDivergence, RunError, UsageError
+from engine.hosted import LiteLLMProvider
 from engine.llm import (
     CallSpec,
     Gateway,
-    LiteLLMProvider,
     ModelRequest,
     TransientModelError,
     request_hash,
@@ -415,6 +415,6 @@ def test_override_model_routes_every_model_name():
 
 
 def test_importing_the_engine_and_gateway_never_imports_litellm():
-    code = ("import sys, engine, engine.llm, engine.answers, engine.fake, engine.local, engine.testing;"
+    code = ("import sys, engine, engine.llm, engine.hosted, engine.answers, engine.fake, engine.local, engine.testing;"
             "assert 'litellm' not in sys.modules, 'litellm imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
