@@ -429,6 +429,7 @@ class Journal:
         """Append one event, committed before returning (the crash hook fires after it)."""
         self._require_writable()
         if isinstance(event, RunStarted):
+            self._check_same_run(event.run_id)
             self._remember_sop_path(event.sop_file)
         key = getattr(event, "key", None)
         text = _scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
@@ -441,6 +442,17 @@ class Journal:
         self._events_written += 1
         if self._crash_event and self._events_written == self._crash_event:
             os._exit(_CRASH_EXIT)
+
+    def _check_same_run(self, run_id: str) -> None:
+        """One journal, one run: a new run into a used workspace would mix two runs' work."""
+        with _guard(self.path, "read"):
+            row = self._conn.execute("SELECT json FROM events WHERE type = 'RunStarted' "
+                                     "ORDER BY seq LIMIT 1").fetchone()
+        other = _loads(row[0], 0).get("run_id") if row else None
+        if other and other != run_id:
+            raise JournalError(f"workspace {self.path.parent.parent} already holds run {other}",
+                               f"continue it with `sopctl resume {self.path.parent.parent}`, "
+                               "or give the new run another --out")
 
     def is_fsynced(self, event: RunEvent) -> bool:
         """Whether `on_event` fsyncs this event before returning (the durability tier)."""

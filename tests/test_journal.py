@@ -274,6 +274,16 @@ def test_resumed_journal_state(tmp_path: Path) -> None:
     assert state.completions == {"k1": 1, "k2": 1} and state.reused_calls == 1
 
 
+def test_a_second_run_into_a_used_workspace_is_refused(tmp_path: Path) -> None:
+    with new_journal(tmp_path) as journal:
+        journal.on_event(started("r1"))
+        journal.on_event(started("r1"))             # a resume of the same run: fine
+        with pytest.raises(JournalError, match="already holds run r1") as err:
+            journal.on_event(started("r2"))
+    assert "sopctl resume" in err.value.hint
+    assert [e.data["run_id"] for e in Journal.open(tmp_path).events()] == ["r1", "r1"]
+
+
 def test_one_writer_at_a_time(tmp_path: Path) -> None:
     """A second live writer is refused; a closed (or dead) one leaves no stale lock."""
     first = new_journal(tmp_path)
