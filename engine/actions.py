@@ -27,7 +27,7 @@ from .message import Message, render_content
 from .outputs import output_kind
 from .prompts import MAX_RENDERED_CHARS, TemplateFailure, environment
 from .prompts import render as render_uncached
-from .spec import ActionSpec, CodeOutput, RoleSpec
+from .spec import ActionSpec, CodeOutput
 from .workspace import Workspace, WorkspaceError, WrittenFile
 
 __all__ = [
@@ -108,7 +108,8 @@ def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str,
     layers = [spec.actions[action_id].llm, spec.roles[role_id].llm, spec.llm]
     picked: dict[str, Any] = {}
     for key in ("model", "temperature", "max_tokens", "timeout_s"):
-        picked[key] = next((getattr(l, key) for l in layers if l and getattr(l, key) is not None), None)
+        picked[key] = next((getattr(layer, key) for layer in layers
+                            if layer and getattr(layer, key) is not None), None)
     picked["model"] = override or os.environ.get("SOPCTL_MODEL") or picked["model"] or DEFAULT_MODEL
     return picked
 
@@ -176,8 +177,8 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
     action = ctx.compiled.spec.actions[action_id]
     if action.for_each is None:
         out, content = await _run_once(ctx, role_id, action_id, memory, variables, round_, note)
-        files = _write_artifacts(action_id, action, ctx.workspace, {**variables, "out": out})
-        return ActionResult(content, out, files)
+        written = _write_artifacts(action_id, action, ctx.workspace, {**variables, "out": out})
+        return ActionResult(content, out, written)
     items = _for_each_items(action_id, action, variables)
     limit = asyncio.Semaphore(action.max_concurrency)
 
@@ -188,7 +189,7 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
 
     results = await gather_or_cancel([one(i, it) for i, it in enumerate(items)])
     files: list[WrittenFile] = []
-    for index, (item, (out, _)) in enumerate(zip(items, results)):
+    for index, (item, (out, _)) in enumerate(zip(items, results, strict=True)):
         files += _write_artifacts(action_id, action, ctx.workspace,
                                   {**variables, action.as_: item, "index": index, "out": out})
     content = "\n\n".join(c for _, c in results)

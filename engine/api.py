@@ -21,8 +21,8 @@ from .events import RunEnded, RunEvent
 from .spec import InputSpec
 from .team import RunOptions, RunResult, Team, new_run_id
 
-__all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "run", "run_async", "iter_run", "RunResult", "RunOptions",
-           "new_run_id"]
+__all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "run", "run_async",
+           "iter_run", "RunResult", "RunOptions", "new_run_id"]
 
 _TRUE = {"true", "yes", "y", "1", "on"}
 _FALSE = {"false", "no", "n", "0", "off"}

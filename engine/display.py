@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any
 
-from .events import (ActionCompleted, ActionStarted, LLMCalled, MessagePublished, RoundStarted,
+from .events import (ActionCompleted, ActionStarted, LLMCalled, RoundStarted,
                      RunEnded, RunEvent, RunLog, RunStarted)
 
 __all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "summary"]
@@ -129,7 +129,7 @@ class LiveDisplay:
         from rich.table import Table
 
         table = Table(title=f"sopctl {self.stats.run_id} · {self.stats.model}",
-                      caption=self.stats.headline(), expand=False)
+                      caption=self.stats.headline(), expand=False, min_width=64)
         table.add_column("role")
         table.add_column("state")
         table.add_column("calls", justify="right")

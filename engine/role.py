@@ -11,11 +11,11 @@ from __future__ import annotations
 import hashlib
 import re
 from collections import Counter
-from typing import Any, Callable
+from typing import Any
 
 from .actions import RunContext, call_gateway, execute_action, role_prefix, template_variables
 from .actions import resolve_llm
-from .errors import ActionFailed, LLMError
+from .errors import ActionFailed
 from .events import ActionCompleted, ActionStarted, CompletedActions, RunLog
 from .llm import CallSpec
 from .memory import Memory
@@ -142,11 +142,7 @@ class Role:
                         kind="choice", model=llm["model"], retries=0, n_choices=len(actions),
                         previous_choice=previous, temperature=llm["temperature"],
                         timeout_s=llm["timeout_s"])
-        try:
-            result = await call_gateway(self.ctx, spec, self._round)
-        except LLMError as exc:
-            self._log("warning", f"state choice failed ({exc.message}); ending the cycle")
-            return -1
+        result = await call_gateway(self.ctx, spec, self._round)  # a model error fails the run
         choice = parse_choice(result.value, result.text, len(actions))
         if choice < 0:
             self._log("info", f"state choice {result.text.strip()[:40]!r} ends the cycle")
@@ -285,7 +281,7 @@ def order_plan(out: Any) -> tuple[list[dict[str, Any]], list[str]]:
         raise PlanError(f"duplicate task ids: {', '.join(duplicates)}")
     known, warnings = set(ids), []
     deps: dict[str, list[str]] = {}
-    for task, tid in zip(tasks, ids):
+    for task, tid in zip(tasks, ids, strict=True):
         declared = [str(d) for d in task.get("dependent_task_ids") or []]
         for missing in [d for d in declared if d not in known]:
             warnings.append(f"task {tid} depends on unknown task {missing}; dependency ignored")
@@ -297,7 +293,7 @@ def _topological(tasks: list[dict[str, Any]], ids: list[str],
                  deps: dict[str, list[str]]) -> list[dict[str, Any]]:
     done: set[str] = set()
     ordered: list[dict[str, Any]] = []
-    pending = list(zip(ids, tasks))
+    pending = list(zip(ids, tasks, strict=True))
     while pending:
         ready = next((p for p in pending if all(d in done for d in deps[p[0]])), None)
         if ready is None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -94,7 +93,8 @@ roles:
 
 def test_model_resolution_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     text = PIPELINE.replace("team:", "llm: {model: file-model, temperature: 0.5, max_tokens: 100}\nteam:")
-    text = text.replace("    profile: Architect\n", "    profile: Architect\n    llm: {model: role-model, temperature: 0.1}\n")
+    text = text.replace("    profile: Architect\n",
+                        "    profile: Architect\n    llm: {model: role-model, temperature: 0.1}\n")
     text = text.replace("  WriteTasks:\n", "  WriteTasks:\n    llm: {model: action-model}\n")
     compiled = sop_text(text)
     monkeypatch.delenv("SOPCTL_MODEL", raising=False)
@@ -130,8 +130,8 @@ def test_default_model_is_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 ])
 def test_template_bomb_or_error_fails_the_action_cleanly(tmp_path: Path, bomb: str) -> None:
     text = PIPELINE.replace("prompt: Break the design into tasks.", f"prompt: \"{bomb}\"")
-    text = text.replace("  WriteTasks:\n", "  WriteTasks:\n").replace(
-        "    actions: [WriteTasks]\n    watch: [WriteDesign]", "    actions: [WriteTasks]\n    watch: [UserRequirement]")
+    text = text.replace("    actions: [WriteTasks]\n    watch: [WriteDesign]",
+                        "    actions: [WriteTasks]\n    watch: [UserRequirement]")
     gateway = ScriptedGateway()
     result = run_sop(sop_text(text), gateway, tmp_path)
     assert result.status == "failed"

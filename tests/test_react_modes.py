@@ -170,3 +170,14 @@ def test_order_plan_rejects_what_is_not_a_plan() -> None:
     with pytest.raises(PlanError):
         order_plan(["a"])
     assert order_plan({"tasks": []}) == ([], [])
+
+
+def test_a_model_error_during_the_choice_fails_the_run(tmp_path: Path) -> None:
+    """Garbage ends the cycle; an unreachable model is a failure, not a quiet idle end."""
+    from engine.errors import LLMError
+
+    def answer(spec: CallSpec) -> Any:
+        return LLMError("model 'x' failed for action Draft: connection refused") \
+            if spec.kind == "choice" else default_answer(spec)
+    result = run_sop(sop("react_multi"), ScriptedGateway(answer), tmp_path)
+    assert result.status == "failed" and "connection refused" in result.error

@@ -21,7 +21,7 @@ from run_helpers import SOPS, ScriptedGateway, default_answer, run_sop, sop
 from engine import api
 from engine.cli import main
 from engine.events import RunEnded
-from engine.llm import CallEvent, Gateway, ModelAnswer, ModelRequest
+from engine.llm import Gateway, ModelAnswer, ModelRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -241,7 +241,8 @@ def test_cli_invalid_file_exits_2_with_diagnostics(tmp_path: Path, capsys: pytes
 
 
 def test_cli_failed_run_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    text = (SOPS / "pipeline.sop.yaml").read_text().replace("path: docs/prd.json", "path: \"{{ out['Project Name'] }}/\"")
+    text = (SOPS / "pipeline.sop.yaml").read_text()
+    text = text.replace("path: docs/prd.json", "path: \"{{ out['Project Name'] }}/\"")
     path = tmp_path / "p.sop.yaml"
     path.write_text(text)
     code, out, _ = _cli(capsys, "run", str(path), "--idea", "x", "--model", "fake",
