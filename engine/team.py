@@ -14,7 +14,7 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from . import __version__
 from .actions import RunContext, resolve_llm
