@@ -41,6 +41,7 @@ import json
 import os
 import re
 import sqlite3
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -242,6 +243,7 @@ class Journal:
         self._completed: dict[str, ActionCompleted] | None = None
         self.workspace: Path | None = None
         self._lock: IO[str] | None = None
+        self._mutex = threading.RLock()       # writers may be called from worker threads
         self._fsync_all = os.environ.get(SYNC_ENV, "").strip().lower() == "full"
         self._full = True                     # _connect starts every connection at FULL
         """Set for a writable journal: `completed` then checks the action's artifacts there."""
@@ -293,7 +295,8 @@ class Journal:
         """Open an existing journal (read-only by default); a missing one is a JournalError."""
         path = journal_path(workspace)
         if not Path(workspace).is_dir():
-            raise JournalError(f"run folder {workspace} does not exist",
+            what = "is not a folder" if Path(workspace).exists() else "does not exist"
+            raise JournalError(f"run folder {workspace} {what}",
                                "give the workspace of a run (`sopctl runs` lists them)")
         if not path.is_file():
             raise JournalError(f"{workspace} has no journal ({JOURNAL_DIR}/{JOURNAL_FILE})",
@@ -427,6 +430,10 @@ class Journal:
 
     def on_event(self, event: RunEvent) -> None:
         """Append one event, committed before returning (the crash hook fires after it)."""
+        with self._mutex:
+            self._append(event)
+
+    def _append(self, event: RunEvent) -> None:
         self._require_writable()
         if isinstance(event, RunStarted):
             self._check_same_run(event.run_id)
@@ -488,6 +495,11 @@ class Journal:
         self.record_as(request_hash, action, answer, origin="model")
 
     def record_as(self, request_hash: str, action: str, answer: StoredAnswer, *, origin: str) -> None:
+        """Store an answer with its origin (`model`, or `replay` when copied from a journal)."""
+        with self._mutex:
+            self._store_answer(request_hash, action, answer, origin)
+
+    def _store_answer(self, request_hash: str, action: str, answer: StoredAnswer, origin: str) -> None:
         self._require_writable()
         text = _scrub(answer.text, self._secrets)
         with _guard(self.path, "write an answer to"):
@@ -599,12 +611,12 @@ def writer_active(workspace: str | Path) -> bool:
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
     """A connection in autocommit mode: each statement is its own durable transaction."""
     if readonly:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True,
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
                                isolation_level=None, timeout=10)
         conn.execute("PRAGMA query_only = ON")
         conn.execute("SELECT count(*) FROM sqlite_master").fetchone()   # fails fast on a torn file
         return conn
-    conn = sqlite3.connect(str(path), isolation_level=None, timeout=10)
+    conn = sqlite3.connect(str(path), isolation_level=None, timeout=10, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")
     conn.execute("SELECT count(*) FROM sqlite_master").fetchone()

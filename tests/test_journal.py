@@ -342,3 +342,15 @@ def test_read_only_folder_is_a_clear_error(tmp_path: Path) -> None:
             new_journal(ws)
     finally:
         ws.chmod(0o755)
+
+
+def test_writes_from_worker_threads(tmp_path: Path) -> None:
+    """An observer or store called off the event loop's thread still journals, in order."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with new_journal(tmp_path) as journal:
+        journal.on_event(started())
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            list(pool.map(lambda i: journal.record(f"h{i}", "A", StoredAnswer(str(i), 1, 1, 0.0)),
+                          range(20)))
+        assert len(journal.answers()) == 20
