@@ -59,21 +59,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     import json
 
     from .api import parse_input_flags, prepare
+    from .compiler import check_path
     from .display import make_display, summary
-    from .errors import LoadError, UsageError
+    from .errors import UsageError
+    from .render import report
 
-    try:
-        from .api import load
-        compiled = load(args.file)
-    except LoadError as exc:
-        for diag in exc.diagnostics or []:
-            where = f"{diag.file or args.file}:{diag.line}:{diag.col}"
-            print(f"{where}: {diag.severity}[{diag.code}]: {diag.message}"
-                  + (f"\n  hint: {diag.hint}" if diag.hint else ""), file=sys.stderr)
-        print(f"sopctl: error: {args.file} is not a valid SOP", file=sys.stderr)
+    checked = check_path(args.file)
+    if checked.compiled is None or not checked.ok:
+        print(report([checked], "text", False)[0], file=sys.stderr)
         return 2
-    except OSError as exc:
-        raise UsageError(f"cannot read {args.file}: {exc.strerror or exc}") from None
+    if checked.diagnostics:  # warnings only: say them, then run
+        print(report([checked], "text", False)[0], file=sys.stderr)
+    compiled = checked.compiled
     if args.rounds is not None and args.rounds < 1:
         raise UsageError("--rounds must be at least 1")
     if args.budget is not None and args.budget < 0:

@@ -283,3 +283,18 @@ def test_small_sop_end_to_end_on_the_local_model(tmp_path: Path) -> None:
     assert result.llm_calls >= 3
     prd = json.loads((tmp_path / "docs/prd.json").read_text())
     assert isinstance(prd["Project Name"], str) and isinstance(prd["Product Goals"], list)
+
+
+def test_a_model_that_cannot_work_stops_the_run_before_it_starts(tmp_path: Path) -> None:
+    """E.g. `local` without its extra: the provider's preflight error, before any file or call."""
+    from engine.errors import RunError
+
+    class Missing(_Priced):
+        def preflight(self, model: str) -> None:
+            raise RunError("the embedded `local` model is not installed: pip install 'sopctl[local]'")
+
+    gateway = Gateway(providers={"local": Missing()})
+    with pytest.raises(RunError, match="pip install"):
+        api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, model="local",
+                workspace=tmp_path / "ws", gateway=gateway)
+    assert gateway.usage.llm_calls == 0 and not (tmp_path / "ws").exists()
