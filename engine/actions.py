@@ -47,6 +47,7 @@ __all__ = [
 MAX_STREAM_BYTES = 64 * 1024
 """Bound on each of an exec action's stdout and stderr kept in `out`."""
 MAX_FOR_EACH_ITEMS = 1000
+_SECRET_ENV = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY)", re.I)
 DEFAULT_MODEL = "local"
 
 
@@ -295,11 +296,17 @@ async def _run_command(ctx: RunContext, action_id: str, action: ActionSpec,
         argv[0] = sys.executable  # "python" means the interpreter running sopctl
     try:
         proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=ctx.workspace.root, stdin=asyncio.subprocess.DEVNULL,
+            *argv, cwd=ctx.workspace.root, stdin=asyncio.subprocess.DEVNULL, env=_child_env(),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
     except OSError as exc:
         raise ActionFailed(action_id, f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
     return await _collect(proc, action.timeout_s)
+
+
+def _child_env() -> dict[str, str]:
+    """The environment minus secret-looking variables: a command from a shared file never
+    sees the user's API keys (so it cannot copy them into the workspace or its output)."""
+    return {k: v for k, v in os.environ.items() if not _SECRET_ENV.search(k)}
 
 
 async def _collect(proc: asyncio.subprocess.Process, timeout_s: float) -> dict[str, Any]:

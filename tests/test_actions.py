@@ -326,3 +326,12 @@ def test_malformed_answers_are_retried_then_fail_naming_the_action(tmp_path: Pat
     assert provider.calls == 3  # the first ask and retries: 2
     assert result.llm_calls == 3
     assert len(result.messages) == 1  # nothing was published from an invalid answer
+
+
+def test_exec_does_not_see_api_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-value-123456")
+    monkeypatch.setenv("SOPCTL_VISIBLE", "yes")
+    compiled = _exec_sop('["python", "-c", "import os; print(os.environ.get(\'OPENAI_API_KEY\'), '
+                         'os.environ.get(\'SOPCTL_VISIBLE\'))"]')
+    result = run_sop(compiled, ScriptedGateway(), tmp_path, allow_exec=True)
+    assert result.messages[-1].out["stdout"] == "None yes\n"
