@@ -118,3 +118,41 @@ def test_address_by_name_and_id() -> None:
                f"  B: {{prompt: b, {ART}}}\n")
     roles = "  First: {actions: [A], watch: [UserRequirement]}\n  Second: {name: Bob, actions: [B]}\n"
     assert _codes(_sop(actions, roles)) == []
+
+
+def test_planner_actions_are_consumed_by_the_plan() -> None:
+    plan = ('  P:\n    prompt: plan\n    context: none\n    output:\n      tasks:\n        type: list\n'
+            '        children:\n          task_id: {type: str}\n          dependent_task_ids: {type: "list[str]"}\n'
+            '          instruction: {type: str}\n'
+            "  T: {prompt: '{{ task.instruction }}', context: none, send_to: ['<none>']}\n")
+    roles = "  R: {actions: [P, T], watch: [UserRequirement], react_mode: plan_and_act, planner: {action: P, task_action: T}}\n"
+    assert _codes(_sop(plan, roles)) == []
+
+
+def test_compile_raises_with_all_diagnostics_and_returns_warnings() -> None:
+    from engine.compiler import compile_text
+    from engine.errors import CompileError, LoadError
+
+    with pytest.raises(LoadError) as loaded:
+        compile_text("a: [", "x.sop.yaml")
+    assert not isinstance(loaded.value, CompileError) and loaded.value.diagnostics[0].code == "SOP005"
+    with pytest.raises(CompileError) as compiled:
+        compile_text(_sop(f"  A: {{prompt: '{{{{ x }}}} {{{{ y }}}}', {ART}}}\n"))
+    assert [d.code for d in compiled.value.diagnostics] == ["SOP402", "SOP402"]
+    sop = compile_text(_sop(f"  A: {{prompt: a, {ART}}}\n  B: {{prompt: b}}\n"), "w.sop.yaml")
+    assert [(d.code, d.file, d.line) for d in sop.warnings] == [("SOP211", "w.sop.yaml", 5)]
+
+
+def test_compiled_sop_is_immutable() -> None:
+    import dataclasses
+
+    from engine.compiler import compile_text
+
+    sop = compile_text(_sop(f"  A: {{prompt: a, output: {{K: {{type: int}}}}, {ART}}}\n"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        sop.file = "x"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        sop.output_schemas["A"] = None  # type: ignore[index]
+    with pytest.raises(Exception):
+        sop.spec.actions["A"].retries = 5  # type: ignore[misc]
+    assert sop.output_schemas["A"]["properties"]["K"] == {"type": "integer"}
