@@ -124,3 +124,16 @@ def test_all_errors_of_the_phase_are_reported() -> None:
     data = {"apiVersion": "sop/v2", "name": "Bad", "actions": {"a": {}}, "roles": {}, "extra": 1}
     codes = sorted(d.code for d in sop_schema.validate(data))
     assert codes == ["SOP101", "SOP102", "SOP105", "SOP105", "SOP106"]
+
+
+def test_schema_defaults_are_the_model_defaults() -> None:
+    from engine.spec import ActionSpec, InputSpec, OutputNode, PlannerSpec, RoleSpec
+
+    defs = sop_schema.schema()["$defs"]
+    pairs = {"action": ActionSpec, "role": RoleSpec, "planner": PlannerSpec, "input": InputSpec,
+             "outputNode": OutputNode}
+    for name, model in pairs.items():
+        by_alias = {(f.alias or key): f for key, f in model.model_fields.items()}
+        for key, prop in defs[name]["properties"].items():
+            if "default" in prop:
+                assert prop["default"] == by_alias[key].get_default(call_default_factory=True), (name, key)
