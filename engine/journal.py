@@ -36,6 +36,7 @@ real `sopctl run` at every point of the journal and check that `sopctl resume` r
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -165,28 +166,45 @@ def decode_event(row: EventRow) -> RunEvent:
 # --- sqlite errors -> JournalError ------------------------------------------------------
 
 
+_PROBLEMS: dict[str, tuple[str, str]] = {
+    "full": ("the disk is full", "free some space, then continue with `sopctl resume`; "
+             "nothing already journaled is lost"),
+    "readonly": ("the workspace is read-only",
+                 "choose a writable workspace (--out) or fix its permissions"),
+    "corrupt": ("the file is torn or corrupted", "the journal was damaged outside sopctl; "
+                "start a new run, or restore the file from a backup"),
+    "cantopen": ("the file cannot be opened", "check that the folder exists and is writable"),
+    "busy": ("another process holds it", "wait for the other sopctl process to finish"),
+}
+_SQLITE_KINDS = {"SQLITE_FULL": "full", "SQLITE_READONLY": "readonly", "SQLITE_PERM": "readonly",
+                 "SQLITE_NOTADB": "corrupt", "SQLITE_CORRUPT": "corrupt",
+                 "SQLITE_CANTOPEN": "cantopen", "SQLITE_BUSY": "busy", "SQLITE_LOCKED": "busy"}
+_ERRNO_KINDS = {errno.ENOSPC: "full", errno.EDQUOT: "full", errno.EROFS: "readonly",
+                errno.EACCES: "readonly", errno.EPERM: "readonly"}
+_TEXT_KINDS = (("full", "full"), ("readonly", "readonly"), ("not a database", "corrupt"),
+               ("malformed", "corrupt"), ("unable to open", "cantopen"), ("locked", "busy"))
+
+
+def _kind(exc: BaseException) -> str:
+    """What went wrong, from the errno, SQLite's error name, or (older Pythons) the text."""
+    if isinstance(exc, OSError):
+        return _ERRNO_KINDS.get(exc.errno or 0, "")
+    name = str(getattr(exc, "sqlite_errorname", ""))
+    for prefix, kind in _SQLITE_KINDS.items():
+        if name.startswith(prefix):
+            return kind
+    text = str(exc).lower()
+    return next((kind for needle, kind in _TEXT_KINDS if needle in text), "")
+
+
 def _explain(exc: BaseException, path: Path, doing: str) -> JournalError:
     """One place that turns sqlite/OS failures into a message a user can act on."""
-    text = str(exc).lower()
-    where = f"journal {path}"
-    if "full" in text or "no space" in text:
-        return JournalError(f"cannot {doing} {where}: the disk is full",
-                            "free some space, then continue with `sopctl resume`; "
-                            "nothing already journaled is lost")
-    if "readonly" in text or "read-only" in text or "permission" in text or "access" in text:
-        return JournalError(f"cannot {doing} {where}: the workspace is read-only",
-                            "choose a writable workspace (--out) or fix its permissions")
-    if "not a database" in text or "malformed" in text or "corrupt" in text:
-        return JournalError(f"cannot {doing} {where}: the file is torn or corrupted ({exc})",
-                            "the journal was damaged outside sopctl; start a new run, or "
-                            "restore the file from a backup")
-    if "unable to open" in text:
-        return JournalError(f"cannot {doing} {where}: the file cannot be opened ({exc})",
-                            "check that the folder exists and is writable")
-    if "locked" in text or "busy" in text:
-        return JournalError(f"cannot {doing} {where}: another process holds it ({exc})",
-                            "wait for the other sopctl process to finish")
-    return JournalError(f"cannot {doing} {where}: {exc}")
+    kind = _kind(exc)
+    if kind not in _PROBLEMS:
+        return JournalError(f"cannot {doing} journal {path}: {exc}")
+    what, hint = _PROBLEMS[kind]
+    detail = f" ({exc})" if kind in ("corrupt", "cantopen", "busy") else ""
+    return JournalError(f"cannot {doing} journal {path}: {what}{detail}", hint)
 
 
 @contextmanager
