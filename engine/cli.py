@@ -106,6 +106,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     origin = read_origin(args.run_dir)
     print(f"sopctl: resuming run {origin.first.run_id} of {origin.first.sop_name} "
           f"({origin.ended_status or 'interrupted'})", file=sys.stderr)
+    if args.model and args.model != origin.last.model:
+        print(f"sopctl: note: the run used model '{origin.last.model}'; answers journaled for "
+              f"it are not reused for '{args.model}'", file=sys.stderr)
     display = progress_display(origin)
     try:
         result = resume_run(args.run_dir, budget=args.budget, rounds=args.rounds,

@@ -291,7 +291,7 @@ def result_object(state: RunState) -> dict[str, Any]:
         "prompt_tokens": state.prompt_tokens,
         "completion_tokens": state.completion_tokens,
         "cost_usd": round(state.cost_usd, 6),
-        "workspace": state.workspace or state.run_dir,
+        "workspace": str(Path(state.run_dir).resolve()) if state.run_dir else state.workspace,
         "artifacts": sorted(state.artifacts),
         "history": [_summary(m) for m in state.history],
         "journaled_calls": state.journaled_calls,
