@@ -13,6 +13,7 @@ a CompiledSop carrying its warnings, or raise `LoadError`/`CompileError` with th
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -195,8 +196,24 @@ def _locate(diag: Diagnostic, source: Any) -> Diagnostic:
     line, col = smap.locate(diag.pointer, prefer_key=diag.code in _AT_KEY)
     if diag.line and diag.pointer in smap.literals:
         line, col = _template_position(source, line + diag.line)
+    if diag.code in _NAMES_A_WORD:
+        col = _word_column(source, line, col, diag.message)
     related = tuple(_locate_related(r, smap) for r in diag.related)
     return replace(diag, file=source.file, line=line, col=col, related=related)
+
+
+_NAMES_A_WORD = frozenset({"SOP402", "SOP403", "SOP404", "SOP406", "SOP407"})
+"""Template codes whose message ends by quoting the offending name: the caret goes under it."""
+
+
+def _word_column(source: Any, line: int, col: int, message: str) -> int:
+    """The column of the last quoted word of `message` on `line` (from `col` on), else `col`."""
+    quoted = re.findall(r"'([^']+)'", message)
+    lines = source.lines
+    if not quoted or not (0 < line <= len(lines)):
+        return col
+    found = lines[line - 1].find(quoted[-1], max(col - 1, 0))
+    return found + 1 if found >= 0 else col
 
 
 def _template_position(source: Any, line: int) -> tuple[int, int]:
