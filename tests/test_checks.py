@@ -85,7 +85,7 @@ def test_exec_output_keys() -> None:
 def test_template_line_in_a_block_scalar_is_the_file_line() -> None:
     text = _sop(f"  A:\n    prompt: |\n      line one\n      line two {{{{ nope }}}}\n    {ART}\n")
     (diag,) = check_text(text).diagnostics
-    assert (diag.code, diag.line, diag.col) == ("SOP402", 7, 22)  # under `nope`
+    assert (diag.code, diag.line, diag.col) == ("SOP402", 7, 19)  # under `nope`
 
 
 def test_earlier_action_of_a_by_order_role_is_consumed_through_memory() -> None:
