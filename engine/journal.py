@@ -627,16 +627,30 @@ def writer_active(workspace: str | Path) -> bool:
 
 
 def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
-    """A connection in autocommit mode: each statement is its own durable transaction."""
+    """A connection in autocommit mode: each statement is its own committed transaction."""
     if readonly:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False,
-                               isolation_level=None, timeout=10)
-        conn.execute("PRAGMA query_only = ON")
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()   # fails fast on a torn file
-        return conn
+        return _connect_readonly(path)
     conn = sqlite3.connect(str(path), isolation_level=None, timeout=10, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()   # fails fast on a torn file
+    return conn
+
+
+def _connect_readonly(path: Path) -> sqlite3.Connection:
+    """Read-only; on a read-only medium (no -shm can be made) fall back to `immutable`."""
+    uri = path.resolve().as_uri()
+    try:
+        return _open_uri(f"{uri}?mode=ro")
+    except sqlite3.OperationalError as exc:
+        if _kind(exc) not in ("cantopen", "readonly"):
+            raise
+        return _open_uri(f"{uri}?immutable=1")
+
+
+def _open_uri(uri: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10, check_same_thread=False)
+    conn.execute("PRAGMA query_only = ON")
     conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     return conn
 

@@ -219,3 +219,27 @@ def test_resume_keeps_the_recorded_model(model: CountingModel, tmp_path: Path,
                                 "--format", "json")
     assert code == 0, err
     assert model.calls > paid and resumed["status"] == "idle"
+
+
+def test_resume_when_the_sop_file_is_gone(model: CountingModel, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    sop = tmp_path / "my.sop.yaml"
+    shutil.copy(SOP, sop)
+    run(capsys, tmp_path / "run", "--rounds", "1", sop=sop)
+    sop.unlink()
+    code, _, err = sopctl(capsys, "resume", str(tmp_path / "run"))
+    assert code == 2 and "is gone" in err and "put the file back" in err
+
+
+def test_replay_of_an_interrupted_run_says_so(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SOPCTL_")}
+    env["SOPCTL_CRASH_AFTER_ANSWER"] = "2"
+    crashed = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(SOP), "--idea", "x",
+                              "--model", "fake", "--out", str(tmp_path / "run")], env=env,
+                             capture_output=True, text=True)
+    assert crashed.returncode == 137
+    code, result, err = sopctl(capsys, "replay", str(tmp_path / "run"), "--out",
+                               str(tmp_path / "replay"), "--format", "json")
+    assert code == 1 and "replay diverged" in err and "was interrupted" in err
+    assert result["reused_calls"] == 2 and result["llm_calls"] == 0
