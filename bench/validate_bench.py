@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "generate", "cold_start", "scale", "fit_exponent"]
+__all__ = ["cold_start", "fit_exponent", "generate", "main", "scale"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "sops" / "software_company.sop.yaml"
@@ -142,8 +142,8 @@ def main(size_factor: float = 1.0) -> dict[str, Any]:
 
 def markdown(res: dict[str, Any]) -> str:
     cold = res["cold"]
-    lines = [f"Cold `sopctl validate {cold['file']}` against `python -c \"{BASELINE}\"`, "
-             f"median of {cold['reps']} interleaved runs (target: at most 2x):", "",
+    lines = [(f"Cold `sopctl validate {cold['file']}` against `python -c \"{BASELINE}\"`, "
+              f"median of {cold['reps']} interleaved runs (target: at most 2x):"), "",
              "| clock | bare imports | validate | ratio |", "|---|---|---|---|"]
     for clock in ("cpu", "wall"):
         c = cold[clock]

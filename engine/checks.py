@@ -12,15 +12,16 @@ later check may assume that every reference an earlier phase checks is valid.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .errors import Diagnostic, Related
 from .schema import did_you_mean
 from .source import join_pointer
 from .spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, ActionSpec, OutputNode, Sop
 
-__all__ = ["PHASES", "Context", "check", "run_phase", "registered_codes", "error", "warning"]
+__all__ = ["PHASES", "Context", "check", "error", "registered_codes", "run_phase", "warning"]
 
 PHASES = ("references", "graph", "templates")
 

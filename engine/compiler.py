@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import CompileError, Diagnostic, LoadError, Related
 from .spec import Sop
 
-__all__ = ["CompiledSop", "CheckResult", "check_path", "check_text", "compile_path", "compile_text"]
+__all__ = ["CheckResult", "CompiledSop", "check_path", "check_text", "compile_path", "compile_text"]
 
 
 @dataclass(frozen=True)
@@ -165,7 +166,7 @@ def _spec(data: dict[str, Any]) -> tuple[Sop | None, list[Diagnostic]]:
         return None, [_from_pydantic(err) for err in exc.errors(include_url=False)]
 
 
-def _from_pydantic(err: dict[str, Any]) -> Diagnostic:
+def _from_pydantic(err: Any) -> Diagnostic:
     from .source import join_pointer
 
     loc = [p for p in err["loc"] if isinstance(p, (str, int)) and not _is_branch(p)]

@@ -18,24 +18,25 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from .spec import USER_REQUIREMENT, Sop
 
 __all__ = [
     "Cycle",
     "action_node",
+    "build",
+    "cycles",
+    "delivered",
+    "reachable_roles",
     "role_node",
     "runners",
-    "build",
-    "delivered",
-    "unbounded_cycles",
-    "cycles",
-    "reachable_roles",
-    "to_mermaid",
     "to_dot",
     "to_json",
+    "to_mermaid",
+    "unbounded_cycles",
 ]
 
 
@@ -180,9 +181,8 @@ def _cycle_edges(found: list[Cycle]) -> dict[tuple[str, str], Cycle]:
     """Edge -> a cycle through it; an unbounded cycle wins, so the danger is what is shown."""
     table: dict[tuple[str, str], Cycle] = {}
     for cycle in sorted(found, key=lambda c: c.bounded):
-        ring = list(cycle.nodes) + [cycle.nodes[0]]
-        for u, v in zip(ring, ring[1:]):
-            table.setdefault((u, v), cycle)
+        for edge in itertools.pairwise([*cycle.nodes, cycle.nodes[0]]):
+            table.setdefault(edge, cycle)
     return table
 
 

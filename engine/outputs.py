@@ -69,7 +69,7 @@ def _object_schema(children: dict[str, OutputNode]) -> dict[str, Any]:
 
 
 def _is_optional(node: OutputNode) -> bool:
-    return bool(node.type) and node.type.strip().startswith("optional[")
+    return node.type is not None and node.type.strip().startswith("optional[")
 
 
 def node_schema(node: OutputNode) -> dict[str, Any]:

@@ -15,12 +15,13 @@ its fields, so an editor or CI can consume it without parsing text.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from .errors import Diagnostic
 
-__all__ = ["CODES", "strict", "render_text", "render_json", "summary", "report", "render_graph"]
+__all__ = ["CODES", "render_graph", "render_json", "render_text", "report", "strict", "summary"]
 
 CODES: dict[str, str] = {
     # loading (engine/source.py): the file is refused before anything else looks at it

@@ -10,13 +10,14 @@ that says what was expected and a did-you-mean hint where a close spelling exist
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from functools import lru_cache
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from .errors import Diagnostic
 from .source import join_pointer
 
-__all__ = ["schema_text", "schema", "validate", "did_you_mean", "pointer_of"]
+__all__ = ["did_you_mean", "pointer_of", "schema", "schema_text", "validate"]
 
 _PATTERNS = {
     r"^[A-Z][A-Za-z0-9_]*$": "an id: a capital letter, then letters, digits or _",
@@ -237,7 +238,7 @@ def _id_hint(name: Any) -> str:
 def _any_of(error: Any, pointer: str) -> Iterator[Diagnostic]:
     titles = [branch.get("title", "") for branch in error.validator_value if isinstance(branch, dict)]
     choices = ", ".join(t for t in titles if t) or "one of the allowed forms"
-    consts = [b.get("const") for b in error.validator_value if isinstance(b, dict) and "const" in b]
+    consts = [str(b["const"]) for b in error.validator_value if isinstance(b, dict) and "const" in b]
     hint = did_you_mean(error.instance, consts)
     yield _diag("SOP103", pointer, f"expected {choices}; got {_describe(error.instance)}", hint)
 

@@ -20,22 +20,23 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import Diagnostic, LoadError
 
 __all__ = [
-    "MAX_FILE_BYTES",
-    "MAX_DEPTH",
     "MAX_ALIASES",
+    "MAX_DEPTH",
     "MAX_EXPANDED_NODES",
+    "MAX_FILE_BYTES",
     "Source",
     "SourceMap",
     "escape_pointer",
-    "join_pointer",
     "iter_pointers",
+    "join_pointer",
     "load_bytes",
     "load_path",
     "load_text",
@@ -420,10 +421,9 @@ def _to_bool(text: str) -> bool:
 def _to_null(text: str) -> None:
     if text not in ("", "~", "null", "Null", "NULL"):
         raise ValueError(text)
-    return None
 
 
-_SCALARS = {"int": _to_int, "float": _to_float, "bool": _to_bool, "null": _to_null, "str": str}
+_SCALARS: dict[str, Callable[[str], Any]] = {"int": _to_int, "float": _to_float, "bool": _to_bool, "null": _to_null, "str": str}
 
 
 def iter_pointers(data: Any, pointer: str = "") -> Iterator[str]:

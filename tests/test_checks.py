@@ -153,6 +153,8 @@ def test_compiled_sop_is_immutable() -> None:
         sop.file = "x"  # type: ignore[misc]
     with pytest.raises(TypeError):
         sop.output_schemas["A"] = None  # type: ignore[index]
-    with pytest.raises(Exception):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
         sop.spec.actions["A"].retries = 5  # type: ignore[misc]
     assert sop.output_schemas["A"]["properties"]["K"] == {"type": "integer"}

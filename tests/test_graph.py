@@ -52,8 +52,9 @@ def test_unbounded_cycle_is_found_once_per_component() -> None:
                 "  B: {prompt: b}\n  C: {prompt: c}\n",
                 "  X: {actions: [A], watch: [UserRequirement, B, C]}\n"
                 "  Y: {actions: [B, C], watch: [A], react_mode: by_order}\n")
-    from engine.errors import CompileError
     import pytest
+
+    from engine.errors import CompileError
 
     with pytest.raises(CompileError) as caught:
         compile_text(text)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
@@ -90,7 +91,14 @@ def test_remote_reference_is_never_fetched() -> None:
 
 def test_model_fields_are_schema_keys() -> None:
     defs = sop_schema.schema()["$defs"]
-    from engine.spec import ActionSpec, RoleSpec, PlannerSpec, InputSpec, LLMSpec, ArtifactSpec
+    from engine.spec import (
+        ActionSpec,
+        ArtifactSpec,
+        InputSpec,
+        LLMSpec,
+        PlannerSpec,
+        RoleSpec,
+    )
 
     pairs = {"action": ActionSpec, "role": RoleSpec, "planner": PlannerSpec, "input": InputSpec,
              "llm": LLMSpec, "artifact": ArtifactSpec}

@@ -7,7 +7,13 @@ from pathlib import Path
 import pytest
 
 from engine.errors import LoadError
-from engine.source import MAX_ALIASES, MAX_FILE_BYTES, iter_pointers, load_path, load_text
+from engine.source import (
+    MAX_ALIASES,
+    MAX_FILE_BYTES,
+    iter_pointers,
+    load_path,
+    load_text,
+)
 
 
 def _codes(text: str) -> list[str]:
