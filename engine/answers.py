@@ -13,7 +13,8 @@ Four kinds of answer (`CallSpec.kind`):
   prose and MetaGPT's `[CONTENT]` wrapper. Validation is strict: an invalid answer raises
   `InvalidAnswer`, whose message is shown to the model when it is asked again.
 - `text`: the answer, stripped; an empty answer is invalid.
-- `code`: the first fenced code block; an answer without one is invalid.
+- `code`: the first fenced code block (one left open at the end of a cut-off answer counts);
+  an answer without one is invalid.
 - `choice`: the first integer in the answer if it is a valid state, else -1. Never invalid.
 """
 
@@ -46,6 +47,7 @@ MAX_ECHO_CHARS = 6000
 _MAX_ERRORS = 5
 _SCHEMA_CACHE: dict[tuple[int, str], tuple[Any, Any]] = {}
 _CODE_BLOCK = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.S)
+_OPEN_BLOCK = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*)\Z", re.S)
 _INTEGER = re.compile(r"-?\d+")
 _HEADING = re.compile(r"^[ \t]{0,3}#{1,4}[ \t]+(.+?)[ \t]*:?[ \t]*#*[ \t]*$", re.M)
 _BULLET = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+(.*)$")
@@ -388,8 +390,12 @@ def _error_line(error: Any) -> str:
 
 
 def extract_code(text: str) -> str:
-    """The first fenced code block's body (any language tag)."""
-    match = _CODE_BLOCK.search(text)
+    """The first fenced code block's body (any language tag).
+
+    A block left open at the very end of the answer (cut off by `max_tokens`) is taken as it
+    is: asking again with the same limit would be cut at the same place.
+    """
+    match = _CODE_BLOCK.search(text) or _OPEN_BLOCK.search(text)
     if not match:
         raise InvalidAnswer("the answer holds no fenced code block: expected ```lang ... ```")
     code = match.group(2)

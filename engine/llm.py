@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator, Literal, Mapping, Protocol
 
 from . import answers
-from .errors import ActionFailed, BudgetExceeded, LLMError, ReplayDivergence
+from .errors import ActionFailed, BudgetExceeded, LLMError, ReplayDivergence, SopError
 
 __all__ = [
     "CallSpec",
@@ -395,6 +395,12 @@ class Gateway:
                 self._emit("retry", request, key, detail=exc.message)
                 await self.sleep(min(delay, self.backoff_max_s) * random.uniform(0.5, 1.0))
                 delay *= 2
+            except SopError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a provider's own bug: our error family
+                spec = request.spec
+                raise LLMError(f"model '{spec.model}' failed for action {spec.action}: "
+                               f"{type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _account(self, answer: ModelAnswer, result: CallResult) -> None:

@@ -174,6 +174,12 @@ def test_code_is_the_first_fenced_block_and_missing_block_is_reasked():
     assert "```python" in model.prompts()[0]
 
 
+def test_code_block_cut_off_at_the_end_is_taken_as_is():
+    assert answers.extract_code("Here:\n```python\ndef f():\n    return 1") == "def f():\n    return 1\n"
+    with pytest.raises(answers.InvalidAnswer, match="empty"):
+        answers.extract_code("```python\n   \n```")
+
+
 def test_text_kind_returns_the_answer_and_rejects_an_empty_one():
     gateway, _ = scripted("   ", "  A fine answer.\n")
     assert run(gateway, spec("text")).value == "A fine answer."
@@ -398,6 +404,15 @@ def test_events_tell_the_story_of_a_call():
     events.clear()
     run(again, spec())
     assert [e.kind for e in events] == ["reused", "invalid", "reused"]
+
+
+def test_a_provider_crash_becomes_an_llm_error():
+    def broken(call_spec, attempt):
+        raise KeyError("boom")
+
+    gateway = Gateway(providers={"scripted": ScriptedModel(broken)})
+    with pytest.raises(LLMError, match="model 'scripted' failed for action WritePRD: KeyError"):
+        run(gateway, spec())
 
 
 def test_bad_specs_are_clear_errors():
