@@ -36,11 +36,11 @@ def _models_accept(data: Any) -> bool:
     return True
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize("case", [c for c in CASES if _loadable(c) is not None],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_schema_and_models_agree(case: Path) -> None:
+    """Every case that loads as YAML (the others never reach either layer)."""
     data = _loadable(case)
-    if data is None:
-        pytest.skip("not loadable YAML: neither layer sees it")
     schema_ok = not sop_schema.validate(data)
     assert schema_ok == _models_accept(data)
     if case.parent.name == "valid":
