@@ -34,10 +34,11 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from .render import render_graph, report
 
     result = check_path(args.file)
-    if result.compiled is None:
+    if result.graph is not None:  # drawn even when a loop is unbounded: it shows the loop
+        print(render_graph(result.graph, args.format), end="")
+    if not result.ok:
         print(report([result], "text", False)[0], file=sys.stderr)
         return 1
-    print(render_graph(result.compiled.graph, args.format), end="")
     return 0
 
 

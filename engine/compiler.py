@@ -47,6 +47,9 @@ class CheckResult:
     compiled: CompiledSop | None = None
     lines: tuple[str, ...] = ()
     """The file's lines, for rendering the offending line under a diagnostic."""
+    graph: Any = None
+    """The watch graph whenever the checks got as far as building it, even if a later check
+    failed: `sopctl graph` still draws it, with the offending loop marked."""
 
     @property
     def ok(self) -> bool:
@@ -108,21 +111,24 @@ def _compiled(result: CheckResult) -> CompiledSop:
 
 
 def _check_source(source: Any) -> CheckResult:
-    found, compiled = _pipeline(source)
+    found, compiled, graph = _pipeline(source)
     located = sorted((_locate(d, source) for d in found), key=_order)
     if compiled is not None:
         compiled = replace(compiled, warnings=tuple(d for d in located if not d.is_error))
     return CheckResult(file=source.file, diagnostics=tuple(located), compiled=compiled,
-                       lines=tuple(source.lines))
+                       lines=tuple(source.lines), graph=graph)
 
 
-def _pipeline(source: Any) -> tuple[list[Diagnostic], CompiledSop | None]:
-    """Run the phases in order; stop after the first one with an error."""
+def _pipeline(source: Any) -> tuple[list[Diagnostic], CompiledSop | None, Any]:
+    """Run the phases in order; stop after the first one with an error.
+
+    Returns the diagnostics, the compiled SOP (None on error) and the watch graph (None when
+    an earlier phase failed)."""
     from . import checks
 
     spec, found = _structure(source.data)
     if spec is None:
-        return found, None
+        return found, None, None
     ctx = checks.Context(spec=spec)
     for phase in checks.PHASES:
         if phase == "graph":
@@ -131,8 +137,8 @@ def _pipeline(source: Any) -> tuple[list[Diagnostic], CompiledSop | None]:
             ctx.graph = build(spec)
         found += checks.run_phase(phase, ctx)
         if _has_error(found):
-            return found, None
-    return found, _make(spec, source, ctx.graph)
+            return found, None, ctx.graph
+    return found, _make(spec, source, ctx.graph), ctx.graph
 
 
 def _structure(data: dict[str, Any]) -> tuple[Sop | None, list[Diagnostic]]:

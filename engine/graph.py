@@ -202,7 +202,7 @@ def to_mermaid(graph: Any) -> str:
     on_cycle = _cycle_edges(cycles(graph))
     lines = ["flowchart LR"]
     for node, data in graph.nodes(data=True):
-        label = data["id"] if data["kind"] == "action" else f"{data['id']} ({data['name']})"
+        label = data["id"] if data["kind"] == "action" or data["name"] == data["id"] else f"{data['id']} ({data['name']})"
         if data.get("max_runs"):
             label += f" ≤{data['max_runs']}"
         shape = f'(["{label}"])' if data["kind"] == "action" else f'["{label}"]'

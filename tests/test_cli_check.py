@@ -109,3 +109,10 @@ def test_console_script_end_to_end() -> None:
         pytest.skip("sopctl console script not installed in this environment")
     result = subprocess.run([str(exe), "validate", ERROR], capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 1 and "error[SOP102]" in result.stdout
+
+
+def test_graph_is_drawn_for_an_unbounded_loop(capsys) -> None:
+    code, out, err = _run(capsys, "graph", str(CASES / "invalid" / "unbounded_cycle.sop.yaml"), "--format", "json")
+    data = json.loads(out)
+    assert code == 1 and "error[SOP301]" in err
+    assert [c["bounded"] for c in data["cycles"]] == [False]
