@@ -13,6 +13,9 @@ Why this shape:
   135M model cannot loop inside one string until it runs out of tokens; a tightened schema
   accepts only answers the original accepts, and the gateway validates every answer anyway
   (llama.cpp silently falls back to plain JSON for schemas it cannot convert).
+- A mild repeat penalty (`REPEAT_PENALTY`): greedy decoding under a grammar otherwise fills
+  every list with copies of one string until the list cap; with it answers are shorter,
+  more varied and about three times faster.
 - `n_threads=1`: on 2-core machines two threads were 10-100x slower (set
   `SOPCTL_LOCAL_THREADS` on bigger machines). `n_ctx=4096`; completions are capped at
   `MAX_TOKENS` so runs finish. One model per process, loaded lazily under a lock; every
@@ -46,6 +49,7 @@ __all__ = [
     "MAX_TOKENS",
     "MAX_STRING_CHARS",
     "MAX_LIST_ITEMS",
+    "REPEAT_PENALTY",
     "check_available",
     "model_path",
     "tighten_schema",
@@ -59,6 +63,8 @@ N_CTX = 4096
 MAX_TOKENS = 512
 MAX_STRING_CHARS = 400
 MAX_LIST_ITEMS = 5
+REPEAT_PENALTY = 1.1
+"""Without it the 135M model fills every list with copies of one string (and so runs long)."""
 _INSTALL_HINT = ("install it with `pip install 'sopctl[local]'` (or `make run`), or pass "
                  "`--model fake` / a hosted model like `--model openai/gpt-4o-mini`")
 
@@ -201,7 +207,8 @@ def run_local(messages: list[dict[str, Any]], params: dict[str, Any], llama: Any
         fitted = fit_messages(messages, N_CTX - max_tokens - 64, lambda t: len(llama.tokenize(t.encode("utf-8"), special=True)))
         response = llama.create_chat_completion(
             messages=fitted, response_format=_llama_format(params.get("response_format")),
-            temperature=float(params.get("temperature") or 0.0), max_tokens=max_tokens, seed=0)
+            temperature=float(params.get("temperature") or 0.0), max_tokens=max_tokens, seed=0,
+            repeat_penalty=REPEAT_PENALTY)
     usage = response.get("usage") or {}
     choice = response["choices"][0]
     return {"text": choice["message"].get("content") or "", "finish_reason": choice.get("finish_reason"),

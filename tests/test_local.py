@@ -76,6 +76,7 @@ def test_local_goes_through_litellm_to_the_llama_with_a_grammar(stand_in):
     sent = stand_in.calls[0]
     assert sent["response_format"] == {"type": "json_object", "schema": local.tighten_schema(SCHEMA)}
     assert sent["max_tokens"] == local.MAX_TOKENS and sent["temperature"] == 0.2
+    assert sent["repeat_penalty"] == local.REPEAT_PENALTY
     assert sent["messages"][0] == {"role": "system", "content": "You are Alice, a product manager."}
     assert '"Product Goals" (list of string): up to three clear goals' in sent["messages"][1]["content"]
 
