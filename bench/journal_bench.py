@@ -5,8 +5,8 @@ runs without and with the journal so that both see the same machine state, at 0 
 200 ms model latency (`SOPCTL_FAKE_LATENCY_MS`). Three variants are timed:
 
 - `none`: no journal at all (the baseline);
-- `journal`: the default tiered durability (paid answers, starts, completions and the end
-  fsynced before the run goes on; other events committed and fsynced with the next one);
+- `journal`: the default tiered durability (paid answers and the run's end fsynced before
+  the run goes on; other events committed, and fsynced with the next answer);
 - `fsync every write`: `SOPCTL_JOURNAL_SYNC=full`.
 
 At 0 ms the model costs nothing, so the ratio is the worst case: nearly all of it is the

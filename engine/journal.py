@@ -17,15 +17,18 @@ A journal lives at `<workspace>/.sopctl/journal.sqlite` and has three tables:
 the fact survives the death of the process (kill -9, OOM, Ctrl-C), whatever happens next.
 
 Durability against power loss is tiered, because an fsync costs milliseconds and a run
-writes dozens of events: the facts that cannot be re-created (a paid answer, the start,
-an action's completion, the end) are committed with `synchronous=FULL` (fsynced before the
-method returns); the other events (round/action started, LLM called, message published,
-logs) with `synchronous=NORMAL`, and become power-safe at the next FULL commit, which
-fsyncs the whole WAL. A power cut can so only drop a tail of events that resume
-re-creates by re-executing with the journaled answers. `SOPCTL_JOURNAL_SYNC=full` fsyncs
-every write (bench/journal_bench.py measures both). Secrets never reach the file: the journal stores only what events and
-answers carry, and also redacts the value of any secret-looking environment variable
-(`*_API_KEY`, `*_TOKEN`, ...) before writing.
+writes dozens of events. What cannot be re-created, a paid answer, is committed with
+`synchronous=FULL` (fsynced before the gateway goes on), and so is the run's end. Every
+other event is committed with `synchronous=NORMAL` and becomes power-safe at the next FULL
+commit, which fsyncs the whole WAL, everything before it included. A power cut can so only
+drop a tail of events written after the last paid answer; resume re-creates them by
+re-executing with the journaled answers, at no cost (a lost ActionCompleted just means the
+action runs again from its journaled answers). `SOPCTL_JOURNAL_SYNC=full` fsyncs every
+write (bench/journal_bench.py measures both).
+
+Secrets never reach the file: the journal stores only what events and answers carry, and
+also redacts the value of any secret-looking environment variable (`*_API_KEY`,
+`*_TOKEN`, ...) before writing.
 
 Testing aid: `SOPCTL_CRASH_AFTER_EVENT=N` makes the process die with `os._exit(137)` right
 after the N-th event written by this process is committed, and `SOPCTL_CRASH_AFTER_ANSWER=N`
@@ -83,7 +86,7 @@ CRASH_AFTER_EVENT_ENV = "SOPCTL_CRASH_AFTER_EVENT"
 CRASH_AFTER_ANSWER_ENV = "SOPCTL_CRASH_AFTER_ANSWER"
 _CRASH_EXIT = 137
 SYNC_ENV = "SOPCTL_JOURNAL_SYNC"
-_FSYNCED_EVENTS = frozenset({"RunStarted", "ActionCompleted", "RunEnded"})
+_FSYNCED_EVENTS = frozenset({"RunEnded"})
 """Events fsynced before `on_event` returns; answers always are (see the module docstring)."""
 _REDACTED = "[REDACTED]"
 _SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY)", re.I)

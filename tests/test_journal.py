@@ -94,7 +94,7 @@ def test_journal_settings_are_durable(tmp_path: Path) -> None:
 
 
 def test_durability_tiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Facts that cannot be re-created are fsynced; the rest ride on the next fsync."""
+    """Paid answers (and the end) are fsynced; the rest ride on the next fsync."""
     events = full_run()
     with new_journal(tmp_path) as journal:
         tiers = {type(e).__name__: journal.is_fsynced(e) for e in events}
@@ -104,8 +104,8 @@ def test_durability_tiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
             assert level == (2 if journal.is_fsynced(event) else 1), type(event).__name__
         journal.record("h", "A", StoredAnswer("t", 1, 1, 0.0))
         assert journal._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
-    assert tiers == {"RunStarted": True, "MessagePublished": False, "RoundStarted": False,
-                     "ActionStarted": False, "LLMCalled": False, "ActionCompleted": True,
+    assert tiers == {"RunStarted": False, "MessagePublished": False, "RoundStarted": False,
+                     "ActionStarted": False, "LLMCalled": False, "ActionCompleted": False,
                      "RunEnded": True}
     monkeypatch.setenv("SOPCTL_JOURNAL_SYNC", "full")
     with new_journal(tmp_path) as strict:
