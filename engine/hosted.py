@@ -47,7 +47,7 @@ def litellm_module() -> Any:
 
 
 _KEYISH = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.I)
-_KEY_SHAPES = re.compile(r"\b(sk|pk|rk|gsk|xai|hf|ghp|AIza)[-_A-Za-z0-9]{12,}")
+_KEY_SHAPES = re.compile(r"\b(?:(?:sk|pk|rk|gsk|xai|hf|ghp|github_pat)[-_][-_A-Za-z0-9]{12,}|AIza[-_A-Za-z0-9]{20,})")
 
 
 def redact(text: str) -> str:

@@ -282,6 +282,15 @@ def test_api_key_never_appears_in_errors(monkeypatch):
     assert SECRET not in str(info.value) and "***" in str(info.value)
 
 
+def test_redact_hides_key_values_and_key_shapes_but_not_words(monkeypatch):
+    from engine.hosted import redact
+
+    monkeypatch.setenv("MY_SERVICE_TOKEN", "plain-secret-value")
+    text = redact("token plain-secret-value, key sk-proj-abcdefghijklmnop, skateboard_championship_words")
+    assert "plain-secret-value" not in text and "sk-proj" not in text
+    assert "skateboard_championship_words" in text
+
+
 def test_request_hash_covers_the_request_and_never_the_key(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     request = ModelRequest(spec(), ({"role": "user", "content": "x"},), None)
