@@ -16,6 +16,7 @@ the start with the same answers, so the final state is:
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -439,12 +440,32 @@ def _sop_path(meta: dict[str, str], last: RunStarted) -> Path:
 
 
 def _compile(path: Path) -> Any:
+    """The run's SOP compiled again; an unreadable or now-invalid file is a usage error (2)."""
     from .compiler import compile_path
+    from .errors import LoadError
 
     try:
         return compile_path(path)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except LoadError as exc:
+        first = next((d for d in exc.diagnostics if d.is_error), None)
+        where = f"{first.file or path}:{first.line}:{first.col}: {first.message}" if first else exc.message
+        raise UsageError(f"the run's SOP file is no longer valid: {where}",
+                         f"see every problem with `sopctl validate {path}`") from None
+
+
+def _check_unchanged(origin: Origin, force: bool) -> None:
+    """Refuse to resume with an SOP file other than the one the run (last) started with."""
+    try:
+        digest = hashlib.sha256(origin.sop_path.read_bytes()).hexdigest()
+    except OSError as exc:
+        raise UsageError(f"cannot read {origin.sop_path}: {exc.strerror or exc}") from None
+    if digest != origin.last.sop_hash and not force:
+        raise JournalError(f"the SOP file {origin.sop_path} changed since the run started "
+                           f"(sha256 {origin.last.sop_hash[:12]} -> {digest[:12]})",
+                           "resuming with a different SOP may mix two pipelines; pass --force "
+                           "to do it anyway, or `sopctl run` it afresh")
 
 
 def _model_override(compiled: Any, recorded: str, explicit: str | None) -> str | None:
@@ -476,12 +497,8 @@ def resume_run(run_dir: str | Path, *, budget: float | None = None, rounds: int 
     """
     _check_numbers(rounds, budget)
     origin = read_origin(run_dir)
+    _check_unchanged(origin, force)
     compiled = _compile(origin.sop_path)
-    if compiled.source_hash != origin.last.sop_hash and not force:
-        raise JournalError(f"the SOP file {origin.sop_path} changed since the run started "
-                           f"(sha256 {origin.last.sop_hash[:12]} -> {compiled.source_hash[:12]})",
-                           "resuming with a different SOP may mix two pipelines; pass --force "
-                           "to do it anyway, or `sopctl run` it afresh")
     options = dict(model=_model_override(compiled, origin.last.model, model),
                    max_rounds=rounds or origin.last.max_rounds,
                    budget_usd=origin.last.budget_usd if budget is None else budget,

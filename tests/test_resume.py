@@ -243,3 +243,16 @@ def test_replay_of_an_interrupted_run_says_so(tmp_path: Path,
                                str(tmp_path / "replay"), "--format", "json")
     assert code == 1 and "replay diverged" in err and "was interrupted" in err
     assert result["reused_calls"] == 2 and result["llm_calls"] == 0
+
+
+def test_resume_with_an_sop_made_invalid_is_exit_2(model: CountingModel, tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    sop = tmp_path / "my.sop.yaml"
+    shutil.copy(SOP, sop)
+    run(capsys, tmp_path / "run", "--rounds", "1", sop=sop)
+    sop.write_text(SOP.read_text().replace("react_mode: by_order", "react_mode: by_orderr"))
+    code, _, err = sopctl(capsys, "resume", str(tmp_path / "run"))
+    assert code == 2 and "changed since the run started" in err
+    code, _, err = sopctl(capsys, "resume", str(tmp_path / "run"), "--force")
+    assert code == 2 and "no longer valid" in err and "my.sop.yaml:" in err
+    assert "sopctl validate" in err
