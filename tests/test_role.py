@@ -94,3 +94,46 @@ def test_memory_on_does_not_reprocess_the_roles_own_message(tmp_path: Path) -> N
     result = run_sop(sop_text(text.replace("memory: false", "memory: true")), gateway, tmp_path)
     assert gateway.actions() == ["Iterate"]
     assert result.status == "idle" and result.rounds == 1
+
+
+def test_roles_of_a_round_run_concurrently_and_publish_in_file_order(tmp_path: Path) -> None:
+    """The second role finishes first; the history still lists the first role's message first,
+    and neither saw the other's message in the same round (observed from the next round)."""
+    import asyncio
+
+    from engine.llm import CallResult
+
+    text = """
+apiVersion: sop/v1
+name: parallel
+inputs: {idea: {type: str}}
+actions:
+  Slow: {prompt: "slow", output: text, context: all}
+  Fast: {prompt: "fast", output: text, context: all}
+  Join: {prompt: "join", output: text, context: all, send_to: ["<none>"]}
+roles:
+  First: {actions: [Slow], watch: [UserRequirement]}
+  Second: {actions: [Fast], watch: [UserRequirement]}
+  Third: {actions: [Join], watch: [Slow, Fast]}
+"""
+
+    class Ordered(ScriptedGateway):
+        finished: list[str] = []
+
+        async def call(self, spec):  # type: ignore[no-untyped-def]
+            if spec.action == "Slow":
+                while "Fast" not in self.finished:
+                    await asyncio.sleep(0)
+            result: CallResult = await super().call(spec)
+            self.finished.append(spec.action)
+            return result
+
+    gateway = Ordered()
+    result = run_sop(sop_text(text), gateway, tmp_path)
+    assert gateway.finished == ["Fast", "Slow", "Join"]
+    assert [(h["round"], h["sent_from"]) for h in result.history] == \
+        [(0, "Human"), (1, "First"), (1, "Second"), (2, "Third")]
+    slow, fast = (next(r for r in gateway.requests if r.action == a) for a in ("Slow", "Fast"))
+    assert "### Slow" not in fast.prompt and "### Fast" not in slow.prompt
+    join = next(r for r in gateway.requests if r.action == "Join")
+    assert join.prompt.index("### Slow") < join.prompt.index("### Fast")
