@@ -20,6 +20,7 @@ import importlib.metadata
 import io
 import os
 import platform
+import re
 import sys
 import time
 import traceback
@@ -119,9 +120,19 @@ def _metagpt_version() -> str:
     return installed_version() or "not installed (run without --skip-metagpt)"
 
 
+def _verdict(value: float, target: str) -> str:
+    """'yes' / '**no**' for targets written `<= x`, `< x` or `~1` (within 15%); else blank."""
+    m = re.match(r"\s*(<=|<|~)\s*([0-9.]+)", target)
+    if not m:
+        return ""
+    op, bound = m.group(1), float(m.group(2))
+    ok = {"<=": value <= bound, "<": value < bound, "~": abs(value - bound) <= 0.15 * bound}[op]
+    return "yes" if ok else "**no**"
+
+
 def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
     """The headline table: every ratio with its target, from whichever benches produced one."""
-    rows = ["| figure | value | target |", "|---|---|---|"]
+    found: list[tuple[str, float, str]] = []
     res = {e["name"]: e.get("result") for e in entries if isinstance(e.get("result"), dict)}
     ratios = (res.get("compare") or {}).get("ratios") or {}
     labels = {
@@ -133,27 +144,26 @@ def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
         "cold_help": ("cold start `sopctl run --help` / `metagpt --help`", "< 1"),
         "cold_validate_vs_import": ("cold `sopctl validate` / importing MetaGPT's team", "< 1"),
     }
-    for key, (label, target) in labels.items():
-        if key in ratios:
-            rows.append(f"| {label} | **{ratios[key]:.3f}** | {target} |")
+    found += [(label, ratios[key], target) for key, (label, target) in labels.items() if key in ratios]
     if res.get("routing"):
         r = res["routing"]
-        rows.append(f"| routing: exponent of time vs messages ({r['roles']:,} roles, "
-                    f"{r['curve'][0]['messages']:,}-{r['curve'][-1]['messages']:,} messages) | "
-                    f"**{r['exponent']:.2f}** | 1.00 (linear) |")
-    titles = {name: title for name, _module, title in BENCHES}
-    titles.update(RATIO_LABELS)
+        found.append((f"routing: exponent of time vs messages ({r['roles']:,} roles, "
+                      f"{r['curve'][0]['messages']:,}-{r['curve'][-1]['messages']:,} messages)",
+                      r["exponent"], "~1 (linear)"))
     cpu = (((res.get("validate") or {}).get("cold") or {}).get("cpu") or {}).get("ratio")
     if isinstance(cpu, (int, float)):
-        rows.append(f"| cold `sopctl validate` / bare imports of pydantic, jinja2, networkx (CPU) "
-                    f"| **{cpu:.3f}** | <= 2 |")
+        found.append(("cold `sopctl validate` / bare imports of pydantic, jinja2, networkx (CPU)", cpu, "<= 2"))
+    titles = {name: title for name, _module, title in BENCHES}
+    titles.update(RATIO_LABELS)
     for name, result in res.items():
         if name not in ("compare", "routing") and result and isinstance(result.get("ratio"), (int, float)):
             target = result.get("target", "")
             target = f"<= {target}" if isinstance(target, (int, float)) else str(target)
-            label = result.get("ratio_label") or titles[name]
-            rows.append(f"| {label} | **{result['ratio']:.3f}** | {target} |")
-    return rows if len(rows) > 2 else []
+            found.append((result.get("ratio_label") or titles[name], result["ratio"], target))
+    if not found:
+        return []
+    return ["| figure | value | target | met |", "|---|---|---|---|"] + [
+        f"| {label} | **{value:.3f}** | {target} | {_verdict(value, target)} |" for label, value, target in found]
 
 
 def render(entries: list[dict[str, Any]], info: dict[str, str], argv: list[str]) -> str:

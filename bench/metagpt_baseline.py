@@ -26,6 +26,7 @@ CACHE = BENCH_DIR / ".cache"
 VENV = CACHE / "metagpt-venv"
 RUNNER = BENCH_DIR / "metagpt_fake_llm.py"
 _MARKER = VENV / ".installed-ok"
+RUN_TIMEOUT_S = 600
 # typer 0.9.0 (pinned by MetaGPT) breaks with click >= 8.2 ("Secondary flag is not valid"),
 # so `metagpt --help` needs the click of its day. Changing the recipe re-runs the install.
 _EXTRA_PINS = ["click<8.2"]
@@ -109,7 +110,9 @@ def run_team(files: int, latency_ms: float, idea: str = "a command-line 2048 gam
         env = _offline_env(scratch)
         cmd = [str(venv_python()), str(RUNNER), "--files", str(files), "--latency-ms",
                str(latency_ms), "--idea", idea, "--root", env["METAGPT_PROJECT_ROOT"]]
-        proc = subprocess.run(cmd, env=env, cwd=scratch / "root", capture_output=True, text=True)
+        # A malformed answer would make MetaGPT retry with random waits; never hang the bench.
+        proc = subprocess.run(cmd, env=env, cwd=scratch / "root", capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S)
         if proc.returncode != 0:
             raise RuntimeError(f"MetaGPT run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
         result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -127,7 +130,7 @@ def cold_start() -> dict[str, float]:
         cwd = env["METAGPT_PROJECT_ROOT"]
         help_s = _timed([str(VENV / "bin" / "metagpt"), "--help"], env, cwd)
         import_s = _timed([str(venv_python()), "-c", "import metagpt.software_company, "
-                           "metagpt.roles, metagpt.team"], env, cwd)
+                           "metagpt.provider.openai_api, metagpt.roles, metagpt.team"], env, cwd)
     return {"help_s": help_s, "import_s": import_s}
 
 
