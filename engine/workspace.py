@@ -52,17 +52,19 @@ class Workspace:
             raise WorkspaceError(f"workspace {self.root} is not a folder")
 
     def confine(self, rel: str) -> Path:
-        """The absolute path of `rel` inside the workspace, or WorkspaceError naming it."""
+        """The absolute path of `rel` inside the workspace, or WorkspaceError naming it.
+
+        One `realpath` does the symlink check: with no symlink on the way it equals the
+        lexical path (the root is already resolved), so any difference is a symlink, and
+        any symlink is refused, whether it leads outside or not.
+        """
         _check_syntax(rel)
         target = self.root.joinpath(*PurePosixPath(rel).parts)
-        current = self.root
-        for part in PurePosixPath(rel).parts:
-            current = current / part
-            if current.is_symlink():
-                raise WorkspaceError(f"artifact path '{rel}' goes through a symlink ({part}); refused")
-        resolved = target.resolve()
-        if resolved != self.root and self.root not in resolved.parents:
-            raise WorkspaceError(f"artifact path '{rel}' leaves the workspace; refused")
+        real = Path(os.path.realpath(target))
+        if real != target:
+            outside = real != self.root and self.root not in real.parents
+            where = " and leads outside the workspace" if outside else ""
+            raise WorkspaceError(f"artifact path '{rel}' goes through a symlink{where}; refused")
         return target
 
     def write(self, rel: str, content: str) -> WrittenFile:
@@ -75,8 +77,9 @@ class Workspace:
         if target.is_file() and _file_sha256(target) == digest:
             return WrittenFile(norm, digest, changed=False)
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            self.confine(rel)  # a folder created meanwhile must not be a symlink either
+            if not target.parent.is_dir():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                self.confine(rel)  # a folder created meanwhile must not be a symlink either
             _atomic_write(target, content)
         except OSError as exc:
             raise WorkspaceError(f"cannot write artifact '{rel}': {exc.strerror or exc}") from None
