@@ -80,6 +80,11 @@ def _template(source: str) -> Template:
     return environment().from_string(source)
 
 
+@lru_cache(maxsize=256)
+def _expression(source: str) -> Callable[..., Any]:
+    return environment().compile_expression(source, undefined_to_none=False)
+
+
 def render(source: str, variables: dict[str, Any], limit: int = MAX_RENDERED_CHARS) -> str:
     """`prompts.render` with each template compiled once per process, not once per call.
 
@@ -203,7 +208,7 @@ def _for_each_items(action_id: str, action: ActionSpec, variables: dict[str, Any
     match = re.fullmatch(r"\{\{(.*)\}\}", source, re.S)
     expression = match.group(1) if match else source
     try:
-        value = environment().compile_expression(expression, undefined_to_none=False)(**variables)
+        value = _expression(expression)(**variables)
     except Exception as exc:  # noqa: BLE001 - any jinja/sandbox failure is the action's
         raise ActionFailed(action_id, f"for_each expression failed: {type(exc).__name__}: {exc}") from None
     if isinstance(value, tuple):
