@@ -48,7 +48,6 @@ class Role:
         self.memory = Memory()
         self.inbox: list[Message] = []
         self.runs: Counter[str] = Counter()
-        self.state = "idle"
         self._round = 0
         self._seq = 0
 
@@ -98,10 +97,7 @@ class Role:
             return []
         self._round, self._seq = round_, 0
         made: list[Message] = []
-        try:
-            await self._react(news, made)
-        finally:
-            self.state = "done"
+        await self._react(news, made)
         return self._to_publish(made)
 
     def _to_publish(self, made: list[Message]) -> list[Message]:
@@ -133,7 +129,6 @@ class Role:
 
     async def _think(self, previous: int) -> int:
         """Ask the model for the next state; anything but a valid number ends the cycle."""
-        self.state = "thinking"
         actions = self.spec.actions
         llm = resolve_llm(self.ctx.compiled, self.id, actions[0], self.ctx.model_override)
         spec = CallSpec(action=actions[previous] if previous >= 0 else actions[0], role=self.id,
@@ -197,7 +192,6 @@ class Role:
         record = self.completed.completed(key) if self.completed else None
         if record is not None:
             return self._reuse(record, made)
-        self.state = f"running {action_id}"
         self.ctx.emit(ActionStarted(round=self._round, role=self.id, action=action_id, key=key))
         variables = template_variables(self.ctx, self.id, self.memory, news, self._round)
         result = await execute_action(self.ctx, self.id, action_id, self.memory,
