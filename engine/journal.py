@@ -58,8 +58,8 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 from . import __version__
-from .errors import JournalError
 from . import events as _events
+from .errors import JournalError
 from .events import ActionCompleted, RunEvent, RunStarted, event_type
 from .llm import StoredAnswer
 
@@ -160,10 +160,11 @@ def decode_event(row: EventRow) -> RunEvent:
         raise JournalError(f"journal event {row.seq} has an unknown type {row.type!r}",
                            "the journal was written by a newer sopctl; upgrade sopctl")
     try:
-        return cls(**row.data)
+        event: RunEvent = cls(**row.data)
     except TypeError as exc:
         raise JournalError(f"journal event {row.seq} ({row.type}) does not match this sopctl: {exc}",
                            "the journal was written by another sopctl version") from None
+    return event
 
 
 # --- sqlite errors -> JournalError ------------------------------------------------------
@@ -509,7 +510,10 @@ class Journal:
             row = self._conn.execute(
                 "SELECT text, prompt_tokens, completion_tokens, cost_usd, model, seconds "
                 "FROM answers WHERE request_hash = ?", (request_hash,)).fetchone()
-        return None if row is None else StoredAnswer(*row[:4], model=row[4], seconds=row[5])
+        if row is None:
+            return None
+        text, prompt_tokens, completion_tokens, cost, model, seconds = row
+        return StoredAnswer(text, prompt_tokens, completion_tokens, cost, model=model, seconds=seconds)
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         """Store a model answer (the first answer for a request wins), durably."""

@@ -21,11 +21,31 @@ import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import JournalError, SopError, UsageError
-from .journal import JOURNAL_DIR, JOURNAL_FILE, EventRow, Journal, ReplayStore, decode_event, writer_active
-from .events import ActionCompleted, ActionStarted, LLMCalled, MessagePublished, RoundStarted, RunEnded, RunStarted
+from .events import (
+    ActionCompleted,
+    ActionStarted,
+    LLMCalled,
+    MessagePublished,
+    RoundStarted,
+    RunEnded,
+    RunStarted,
+)
+from .journal import (
+    JOURNAL_DIR,
+    JOURNAL_FILE,
+    EventRow,
+    Journal,
+    ReplayStore,
+    decode_event,
+    writer_active,
+)
+
+if TYPE_CHECKING:
+    from .compiler import CompiledSop
+    from .team import RunResult
 
 __all__ = ["ActionStats", "ActionRecord", "RunState", "read_run", "rebuild", "find_runs",
            "list_runs", "runs_json", "result_object", "render_show", "render_runs", "Origin",
@@ -439,7 +459,7 @@ def _sop_path(meta: dict[str, str], last: RunStarted) -> Path:
                        "put the file back where it was (or run from the folder the run started in)")
 
 
-def _compile(path: Path) -> Any:
+def _compile(path: Path) -> CompiledSop:
     """The run's SOP compiled again; an unreadable or now-invalid file is a usage error (2)."""
     from .compiler import compile_path
     from .errors import LoadError
@@ -468,7 +488,7 @@ def _check_unchanged(origin: Origin, force: bool) -> None:
                            "to do it anyway, or `sopctl run` it afresh")
 
 
-def _model_override(compiled: Any, recorded: str, explicit: str | None) -> str | None:
+def _model_override(compiled: CompiledSop, recorded: str, explicit: str | None) -> str | None:
     """`--model` if given; else the recorded model only if today's default would differ.
 
     Passing the recorded model as an override when it *is* the default would also override
@@ -489,7 +509,7 @@ def _check_numbers(rounds: int | None, budget: float | None) -> None:
 
 def resume_run(run_dir: str | Path, *, budget: float | None = None, rounds: int | None = None,
                model: str | None = None, allow_exec: bool = False, force: bool = False,
-               observers: tuple[Any, ...] = ()) -> Any:
+               observers: tuple[Any, ...] = ()) -> RunResult:
     """Continue a run in its own workspace: same run id, completed actions and answers reused.
 
     Refuses (JournalError) when the SOP file changed since the run (last) started, unless
@@ -499,18 +519,22 @@ def resume_run(run_dir: str | Path, *, budget: float | None = None, rounds: int 
     origin = read_origin(run_dir)
     _check_unchanged(origin, force)
     compiled = _compile(origin.sop_path)
-    options = dict(model=_model_override(compiled, origin.last.model, model),
-                   max_rounds=rounds or origin.last.max_rounds,
-                   budget_usd=origin.last.budget_usd if budget is None else budget,
-                   workspace=str(Path(run_dir).resolve()), allow_exec=allow_exec,
-                   run_id=origin.first.run_id)
-    journal_for = lambda ws: Journal.for_run(ws, compiled, force=force)  # noqa: E731
+    options: dict[str, Any] = {
+        "model": _model_override(compiled, origin.last.model, model),
+        "max_rounds": rounds or origin.last.max_rounds,
+        "budget_usd": origin.last.budget_usd if budget is None else budget,
+        "workspace": str(Path(run_dir).resolve()), "allow_exec": allow_exec,
+        "run_id": origin.first.run_id,
+    }
+    def journal_for(ws: Path) -> Journal:
+        return Journal.for_run(ws, compiled, force=force)
+
     result = _run(compiled, origin.first.inputs, options, journal_for, observers)
     _add_earlier_artifacts(result, run_dir)
     return result
 
 
-def _add_earlier_artifacts(result: Any, run_dir: str | Path) -> None:
+def _add_earlier_artifacts(result: RunResult, run_dir: str | Path) -> None:
     """Actions reused from the journal wrote their files earlier: list those too."""
     root = Path(run_dir)
     earlier = {p for p in read_run(root).artifacts if (root / p).is_file()}
@@ -518,7 +542,7 @@ def _add_earlier_artifacts(result: Any, run_dir: str | Path) -> None:
 
 
 def replay_run(run_dir: str | Path, out: str | Path, *, allow_exec: bool = False,
-               observers: tuple[Any, ...] = ()) -> tuple[Any, bool]:
+               observers: tuple[Any, ...] = ()) -> tuple[RunResult, bool]:
     """Run the SOP again in `out` with every answer from `run_dir`'s journal; no model called.
 
     Returns (RunResult, diverged): diverged is True when the run asked for a request the
@@ -531,10 +555,12 @@ def replay_run(run_dir: str | Path, out: str | Path, *, allow_exec: bool = False
     if (target / JOURNAL_DIR / JOURNAL_FILE).exists():
         raise UsageError(f"{out} already holds a run", "replay into a new or empty folder")
     compiled = _compile(origin.sop_path)
-    options = dict(model=_model_override(compiled, origin.last.model, None),
-                   max_rounds=origin.last.max_rounds, budget_usd=origin.last.budget_usd,
-                   workspace=str(target), allow_exec=allow_exec, run_id=origin.first.run_id,
-                   replay=True)
+    options: dict[str, Any] = {
+        "model": _model_override(compiled, origin.last.model, None),
+        "max_rounds": origin.last.max_rounds, "budget_usd": origin.last.budget_usd,
+        "workspace": str(target), "allow_exec": allow_exec, "run_id": origin.first.run_id,
+        "replay": True,
+    }
     with Journal.open(run_dir) as source:
         stores: list[ReplayStore] = []
 
@@ -547,8 +573,9 @@ def replay_run(run_dir: str | Path, out: str | Path, *, allow_exec: bool = False
     return result, bool(stores and stores[0].misses)
 
 
-def _run(compiled: Any, inputs: dict[str, Any], options: dict[str, Any], journal_for: Any,
-         observers: tuple[Any, ...], stores: list[ReplayStore] | None = None) -> Any:
+def _run(compiled: CompiledSop, inputs: dict[str, Any], options: dict[str, Any],
+         journal_for: Callable[[Path], Journal], observers: tuple[Any, ...],
+         stores: list[ReplayStore] | None = None) -> RunResult:
     """Prepare the team, open its journal, attach it (and a replay store), run to the end."""
     import asyncio
 
@@ -578,7 +605,7 @@ def progress_display(origin: Origin) -> Any:
     return make_display(roles)
 
 
-def print_result(result: Any, fmt: str) -> int:
+def print_result(result: RunResult, fmt: str) -> int:
     """Print a RunResult as `sopctl run` does; the exit code of its status (contract §6)."""
     import json
     import sys

@@ -129,7 +129,7 @@ def test_show_marks_a_run_whose_writer_is_alive(tmp_path: Path,
         journal.on_event(RunStarted(run_id="r", sop_file="x", sop_name="x", sop_hash="a" * 64,
                                     inputs={}, model="fake", engine_version="0", workspace="w",
                                     max_rounds=1, budget_usd=0.0))
-        code, out, _ = cli(capsys, "show", str(tmp_path), "--format", "json")
+        _, out, _ = cli(capsys, "show", str(tmp_path), "--format", "json")
         assert json.loads(out)["status"] == "running"
-    code, out, _ = cli(capsys, "show", str(tmp_path), "--format", "json")
+    _, out, _ = cli(capsys, "show", str(tmp_path), "--format", "json")
     assert json.loads(out)["status"] == "interrupted"
