@@ -245,3 +245,20 @@ def test_unwritable_journal_then_resume(baseline: dict[str, Any], tmp_path: Path
     assert read_run(ws).status == "interrupted"
     resumed = sopctl("resume", str(ws), "--format", "json")
     assert_same_as_baseline(ws, resumed, baseline, kind)
+
+
+def test_torn_tail_of_the_wal_loses_only_the_last_commit(baseline: dict[str, Any],
+                                                        tmp_path: Path) -> None:
+    """A write cut mid-way (power cut) leaves a torn WAL frame: SQLite's checksums drop it,
+    the journal reads as of the commit before, and resume still completes the run."""
+    ws = tmp_path / "run"
+    assert sopctl(*run_args(ws), env={"SOPCTL_CRASH_AFTER_EVENT": "20"}).returncode == 137
+    wal = journal_path(ws).with_name("journal.sqlite-wal")
+    assert wal.is_file() and wal.stat().st_size > 4096
+    before = len(read_run(ws).history)
+    with wal.open("r+b") as handle:
+        handle.truncate(wal.stat().st_size - 100)
+    torn = read_run(ws)
+    assert torn.status == "interrupted" and len(torn.history) <= before
+    resumed = sopctl("resume", str(ws), "--format", "json")
+    assert_same_as_baseline(ws, resumed, baseline, "torn WAL")
