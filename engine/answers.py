@@ -106,7 +106,8 @@ def _instructions(spec: CallSpec, schema_mode: bool) -> str:
 def _json_instructions(spec: CallSpec, schema_mode: bool) -> str:
     schema = spec.schema or {}
     mode = "schema" if schema_mode else spec.format
-    return _per_schema(schema, f"instructions:{mode}", lambda: _build_json_instructions(schema, mode))
+    text: str = _per_schema(schema, f"instructions:{mode}", lambda: _build_json_instructions(schema, mode))
+    return text
 
 
 def _per_schema(schema: dict[str, Any], purpose: str, build: Callable[[], Any]) -> Any:
@@ -257,7 +258,8 @@ def parse_json_object(text: str) -> dict[str, Any]:
     for start in starts:
         try:
             value, _ = decoder.raw_decode(body, start)
-            return value
+            if isinstance(value, dict):
+                return value
         except json.JSONDecodeError as exc:
             first_error = first_error or exc
     assert first_error is not None
@@ -364,7 +366,7 @@ def _bullets(body: str) -> list[str] | None:
 
 @lru_cache(maxsize=256)
 def _validator(schema_json: str) -> Any:
-    from jsonschema import Draft202012Validator
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
     from referencing import Registry
 
     schema = json.loads(schema_json)
@@ -374,7 +376,7 @@ def _validator(schema_json: str) -> Any:
 
 def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:
     """Up to five readable validation errors (`at /Key/0: ...`); empty when `value` is valid."""
-    from jsonschema.exceptions import relevance
+    from jsonschema.exceptions import relevance  # type: ignore[import-untyped]
 
     validator = _per_schema(schema, "validator", lambda: _validator(json.dumps(schema, sort_keys=True)))
     if validator.is_valid(value):

@@ -86,7 +86,7 @@ class CallSpec:
     prompt: str                      # rendered prompt, declared context included
     kind: CallKind                   # json: fill `schema`; text; code: first fenced block; choice
     model: str                       # resolved model name: "fake", "local" or a litellm string
-    schema: dict | None = None       # JSON Schema of the output (kind json)
+    schema: dict[str, Any] | None = None  # JSON Schema of the output (kind json)
     code_lang: str | None = None     # kind code
     format: Literal["json", "markdown"] = "json"
     retries: int = 2                 # re-asks after an invalid answer, error shown to the model

@@ -133,11 +133,11 @@ def _handler_class() -> type:
     class SmolLMHandler(litellm.CustomLLM):  # type: ignore[name-defined,misc]
         """litellm → llama.cpp: messages and optional params in, a ModelResponse out."""
 
-        def completion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> Any:
+        def completion(self, model: str, messages: list[Any], *args: Any, **kwargs: Any) -> Any:
             params = _params(args, kwargs)
             return _fill(_model_response(args, kwargs), run_local(messages, params))
 
-        async def acompletion(self, model: str, messages: list, *args: Any, **kwargs: Any) -> Any:
+        async def acompletion(self, model: str, messages: list[Any], *args: Any, **kwargs: Any) -> Any:
             params = _params(args, kwargs)
             out = await asyncio.to_thread(run_local, messages, params)
             return _fill(_model_response(args, kwargs), out)
@@ -150,13 +150,13 @@ def _handler_class() -> type:
 _MODEL_RESPONSE_POS, _OPTIONAL_PARAMS_POS = 2, 7
 
 
-def _params(args: tuple, kwargs: dict) -> dict[str, Any]:
+def _params(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     if "optional_params" in kwargs:
         return dict(kwargs["optional_params"] or {})
     return dict(args[_OPTIONAL_PARAMS_POS] or {}) if len(args) > _OPTIONAL_PARAMS_POS else {}
 
 
-def _model_response(args: tuple, kwargs: dict) -> Any:
+def _model_response(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if "model_response" in kwargs:
         return kwargs["model_response"]
     return args[_MODEL_RESPONSE_POS]
