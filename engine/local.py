@@ -9,16 +9,19 @@ Why this shape:
   hosted model: same response objects, same usage accounting, same gateway code.
 - Output is constrained by the action's JSON Schema (`response_format={"type": "json_object",
   "schema": ...}` in `create_chat_completion`, a llama.cpp grammar). The schema is tightened
-  first (strings at most `MAX_STRING_CHARS`, lists at most `MAX_LIST_ITEMS`) so that a
-  135M model cannot loop inside one string until it runs out of tokens; a tightened schema
-  accepts only answers the original accepts, and the gateway validates every answer anyway
-  (llama.cpp silently falls back to plain JSON for schemas it cannot convert).
+  first so that even the longest answer the grammar allows fits in `MAX_JSON_TOKENS`: lists
+  get at most `MAX_LIST_ITEMS` items and every free string one shared `maxLength` (the
+  token budget shared among all the strings the answer can hold, between
+  `MIN_STRING_CHARS` and `MAX_STRING_CHARS`). Without that, a 12-key PRD was cut off by the
+  token cap mid-JSON and failed after every re-ask. A tightened schema accepts only
+  answers the original accepts, and the gateway validates every answer anyway (llama.cpp
+  silently falls back to plain JSON for schemas it cannot convert).
 - A mild repeat penalty (`REPEAT_PENALTY`): greedy decoding under a grammar otherwise fills
   every list with copies of one string until the list cap; with it answers are shorter,
   more varied and about three times faster.
 - `n_threads=1`: on 2-core machines two threads were 10-100x slower (set
-  `SOPCTL_LOCAL_THREADS` on bigger machines). `n_ctx=4096`; completions are capped at
-  `MAX_TOKENS` so runs finish. One model per process, loaded lazily under a lock; every
+  `SOPCTL_LOCAL_THREADS` on bigger machines). `n_ctx=4096`; free-text and code answers
+  are capped at `MAX_TOKENS`, structured ones at `MAX_JSON_TOKENS`, so runs finish. One model per process, loaded lazily under a lock; every
   inference holds that lock (llama.cpp contexts are not thread-safe) and runs in a worker
   thread (`asyncio.to_thread`) so the event loop keeps going.
 - Prompts that do not fit keep the system prompt whole and the START and the END of the
@@ -36,7 +39,7 @@ import importlib.util
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import LLMError, RunError
 from .hosted import LiteLLMProvider, litellm_module
@@ -47,6 +50,7 @@ __all__ = [
     "LITELLM_MODEL",
     "N_CTX",
     "MAX_TOKENS",
+    "MAX_JSON_TOKENS",
     "MAX_STRING_CHARS",
     "MAX_LIST_ITEMS",
     "REPEAT_PENALTY",
@@ -61,8 +65,14 @@ PROVIDER = "sopctl-local"
 LITELLM_MODEL = f"{PROVIDER}/smollm2-135m-instruct"
 N_CTX = 4096
 MAX_TOKENS = 512
+"""Cap on a free-text or code answer (a 135M model rambles until it is stopped)."""
+MAX_JSON_TOKENS = 1024
+"""Cap on a structured answer; the schema is tightened so that every answer fits in it."""
 MAX_STRING_CHARS = 400
-MAX_LIST_ITEMS = 5
+MIN_STRING_CHARS = 24
+MAX_LIST_ITEMS = 3
+CHARS_PER_TOKEN = 2.5
+"""Conservative: English runs at about 4 characters a token, JSON punctuation at fewer."""
 REPEAT_PENALTY = 1.1
 """Without it the 135M model fills every list with copies of one string (and so runs long)."""
 _INSTALL_HINT = ("install it with `pip install 'sopctl[local]'` (or `make run`), or pass "
@@ -202,11 +212,13 @@ def _threads() -> int:
 def run_local(messages: list[dict[str, Any]], params: dict[str, Any], llama: Any = None) -> dict[str, Any]:
     """One blocking chat completion (call it from a worker thread); serialized by a lock."""
     llama = llama if llama is not None else _llama()
-    max_tokens = min(int(params.get("max_tokens") or MAX_TOKENS), MAX_TOKENS)
+    rformat = params.get("response_format")
+    cap = MAX_JSON_TOKENS if isinstance(rformat, dict) else MAX_TOKENS
+    max_tokens = min(int(params.get("max_tokens") or cap), cap)
     with _RUN_LOCK:
         fitted = fit_messages(messages, N_CTX - max_tokens - 64, lambda t: len(llama.tokenize(t.encode("utf-8"), special=True)))
         response = llama.create_chat_completion(
-            messages=fitted, response_format=_llama_format(params.get("response_format")),
+            messages=fitted, response_format=_llama_format(rformat, max_tokens),
             temperature=float(params.get("temperature") or 0.0), max_tokens=max_tokens, seed=0,
             repeat_penalty=REPEAT_PENALTY)
     usage = response.get("usage") or {}
@@ -216,35 +228,84 @@ def run_local(messages: list[dict[str, Any]], params: dict[str, Any], llama: Any
             "completion_tokens": int(usage.get("completion_tokens", 0))}
 
 
-def _llama_format(response_format: Any) -> dict[str, Any] | None:
-    """OpenAI `json_schema` → llama.cpp `json_object` with a tightened schema."""
-    if not isinstance(response_format, dict):
+def _llama_format(response_format: Any, max_tokens: int) -> dict[str, Any] | None:
+    """OpenAI `json_schema` (or llama's `json_object`) → `json_object` with a tightened schema."""
+    if not isinstance(response_format, dict) or response_format.get("type") not in ("json_schema", "json_object"):
         return None
+    schema = response_format.get("schema")
     if response_format.get("type") == "json_schema":
         schema = (response_format.get("json_schema") or {}).get("schema")
-        return {"type": "json_object", "schema": tighten_schema(schema)} if schema else {"type": "json_object"}
-    if response_format.get("type") == "json_object":
-        schema = response_format.get("schema")
-        return {"type": "json_object", **({"schema": tighten_schema(schema)} if schema else {})}
-    return None
+    if not schema:
+        return {"type": "json_object"}
+    return {"type": "json_object", "schema": tighten_schema(schema, max_tokens)}
 
 
-def tighten_schema(schema: Any) -> Any:
-    """Bound every string and list so a small model's output stays finite (see module doc)."""
+def tighten_schema(schema: Any, max_tokens: int = MAX_JSON_TOKENS) -> Any:
+    """Bound every list and string so that even the longest answer the grammar allows fits
+    in `max_tokens` (see module doc): lists get `maxItems`, strings one shared `maxLength`."""
+    shaped = _bound_lists(schema)
+    slots, overhead = _size(shaped)
+    room = int(max_tokens * CHARS_PER_TOKEN) - overhead
+    length = max(MIN_STRING_CHARS, min(MAX_STRING_CHARS, room // max(slots, 1)))
+    return _bound_strings(shaped, length)
+
+
+def _map_schema(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """Apply `change` to every subschema, bottom-up, dropping descriptions (they are prompt text)."""
     if isinstance(schema, list):
-        return [tighten_schema(s) for s in schema]
+        return [_map_schema(s, change) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: (tighten_schema(v) if k in ("items", "anyOf", "oneOf", "allOf", "additionalProperties") else v)
+    out = {k: (_map_schema(v, change) if k in _SUBSCHEMAS else v)
            for k, v in schema.items() if k != "description"}
     if isinstance(schema.get("properties"), dict):
-        out["properties"] = {k: tighten_schema(v) for k, v in schema["properties"].items()}
-    if out.get("type") == "string" and "enum" not in out and "const" not in out:
-        out["maxLength"] = min(out.get("maxLength", MAX_STRING_CHARS), MAX_STRING_CHARS)
-    if out.get("type") == "array":
-        cap = max(MAX_LIST_ITEMS, out.get("minItems", 0))
-        out["maxItems"] = min(out.get("maxItems", cap), cap)
-    return out
+        out["properties"] = {k: _map_schema(v, change) for k, v in schema["properties"].items()}
+    return change(out)
+
+
+_SUBSCHEMAS = ("items", "anyOf", "oneOf", "allOf", "additionalProperties")
+
+
+def _bound_lists(schema: Any) -> Any:
+    def change(node: dict[str, Any]) -> dict[str, Any]:
+        if node.get("type") == "array":
+            cap = max(MAX_LIST_ITEMS, node.get("minItems", 0))
+            node["maxItems"] = min(node.get("maxItems", cap), cap)
+        return node
+
+    return _map_schema(schema, change)
+
+
+def _bound_strings(schema: Any, length: int) -> Any:
+    def change(node: dict[str, Any]) -> dict[str, Any]:
+        if node.get("type") == "string" and "enum" not in node and "const" not in node:
+            node["maxLength"] = max(min(node.get("maxLength", length), length), node.get("minLength", 0))
+        return node
+
+    return _map_schema(schema, change)
+
+
+def _size(schema: Any) -> tuple[int, int]:
+    """(free strings, characters of keys and punctuation) of the largest answer allowed."""
+    if not isinstance(schema, dict):
+        return 0, 0
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if options:
+        return max((_size(o) for o in options), default=(0, 0))
+    if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
+        return 1, 4
+    if schema.get("type") == "array":
+        slots, overhead = _size(schema.get("items"))
+        count = schema.get("maxItems", MAX_LIST_ITEMS)
+        return slots * count, overhead * count + 4
+    slots, overhead = 0, 8
+    children = list((schema.get("properties") or {}).items())
+    if isinstance(schema.get("additionalProperties"), dict):
+        children.append(("key" * 4, schema["additionalProperties"]))
+    for key, sub in children:
+        sub_slots, sub_overhead = _size(sub)
+        slots, overhead = slots + sub_slots, overhead + sub_overhead + len(key) + 6
+    return slots, overhead
 
 
 def fit_messages(messages: list[dict[str, Any]], budget: int, count: Any) -> list[dict[str, Any]]:

@@ -74,8 +74,9 @@ def test_local_goes_through_litellm_to_the_llama_with_a_grammar(stand_in):
     assert result.value == instance(SCHEMA)
     assert (result.prompt_tokens, result.completion_tokens, result.cost_usd) == (42, 7, 0.0)
     sent = stand_in.calls[0]
-    assert sent["response_format"] == {"type": "json_object", "schema": local.tighten_schema(SCHEMA)}
-    assert sent["max_tokens"] == local.MAX_TOKENS and sent["temperature"] == 0.2
+    assert sent["response_format"] == {"type": "json_object",
+                                       "schema": local.tighten_schema(SCHEMA, local.MAX_JSON_TOKENS)}
+    assert sent["max_tokens"] == local.MAX_JSON_TOKENS and sent["temperature"] == 0.2
     assert sent["repeat_penalty"] == local.REPEAT_PENALTY
     assert sent["messages"][0] == {"role": "system", "content": "You are Alice, a product manager."}
     assert '"Product Goals" (list of string): up to three clear goals' in sent["messages"][1]["content"]
@@ -113,15 +114,48 @@ def test_missing_extra_says_exactly_how_to_install(monkeypatch):
         assert "--model fake" in message and "--model openai/gpt-4o-mini" in message
 
 
-def test_tightened_schema_bounds_strings_and_lists_and_only_narrows():
+def _largest(schema):
+    """The longest answer a tightened schema allows: full lists, strings at maxLength."""
+    if schema.get("enum"):
+        return max(schema["enum"], key=lambda v: len(json.dumps(v)))
+    if "anyOf" in schema:
+        return max((_largest(o) for o in schema["anyOf"]), key=lambda v: len(json.dumps(v)))
+    kind = schema.get("type")
+    if kind == "object":
+        return {k: _largest(v) for k, v in schema.get("properties", {}).items()}
+    if kind == "array":
+        return [_largest(schema["items"]) for _ in range(schema["maxItems"])]
+    return "x" * schema["maxLength"] if kind == "string" else 0
+
+
+BIG_PRD = output_schema({key: OutputNode(type=kind, instruction="long instruction text " * 5) for key, kind in {
+    "Language": "str", "Programming Language": "str", "Original Requirements": "str",
+    "Project Name": "str", "Product Goals": "list[str]", "User Stories": "list[str]",
+    "Competitive Analysis": "list[str]", "Competitive Quadrant Chart": "str",
+    "Requirement Analysis": "str", "Requirement Pool": "list[list[str]]",
+    "UI Design draft": "str", "Anything UNCLEAR": "optional[str]"}.items()})
+
+
+@pytest.mark.parametrize("schema", [SCHEMA, BIG_PRD], ids=["small", "prd"])
+def test_tightened_schema_lets_even_the_longest_answer_fit_the_token_cap(schema):
+    tight = local.tighten_schema(schema, local.MAX_JSON_TOKENS)
+    biggest = json.dumps(_largest(tight))
+    assert len(biggest) <= local.MAX_JSON_TOKENS * local.CHARS_PER_TOKEN
+    assert answers.schema_errors(json.loads(biggest), schema) == []   # only narrows
+
+
+def test_tightened_schema_bounds_strings_and_lists():
     tight = local.tighten_schema(SCHEMA)
     goals = tight["properties"]["Product Goals"]
-    assert goals["maxItems"] == local.MAX_LIST_ITEMS and goals["items"]["maxLength"] == local.MAX_STRING_CHARS
+    assert goals["maxItems"] == local.MAX_LIST_ITEMS
+    assert local.MIN_STRING_CHARS <= goals["items"]["maxLength"] <= local.MAX_STRING_CHARS
     assert "maxLength" not in tight["properties"]["Priority"]          # enums stay as they are
     assert "description" not in json.dumps(tight)
     assert tight["required"] == SCHEMA["required"]
     assert answers.schema_errors(instance(tight), SCHEMA) == []
     assert local.tighten_schema({"type": "array", "minItems": 9})["maxItems"] == 9
+    small = local.tighten_schema({"type": "object", "properties": {"a": {"type": "string"}}})
+    assert small["properties"]["a"]["maxLength"] == local.MAX_STRING_CHARS
 
 
 def test_long_prompts_keep_the_system_prompt_the_start_and_the_end():
