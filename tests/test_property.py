@@ -122,3 +122,15 @@ def test_edited_yaml_text(at: int, cut: int, insert: str) -> None:
     text = (Path(__file__).parent / "cases" / "valid" / "company.sop.yaml").read_text(encoding="utf-8")
     at = min(at, len(text))
     _assert_only_diagnostics(text[:at] + insert + text[at + cut:])
+
+
+@SETTINGS
+@given(st.binary(max_size=300))
+def test_random_bytes_only_give_load_errors(raw: bytes) -> None:
+    from engine.errors import LoadError
+    from engine.source import load_bytes
+
+    try:
+        load_bytes(raw, "fuzz.sop.yaml")
+    except LoadError as exc:
+        assert exc.diagnostics and all(d.code in CODES for d in exc.diagnostics)

@@ -133,3 +133,9 @@ def test_files_that_are_not_sop_text(tmp_path: Path) -> None:
 
 def test_utf8_bom_is_accepted() -> None:
     assert load_text("\ufeffa: 1\n").data == {"a": 1}
+
+
+def test_crlf_line_endings_keep_positions() -> None:
+    source = load_text("a: 1\r\nb:\r\n  c: [x, y]\r\n")
+    assert source.data == {"a": 1, "b": {"c": ["x", "y"]}}
+    assert source.map.values["/b/c/1"] == (3, 10)
