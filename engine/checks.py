@@ -509,7 +509,7 @@ def template_variables(ctx: Context) -> Iterator[Diagnostic]:
                         f"available here: {', '.join(sorted(template.allowed))}", line=found.loads[name])
 
 
-@check("templates", "SOP403", "SOP404", "SOP407")
+@check("templates", "SOP403", "SOP404", "SOP407", "SOP408")
 def template_references(ctx: Context) -> Iterator[Diagnostic]:
     """`inputs.X`, `msgs.X` and `out['Key']` must name declared inputs, actions and keys."""
     for template, found in _parsed(ctx):
@@ -519,7 +519,7 @@ def template_references(ctx: Context) -> Iterator[Diagnostic]:
             rule = _REFERENCE_RULES.get(name)
             if rule is None:
                 continue
-            for diag in rule(ctx.spec, template, path):
+            for diag in rule(ctx, template, path):
                 yield replace(diag, line=line)
 
 
@@ -533,7 +533,8 @@ def _constant(arg: Any) -> Any:
     return None
 
 
-def _inputs_rule(spec: Sop, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+def _inputs_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    spec = ctx.spec
     name = path[0] if path else None
     if isinstance(name, str) and name not in _DICT_METHODS and name not in spec.inputs:
         known = list(spec.inputs)
@@ -541,7 +542,8 @@ def _inputs_rule(spec: Sop, template: _Template, path: list[Any]) -> Iterator[Di
                     did_you_mean(name, known) or f"declare it under `inputs:` (declared: {', '.join(known) or 'none'})")
 
 
-def _msgs_rule(spec: Sop, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+def _msgs_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    spec = ctx.spec
     source = path[0] if path else None
     if not isinstance(source, str) or source in _DICT_METHODS:
         return
@@ -549,6 +551,7 @@ def _msgs_rule(spec: Sop, template: _Template, path: list[Any]) -> Iterator[Diag
         known = [USER_REQUIREMENT, *spec.actions]
         yield error("SOP407", template.pointer, f"msgs.{source}: no action '{source}'", did_you_mean(source, known))
         return
+    yield from _never_delivered(ctx, template.action, source, template.pointer, f"msgs.{source}")
     if source == USER_REQUIREMENT or len(path) < 4 or path[2] != "out" or isinstance(path[1], str):
         return
     producer = spec.actions[source]
@@ -560,10 +563,39 @@ def _msgs_rule(spec: Sop, template: _Template, path: list[Any]) -> Iterator[Diag
     yield from _key_rule(spec, template, source, producer, keys)
 
 
-def _out_rule(spec: Sop, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+def _out_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
     if template.pointer.split("/")[3] != "artifacts":
         return
-    yield from _key_rule(spec, template, template.action, spec.actions[template.action], path)
+    yield from _key_rule(ctx.spec, template, template.action, ctx.spec.actions[template.action], path)
+
+
+def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what: str) -> Iterator[Diagnostic]:
+    """Warn for each role running `reader` that can never remember a message of `source`.
+
+    A role remembers every message delivered to it (watched or not) and its own; so
+    `msgs.X` or `context: [X]` stays empty for a role that X's `send_to` never reaches."""
+    from .graph import delivered, runners
+
+    if "runners" not in ctx.cache:
+        ctx.cache["runners"] = runners(ctx.spec)
+    ran_by = ctx.cache["runners"]
+    if source == USER_REQUIREMENT or source not in ctx.spec.actions or not ran_by.get(source):
+        return
+    send = list(ctx.spec.actions[source].send_to)
+    for rid in ran_by.get(reader, []):
+        runs_it = rid in ran_by[source]
+        if not runs_it and not delivered(send, rid, ctx.spec.role_name(rid), runs_it)[0]:
+            yield warning("SOP408", pointer, f"{what} is always empty for role '{rid}': '{source}' is "
+                          f"sent only to {', '.join(send)}", f"add '{rid}' or <all> to {source}'s send_to")
+
+
+@check("templates", "SOP408")
+def context_reachable(ctx: Context) -> Iterator[Diagnostic]:
+    """A `context` entry the role never receives shows the model nothing."""
+    for aid, action in ctx.spec.actions.items():
+        if isinstance(action.context, list):
+            for i, source in enumerate(action.context):
+                yield from _never_delivered(ctx, aid, source, f"/actions/{aid}/context/{i}", f"context {source}")
 
 
 def _key_rule(spec: Sop, template: _Template, aid: str, action: ActionSpec, keys: list[Any]) -> Iterator[Diagnostic]:

@@ -72,6 +72,7 @@ CODES: dict[str, str] = {
     "SOP405": "an artifact path that is absolute or leaves the workspace",
     "SOP406": "a template uses an unknown filter or test",
     "SOP407": "`msgs.X` names an unknown action",
+    "SOP408": "warning: `msgs.X` or `context: [X]` read messages that never reach the reading role",
 }
 """Every diagnostic code, with what it means (the README's table is this one)."""
 
