@@ -400,6 +400,8 @@ class _Analysis:
     """(filter or test, name, line)."""
     chains: list[tuple[str, list[Any], int]] = field(default_factory=list)
     """(variable, accessors, line) of each outermost `a.b[c]...`; None = dynamic accessor."""
+    loads_files: list[tuple[str, int]] = field(default_factory=list)
+    """(tag, line) of include/import/extends: a sandboxed SOP template has no files to load."""
 
     @property
     def free(self) -> set[str]:
@@ -423,6 +425,8 @@ def _analyse(ast: Any) -> _Analysis:
                 found.stores.add(node.name)
         elif isinstance(node, (nodes.Filter, nodes.Test)):
             found.filters.append(("filter" if isinstance(node, nodes.Filter) else "test", node.name, node.lineno))
+        elif isinstance(node, (nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)):
+            found.loads_files.append((type(node).__name__.lower(), node.lineno))
         if isinstance(node, (nodes.Getattr, nodes.Getitem)):
             chain = _chain(node)
             if chain is not None:
@@ -482,6 +486,9 @@ def template_syntax(ctx: Context) -> Iterator[Diagnostic]:
             line = _template_line(str(found))
             yield error("SOP401", template.pointer, str(found), "check the {{ }} and {% %} pairs", line=line)
             continue
+        for tag, line in found.loads_files:
+            yield error("SOP401", template.pointer, f"{{% {tag} %}} is not available: SOP templates cannot load "
+                        "other templates", "write the text inline", line=line)
         for kind, name, line in found.filters:
             table = env.filters if kind == "filter" else env.tests
             if name not in table:

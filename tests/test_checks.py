@@ -158,3 +158,8 @@ def test_compiled_sop_is_immutable() -> None:
     with pytest.raises(ValidationError):
         sop.spec.actions["A"].retries = 5  # type: ignore[misc]
     assert sop.output_schemas["A"]["properties"]["K"] == {"type": "integer"}
+
+
+def test_templates_cannot_load_files() -> None:
+    assert _codes(_sop(f"  A: {{prompt: \"{{% include '/etc/passwd' %}}\", {ART}}}\n")) == ["SOP401"]
+    assert _codes(_sop(f"  A: {{prompt: \"{{% extends 'x' %}}\", {ART}}}\n")) == ["SOP401"]
