@@ -425,6 +425,8 @@ def _analyse(ast: Any) -> _Analysis:
                 found.stores.add(node.name)
         elif isinstance(node, (nodes.Filter, nodes.Test)):
             found.filters.append(("filter" if isinstance(node, nodes.Filter) else "test", node.name, node.lineno))
+        elif isinstance(node, nodes.Macro):
+            found.stores.add(node.name)
         elif isinstance(node, (nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)):
             found.loads_files.append((type(node).__name__.lower(), node.lineno))
         if isinstance(node, (nodes.Getattr, nodes.Getitem)):

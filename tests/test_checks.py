@@ -163,3 +163,13 @@ def test_compiled_sop_is_immutable() -> None:
 def test_templates_cannot_load_files() -> None:
     assert _codes(_sop(f"  A: {{prompt: \"{{% include '/etc/passwd' %}}\", {ART}}}\n")) == ["SOP401"]
     assert _codes(_sop(f"  A: {{prompt: \"{{% extends 'x' %}}\", {ART}}}\n")) == ["SOP401"]
+
+
+@pytest.mark.parametrize("template", [
+    "{% macro m(a, b=1) %}{{ a }}{{ b }}{% endmacro %}{{ m(1) }}",
+    "{% set ns = namespace(a=1) %}{% set ns.a = 2 %}{{ ns.a }}",
+    "{% with x = 1 %}{{ x }}{% endwith %}{% set y %}hi{% endset %}{{ y }}",
+    "{% for k, v in inputs.items() %}{{ k }}={{ v }} {{ loop.index }}{% endfor %}",
+])
+def test_names_a_template_binds_itself(template: str) -> None:
+    assert _codes(_sop(f'  A: {{prompt: "{template}", {ART}}}\n')) == []
