@@ -78,3 +78,12 @@ def test_codes_are_documented_in_readme() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
     missing = [code for code in CODES if f"`{code}`" not in readme]
     assert missing == []
+
+
+def test_readme_example_sop_is_clean() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Writing and checking an SOP", 1)[1]
+    example = section.split("A complete small SOP", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
+    from engine.compiler import check_text
+
+    assert check_text(example, "README.md").diagnostics == ()
