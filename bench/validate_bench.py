@@ -104,8 +104,7 @@ def scale(max_roles: int, reps: int) -> list[dict[str, Any]]:
 
     check_text(generate(2), "warm-up.sop.yaml")  # lazy imports and the jinja environment, once
     curve = []
-    for fraction in (0.1, 0.25, 0.5, 1.0):
-        roles = max(2, round(max_roles * fraction))
+    for roles in sorted({max(2, round(max_roles * f)) for f in (0.1, 0.25, 0.5, 1.0)}):
         text = generate(roles)
         times = []
         for _ in range(reps):
@@ -133,7 +132,8 @@ def main(size_factor: float = 1.0) -> dict[str, Any]:
     reps = 5 if size_factor >= 1 else 1
     cold = cold_start(reps)
     curve = scale(max(4, round(500 * size_factor)), 3 if size_factor >= 1 else 1)
-    exponent = fit_exponent([(p["actions"], p["median_s"]) for p in curve])
+    points = [(p["actions"], p["median_s"]) for p in curve]
+    exponent = fit_exponent(points) if len(points) > 1 else 1.0
     res = {"cold": cold, "curve": curve, "exponent": exponent}
     res["markdown"] = markdown(res)
     print(res["markdown"])
