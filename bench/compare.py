@@ -402,6 +402,11 @@ def markdown(res: dict[str, Any]) -> str:
             cells += [_fmt(cold[m_key], " s", 2), f"**{r[ratio]:.3f}**", ""]
         rows.append(f"| {name} | {' | '.join(cells)} |")
     note = f"\n\nMetaGPT was not measured: `{res['metagpt_error']}`" if res.get("metagpt_error") else ""
+    if res.get("sopctl_shipped"):
+        shipped = res["sopctl_shipped"]
+        note += (f"\n\nThe shipped `sops/software_company.sop.yaml`, with its QA engineer writing one "
+                 f"test file per source file, makes {shipped['llm_calls']} calls and sends "
+                 f"{shipped['prompt_tokens']:,} prompt tokens for the same {res['files']}-file task list.")
     return "\n".join(rows) + note + "\n\n" + _profile_table(res.get("profile"))
 
 
