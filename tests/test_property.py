@@ -134,3 +134,22 @@ def test_random_bytes_only_give_load_errors(raw: bytes) -> None:
         load_bytes(raw, "fuzz.sop.yaml")
     except LoadError as exc:
         assert exc.diagnostics and all(d.code in CODES for d in exc.diagnostics)
+
+
+TEMPLATE_BITS = ["{{", "}}", "{%", "%}", "{#", "#}", " for x in ", " endfor ", " if ", " endif ", "out", "msgs",
+                 ".WritePRD", "[-1]", ".out", "['Project Name']", "['Nope']", "inputs", ".idea", ".nope", "|",
+                 " tojson ", " upper ", " shout ", "(", ")", "'", '"', "\\", "..", "/", " is defined ", "item",
+                 " set y = ", " macro ", " include ", "x", " ", "\n"]
+
+
+@SETTINGS
+@given(st.sampled_from(["prompt", "for_each", "path", "content"]),
+       st.lists(st.sampled_from(TEMPLATE_BITS), max_size=20).map("".join))
+def test_random_templates(where: str, template: str) -> None:
+    doc = copy.deepcopy(BASE)
+    action = doc["actions"]["WriteDesign"]
+    if where in ("path", "content"):
+        action["artifacts"] = [{"path": "x.md", "content": "x", where: template}]
+    else:
+        action[where] = template
+    _assert_only_diagnostics(json.dumps(doc))
