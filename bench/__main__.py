@@ -24,8 +24,9 @@ import re
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_OUT = ROOT / "docs" / "benchmarks.md"
@@ -133,7 +134,8 @@ def _verdict(value: float, target: str) -> str:
 def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
     """The headline table: every ratio with its target, from whichever benches produced one."""
     found: list[tuple[str, float, str]] = []
-    res = {e["name"]: e.get("result") for e in entries if isinstance(e.get("result"), dict)}
+    res: dict[str, dict[str, Any]] = {e["name"]: e["result"] for e in entries
+                                      if isinstance(e.get("result"), dict)}
     ratios = (res.get("compare") or {}).get("ratios") or {}
     labels = {
         "overhead_per_call": ("engine overhead per LLM call at 0 ms (sopctl / MetaGPT)", "<= 0.1"),

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run_sopctl", "no_qa_variant", "count_tokens", "busy_time"]
+__all__ = ["busy_time", "count_tokens", "main", "no_qa_variant", "run_sopctl"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOP = ROOT / "sops" / "software_company.sop.yaml"
@@ -208,7 +208,8 @@ def _profile_child(sop: str, files: int, idea: str) -> dict[str, Any]:
             prof.runcall(cli.main, ["run", sop, "--model", "benchfake", "--idea", idea, "--out",
                                     str(Path(tmp) / "ws"), "--format", "json"])
     areas: dict[str, float] = {}
-    for (filename, _line, func), (_cc, _nc, own, _cum, _callers) in pstats.Stats(prof).stats.items():
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]  # documented, not in the stubs
+    for (filename, _line, func), (_cc, _nc, own, _cum, _callers) in stats.items():
         areas[_area(filename, func)] = areas.get(_area(filename, func), 0.0) + own
     return {"areas": areas, "calls": len(model.prompts)}
 

@@ -17,8 +17,14 @@ import time
 import zipfile
 from pathlib import Path
 
-__all__ = ["METAGPT_VERSION", "venv_python", "ensure_installed", "run_team", "cold_start",
-           "installed_version"]
+__all__ = [
+    "METAGPT_VERSION",
+    "cold_start",
+    "ensure_installed",
+    "installed_version",
+    "run_team",
+    "venv_python",
+]
 
 METAGPT_VERSION = "0.8.2"
 BENCH_DIR = Path(__file__).resolve().parent

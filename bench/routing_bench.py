@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "build_team", "route", "fit_exponent"]
+__all__ = ["build_team", "fit_exponent", "main", "route"]
 
 ACTIONS = 10
 BATCH = 1_000          # messages published per round

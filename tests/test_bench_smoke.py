@@ -17,10 +17,10 @@ import pytest
 # bench/ is not an installed package: make it importable under plain `pytest` too.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import compare, metagpt_fake_llm, routing_bench  # noqa: E402
-from bench.__main__ import DEFAULT_OUT  # noqa: E402
-from bench.__main__ import main as bench_main  # noqa: E402
-from bench.metagpt_baseline import _requirements  # noqa: E402
+from bench import compare, metagpt_fake_llm, routing_bench
+from bench.__main__ import DEFAULT_OUT
+from bench.__main__ import main as bench_main
+from bench.metagpt_baseline import _requirements
 
 
 def _positive(stats: dict) -> None:
