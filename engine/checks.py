@@ -68,8 +68,8 @@ def warning(code: str, pointer: str, message: str, hint: str = "", **extra: Any)
 
 def _unknown(kind: str, name: str, choices: list[str]) -> tuple[str, str]:
     plural = kind + ("es" if kind.endswith("s") else "s")
-    hint = did_you_mean(name, choices) or (f"known {plural}: {', '.join(choices)}" if choices
-                                           else f"declare it under `{plural}`")
+    listed = ", ".join(choices[:12]) + (f" and {len(choices) - 12} more" if len(choices) > 12 else "")
+    hint = did_you_mean(name, choices) or (f"known {plural}: {listed}" if choices else f"declare it under `{plural}`")
     return f"unknown {kind} '{name}'", hint
 
 
