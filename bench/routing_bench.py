@@ -78,6 +78,20 @@ def route(team: Any, messages: int) -> dict[str, float]:
     return {"seconds": seconds, "delivered": delivered, "observed": observed}
 
 
+def hot_spots(team: Any, messages: int, top: int = 3) -> list[tuple[str, float]]:
+    """The functions with the largest own time in one profiled routing pass, as shares."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(route, team, messages)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]  # documented, not in the stubs
+    total = sum(v[2] for v in stats.values()) or 1.0
+    ranked = sorted(stats.items(), key=lambda kv: -kv[1][2])[:top]
+    return [(fn if f == "~" else f"{Path(f).parent.name}/{Path(f).name}:{fn}", own / total)
+            for (f, _line, fn), (_cc, _nc, own, _cum, _callers) in ranked]
+
+
 def fit_exponent(points: list[tuple[float, float]]) -> float:
     """Slope of log(seconds) against log(messages): 1.0 is linear growth."""
     xs = [math.log(n) for n, _ in points]
@@ -101,9 +115,10 @@ def main(size_factor: float = 1.0, roles: int | None = None, reps: int | None = 
             curve.append({"messages": n, "median_s": statistics.median(secs), "min_s": min(secs),
                           "max_s": max(secs), "us_per_message": 1e6 * statistics.median(secs) / n,
                           "delivered": runs[0]["delivered"], "observed": runs[0]["observed"]})
+        spots = hot_spots(team, counts[0])
     exponent = fit_exponent([(p["messages"], p["median_s"]) for p in curve]) if len(curve) > 1 else 1.0
     res = {"roles": roles, "messages": total, "reps": reps, "compile_s": compile_s,
-           "curve": curve, "exponent": exponent,
+           "curve": curve, "exponent": exponent, "hot_spots": spots,
            "growth_10x": curve[-1]["median_s"] / curve[0]["median_s"] if len(curve) > 1 else 1.0,
            "us_per_message": curve[-1]["us_per_message"]}
     res["markdown"] = markdown(res)
@@ -121,7 +136,9 @@ def markdown(res: dict[str, Any]) -> str:
                      f"| {p['us_per_message']:.1f} | {p['delivered']:,} | {p['observed']:,} |")
     lines += ["", f"Fitted exponent of time against messages: **{res['exponent']:.2f}** "
               f"(1.00 = linear; target linear). Time grows {res['growth_10x']:.1f}× for "
-              f"{res['curve'][-1]['messages'] / res['curve'][0]['messages']:.0f}× the messages."]
+              f"{res['curve'][-1]['messages'] / res['curve'][0]['messages']:.0f}× the messages.", "",
+              f"Where the time goes (own time under cProfile, {res['curve'][0]['messages']:,} messages): "
+              + "; ".join(f"`{name}` {share:.0%}" for name, share in res["hot_spots"]) + "."]
     return "\n".join(lines)
 
 

@@ -48,6 +48,7 @@ def test_routing_bench_produces_a_curve() -> None:
     for point in res["curve"]:
         assert point["median_s"] > 0 and point["delivered"] >= point["messages"]
     assert math.isfinite(res["exponent"])
+    assert res["hot_spots"] and all(0 < share <= 1 for _name, share in res["hot_spots"])
 
 
 def test_bench_command_writes_the_report_where_asked(tmp_path: Path) -> None:
