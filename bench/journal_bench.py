@@ -93,16 +93,17 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(size_factor: float = 1.0) -> dict[str, Any]:
-    """Measure, print a table, return the figures (`ratio` is the 200 ms default figure)."""
+def main(size_factor: float = 1.0, latencies_ms: tuple[int, int] = LATENCIES_MS) -> dict[str, Any]:
+    """Measure, print a table, return the figures (`ratio`: the default journal at 200 ms)."""
     from engine.api import load
 
     saved = {k: os.environ.get(k) for k in ("SOPCTL_FAKE_LATENCY_MS", "SOPCTL_JOURNAL_SYNC")}
     compiled = load(SOP)
     root = Path(tempfile.mkdtemp(prefix="journal-bench-"))
     try:
-        rows = [_measure(compiled, 0, max(2, round(15 * size_factor)), root),
-                _measure(compiled, 200, max(1, round(3 * size_factor)), root)]
+        fast, slow = latencies_ms
+        rows = [_measure(compiled, fast, max(2, round(15 * size_factor)), root),
+                _measure(compiled, slow, max(1, round(3 * size_factor)), root)]
     finally:
         shutil.rmtree(root, ignore_errors=True)
         for key, value in saved.items():

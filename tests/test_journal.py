@@ -354,3 +354,15 @@ def test_writes_from_worker_threads(tmp_path: Path) -> None:
             list(pool.map(lambda i: journal.record(f"h{i}", "A", StoredAnswer(str(i), 1, 1, 0.0)),
                           range(20)))
         assert len(journal.answers()) == 20
+
+
+def test_journal_bench_smoke() -> None:
+    """The bench runs and reports its figures (no timing assertion: ratios are machine facts)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.journal_bench import main
+
+    figures = main(size_factor=0.05, latencies_ms=(0, 10))
+    assert [row["latency_ms"] for row in figures["rows"]] == [0, 10]
+    for row in figures["rows"]:
+        assert row["events"] > 20 and all(v > 0 for v in row["ratio"].values())
+    assert "| latency |" in figures["markdown"] and figures["ratio"] > 0
