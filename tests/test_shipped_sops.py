@@ -323,13 +323,21 @@ def test_a_failing_run_goes_to_the_engineer_and_a_passing_one_ends_the_loop(tmp_
 
 
 def test_the_fix_loop_is_bounded_when_the_tests_never_pass(tmp_path: Path):
+    fixes = iter(range(3, 100))
+
     def never_fixed(spec: CallSpec, attempt: int) -> str:
-        return _loop_answers(spec, attempt).replace("VALUE = 2", "VALUE = 3")
+        if spec.action == "FixBug":
+            return f"```python\nVALUE = {next(fixes)}\n```\n"
+        return _loop_answers(spec, attempt)
 
     model = ScriptedModel(never_fixed)
     with use_model(model):
         result = _run(WITH_TESTS, tmp_path / "ws", allow_exec=True)
     assert result.status == "idle", result.error
+    fix_prompts = [p for r, p in zip(model.requests, model.prompts()) if r.spec.action == "FixBug"]
+    assert "VALUE = 1" in fix_prompts[0] and "earlier fix" not in fix_prompts[0]
+    for n, prompt in enumerate(fix_prompts[1:], start=3):
+        assert f"VALUE = {n}" in prompt and "earlier fix" in prompt, "each fix starts from the last one"
     fix_limit = compile_path(WITH_TESTS).spec.actions["FixBug"].max_runs
     run_limit = compile_path(WITH_TESTS).spec.actions["RunTests"].max_runs
     assert [r.spec.action for r in model.requests].count("FixBug") <= fix_limit
