@@ -101,6 +101,29 @@ def test_cli_validate_strict_passes(path: Path, capsys: pytest.CaptureFixture[st
     assert "ok" in capsys.readouterr().out
 
 
+def test_sopctl_validate_strict_accepts_every_shipped_file_at_once():
+    """The real command line, in a child process, on all files together."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "engine.cli", "validate", "--strict",
+                           *map(str, SHIPPED)], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count(": ok") == len(SHIPPED)
+
+
+def test_cli_json_run_of_the_company_is_the_contracts_object(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]):
+    code = sopctl(["run", str(COMPANY), "--idea", DEFAULT_IDEA, "--model", "fake",
+                   "--out", str(tmp_path / "ws"), "--format", "json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "idle" and result["llm_calls"] > 0
+    golden = json.loads((GOLDEN / "software_company.json").read_text())
+    assert result["history"] == golden["history"]
+    assert sorted(result["artifacts"]) == golden["artifacts"]
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=_ids(SHIPPED))
 def test_starts_with_the_schema_line_and_explains_itself(path: Path):
     lines = path.read_text(encoding="utf-8").splitlines()
