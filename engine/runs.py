@@ -47,9 +47,12 @@ if TYPE_CHECKING:
     from .compiler import CompiledSop
     from .team import RunResult
 
-__all__ = ["ActionStats", "ActionRecord", "RunState", "read_run", "rebuild", "find_runs",
-           "list_runs", "runs_json", "result_object", "render_show", "render_runs", "Origin",
-           "read_origin", "resume_run", "replay_run", "progress_display", "print_result"]
+__all__ = [
+    "ActionStats", "ActionRecord", "RunState", "Origin",
+    "read_run", "rebuild", "find_runs", "list_runs", "runs_json", "result_object",
+    "render_show", "render_runs", "read_origin", "resume_run", "replay_run",
+    "remove_orphan_temp_files", "progress_display", "print_result",
+]
 
 
 @dataclass
@@ -527,11 +530,31 @@ def resume_run(run_dir: str | Path, *, budget: float | None = None, rounds: int 
         "run_id": origin.first.run_id,
     }
     def journal_for(ws: Path) -> Journal:
-        return Journal.for_run(ws, compiled, force=force)
+        journal = Journal.for_run(ws, compiled, force=force)
+        remove_orphan_temp_files(ws)      # safe now: we hold the writer lock
+        return journal
 
     result = _run(compiled, origin.first.inputs, options, journal_for, observers)
     _add_earlier_artifacts(result, run_dir)
     return result
+
+
+def remove_orphan_temp_files(workspace: Path) -> list[str]:
+    """Delete the temp files of artifact writes a killed process left (`.sopctl-*.tmp`).
+
+    The workspace writes every artifact to a temp file and renames it; a kill -9 between
+    the two leaves the temp file behind. Only call this while holding the journal's writer
+    lock, so that no live process is in the middle of such a write. Symlinks are left alone.
+    """
+    removed: list[str] = []
+    for folder, dirs, names in os.walk(workspace, followlinks=False):
+        dirs[:] = [d for d in dirs if d != JOURNAL_DIR]
+        for name in names:
+            path = Path(folder) / name
+            if name.startswith(".sopctl-") and name.endswith(".tmp") and not path.is_symlink():
+                path.unlink(missing_ok=True)
+                removed.append(path.relative_to(workspace).as_posix())
+    return removed
 
 
 def _add_earlier_artifacts(result: RunResult, run_dir: str | Path) -> None:

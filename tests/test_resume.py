@@ -256,3 +256,18 @@ def test_resume_with_an_sop_made_invalid_is_exit_2(model: CountingModel, tmp_pat
     code, _, err = sopctl(capsys, "resume", str(tmp_path / "run"), "--force")
     assert code == 2 and "no longer valid" in err and "my.sop.yaml:" in err
     assert "sopctl validate" in err
+
+
+def test_resume_removes_temp_files_of_a_killed_write(model: CountingModel, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """kill -9 between writing an artifact's temp file and renaming it leaves the temp file."""
+    ws = tmp_path / "run"
+    run(capsys, ws, "--rounds", "1")
+    before = artifact_files(ws)
+    (ws / "docs" / ".sopctl-abc123.tmp").write_text("half a fi")
+    (ws / "keep.tmp").write_text("not ours")
+    code, _, err = sopctl(capsys, "resume", str(ws), "--format", "json")
+    assert code == 0, err
+    after = artifact_files(ws)
+    assert "docs/.sopctl-abc123.tmp" not in after and after["keep.tmp"] == b"not ours"
+    assert set(before) - {"keep.tmp"} <= set(after)
