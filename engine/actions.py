@@ -40,6 +40,7 @@ __all__ = [
     "context_section",
     "template_variables",
     "execute_action",
+    "action_applies",
     "gather_or_cancel",
     "call_gateway",
 ]
@@ -204,13 +205,7 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
 
 def _for_each_items(action_id: str, action: ActionSpec, variables: dict[str, Any]) -> list[Any]:
     """Evaluate the `for_each` expression in the sandbox; the value must be a list."""
-    source = (action.for_each or "").strip()
-    match = re.fullmatch(r"\{\{(.*)\}\}", source, re.S)
-    expression = match.group(1) if match else source
-    try:
-        value = _expression(expression)(**variables)
-    except Exception as exc:  # noqa: BLE001 - any jinja/sandbox failure is the action's
-        raise ActionFailed(action_id, f"for_each expression failed: {type(exc).__name__}: {exc}") from None
+    value = _evaluate(action_id, "for_each", action.for_each or "", variables)
     if isinstance(value, tuple):
         value = list(value)
     if not isinstance(value, list):
@@ -219,6 +214,26 @@ def _for_each_items(action_id: str, action: ActionSpec, variables: dict[str, Any
     if len(value) > MAX_FOR_EACH_ITEMS:
         raise ActionFailed(action_id, f"for_each gave {len(value)} items; the limit is {MAX_FOR_EACH_ITEMS}")
     return value
+
+
+def action_applies(action_id: str, action: ActionSpec, variables: dict[str, Any]) -> bool:
+    """The action's `when` condition (true when it has none)."""
+    if action.when is None:
+        return True
+    value = _evaluate(action_id, "when", action.when, variables)
+    if isinstance(value, str):
+        return value.strip().lower() not in {"", "false", "no", "none", "0"}
+    return bool(value)
+
+
+def _evaluate(action_id: str, field: str, source: str, variables: dict[str, Any]) -> Any:
+    """A `{{ expression }}` (braces optional) evaluated in the sandbox."""
+    match = re.fullmatch(r"\{\{(.*)\}\}", source.strip(), re.S)
+    expression = match.group(1) if match else source
+    try:
+        return _expression(expression)(**variables)
+    except Exception as exc:  # noqa: BLE001 - any jinja/sandbox failure is the action's
+        raise ActionFailed(action_id, f"{field} expression failed: {type(exc).__name__}: {exc}") from None
 
 
 async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memory,

@@ -381,6 +381,8 @@ def _templates(spec: Sop) -> Iterator[_Template]:
             yield _Template(aid, here + "/prompt", action.prompt, frozenset(base | per_item))
         if action.for_each:
             yield _Template(aid, here + "/for_each", action.for_each, frozenset(base))
+        if action.when:
+            yield _Template(aid, here + "/when", action.when, frozenset(base))
         for i, artifact in enumerate(action.artifacts):
             allowed = frozenset(base | per_item | {"out"})
             yield _Template(aid, f"{here}/artifacts/{i}/path", artifact.path, allowed)

@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from typing import Any
 
-from .actions import RunContext, call_gateway, execute_action, role_prefix, template_variables
+from .actions import RunContext, action_applies, call_gateway, execute_action, role_prefix, template_variables
 from .actions import resolve_llm
 from .errors import ActionFailed
 from .events import ActionCompleted, ActionStarted, CompletedActions, RunLog
@@ -183,9 +183,13 @@ class Role:
     async def _act(self, action_id: str, news: list[Message], made: list[Message],
                    extra: dict[str, Any] | None = None, salt: str = "",
                    note: str = "") -> Message | None:
-        """Run one action (or reuse its journaled result); None when max_runs forbids it."""
+        """Run one action (or reuse its journaled result); None when max_runs or `when` forbids it."""
         if not self._runs_left(action_id):
             self._log("info", f"{action_id} reached max_runs; skipped", action_id)
+            return None
+        variables = {**template_variables(self.ctx, self.id, self.memory, news, self._round), **(extra or {})}
+        if not action_applies(action_id, self.ctx.compiled.spec.actions[action_id], variables):
+            self._log("info", f"{action_id} skipped: its `when` condition is false", action_id)
             return None
         self.runs[action_id] += 1
         key = self._key(action_id, news, salt)
@@ -193,9 +197,8 @@ class Role:
         if record is not None:
             return self._reuse(record, made)
         self.ctx.emit(ActionStarted(round=self._round, role=self.id, action=action_id, key=key))
-        variables = template_variables(self.ctx, self.id, self.memory, news, self._round)
-        result = await execute_action(self.ctx, self.id, action_id, self.memory,
-                                      {**variables, **(extra or {})}, self._round, note)
+        result = await execute_action(self.ctx, self.id, action_id, self.memory, variables,
+                                      self._round, note)
         message = self._make_message(action_id, result.content, result.out)
         self.memory.add(message)
         made.append(message)

@@ -112,6 +112,10 @@ class ActionSpec(_Model):
     send_to: list[str] = Field(default_factory=lambda: ["<all>"])
     artifacts: list[ArtifactSpec] = Field(default_factory=list)
     for_each: str | None = None
+    when: str | None = None
+    """A condition (jinja expression, same variables as the prompt): the action runs only when it
+    is true; otherwise it is skipped without a model call or a message. Lets a loop end on a
+    result (e.g. tests passing) instead of only on its `max_runs` counter."""
     as_: str = Field(default="item", alias="as", pattern=r"^[a-z_][a-z0-9_]*$")
     max_concurrency: int = Field(default=8, ge=1, le=64)
     max_runs: int | None = Field(default=None, ge=1)
