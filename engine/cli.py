@@ -9,6 +9,7 @@ Heavy modules (litellm, the interpreter) are imported inside the handlers that n
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -250,6 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SopError as exc:
         print(f"sopctl: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except BrokenPipeError:  # `sopctl show RUN | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("sopctl: interrupted", file=sys.stderr)
         return 130

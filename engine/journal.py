@@ -16,15 +16,14 @@ A journal lives at `<workspace>/.sopctl/journal.sqlite` and has three tables:
 (`lookup`/`record`). Every write is its own committed transaction, so when a method returns
 the fact survives the death of the process (kill -9, OOM, Ctrl-C), whatever happens next.
 
-Durability against power loss is tiered, because an fsync costs milliseconds and a run
-writes dozens of events. What cannot be re-created, a paid answer, is committed with
-`synchronous=FULL` (fsynced before the gateway goes on), and so is the run's end. Every
-other event is committed with `synchronous=NORMAL` and becomes power-safe at the next FULL
-commit, which fsyncs the whole WAL, everything before it included. A power cut can so only
-drop a tail of events written after the last paid answer; resume re-creates them by
-re-executing with the journaled answers, at no cost (a lost ActionCompleted just means the
-action runs again from its journaled answers). `SOPCTL_JOURNAL_SYNC=full` fsyncs every
-write (bench/journal_bench.py measures both).
+Every commit is `synchronous=FULL` by default: fsynced before the run goes on, so not even
+a power cut loses a fact already reported. An fsync costs milliseconds and a run writes
+dozens of events, so `SOPCTL_JOURNAL_SYNC=tiered` offers a faster mode: only what cannot be
+re-created (a paid answer) and the run's end are fsynced; other events are committed with
+`synchronous=NORMAL` and become power-safe at the next FULL commit, which fsyncs the whole
+WAL. A power cut can then only drop a tail of events written after the last paid answer,
+which resume re-creates by re-executing with the journaled answers, at no cost
+(bench/journal_bench.py measures both).
 
 Secrets never reach the file: the journal stores only what events and answers carry, and
 also redacts the value of any secret-looking environment variable (`*_API_KEY`,
@@ -266,7 +265,7 @@ class Journal:
         self.workspace: Path | None = None
         self._lock: IO[str] | None = None
         self._mutex = threading.RLock()       # writers may be called from worker threads
-        self._fsync_all = os.environ.get(SYNC_ENV, "").strip().lower() == "full"
+        self._fsync_all = os.environ.get(SYNC_ENV, "full").strip().lower() != "tiered"
         self._full = True                     # _connect starts every connection at FULL
         """Set for a writable journal: `completed` then checks the action's artifacts there."""
 

@@ -94,9 +94,12 @@ def test_journal_settings_are_durable(tmp_path: Path) -> None:
 
 
 def test_durability_tiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Paid answers (and the end) are fsynced; the rest ride on the next fsync."""
+    """By default every write is fsynced; `tiered` fsyncs paid answers and the end only."""
     events = full_run()
-    with new_journal(tmp_path) as journal:
+    with new_journal(tmp_path) as strict:
+        assert all(strict.is_fsynced(e) for e in events)
+    monkeypatch.setenv("SOPCTL_JOURNAL_SYNC", "tiered")
+    with new_journal(tmp_path / "tiered") as journal:
         tiers = {type(e).__name__: journal.is_fsynced(e) for e in events}
         for event in events:
             journal.on_event(event)
@@ -107,9 +110,6 @@ def test_durability_tiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
     assert tiers == {"RunStarted": False, "MessagePublished": False, "RoundStarted": False,
                      "ActionStarted": False, "LLMCalled": False, "ActionCompleted": False,
                      "RunEnded": True}
-    monkeypatch.setenv("SOPCTL_JOURNAL_SYNC", "full")
-    with new_journal(tmp_path) as strict:
-        assert all(strict.is_fsynced(e) for e in events)
 
 
 def test_each_write_is_committed_before_returning(tmp_path: Path) -> None:
