@@ -155,10 +155,11 @@ class Team:
         """Run until the end; every way of ending gives a result and emits RunEnded."""
         self.check()
         self._emit(self._started())
-        status, error = "idle", ""
+        # Anything that escapes below (KeyboardInterrupt, SystemExit) ends the run as interrupted.
+        status, error = "interrupted", "interrupted"
         try:
             self.env.publish(user_requirement(str(self.inputs.get("idea", ""))))
-            status = await self._loop()
+            status, error = await self._loop(), ""
         except BudgetExceeded as exc:
             status, error = "budget", str(exc)
         except SopError as exc:
