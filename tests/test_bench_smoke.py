@@ -36,6 +36,7 @@ def test_compare_sopctl_side_produces_its_figures() -> None:
             _positive(side[key])
         assert side["llm_calls"] > 0 and side["prompt_tokens"] > 0
         assert side["files_written"] == res["files"]
+    _positive(res["sopctl@0"]["warm_overhead_per_call_ms"])
     assert res["sopctl_shipped"]["llm_calls"] > res["sopctl@0"]["llm_calls"]  # the QA engineer's calls
     for key in ("sopctl_help_s", "sopctl_validate_s"):
         _positive(res["cold"][key])
