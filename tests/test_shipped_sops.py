@@ -337,8 +337,10 @@ def test_a_failing_run_goes_to_the_engineer_and_a_passing_one_ends_the_loop(tmp_
     assert runs[0].out["exit_code"] == 1 and "calc.py" in runs[0].out["stdout"]
     assert runs[0].send_to == frozenset({"Alex"})
     assert runs[1].out["exit_code"] == 0
-    fixes = [m for m in result.messages if m.cause_by == "FixBug" and m.out]
-    assert len(fixes) == 1 and fixes[0].round == runs[0].round + 1
+    fixes = [m for m in result.messages if m.cause_by == "FixBug"]
+    assert len(fixes) == 1 and fixes[0].round == runs[0].round + 1 and len(fixes[0].out) == 1
+    assert fixes[0].send_to == frozenset({"Edward"})
+    assert len(runs) == 2 and result.messages[-1] == runs[1], "the passing run is the last word"
     assert (tmp_path / "ws" / "calc" / "calc.py").read_text() == "VALUE = 2\n"
     asked = [r.spec.action for r in model.requests]
     assert asked.count("FixBug") == 1, "only the named file, only once"
