@@ -16,6 +16,10 @@ Why this shape:
   token cap mid-JSON and failed after every re-ask. A tightened schema accepts only
   answers the original accepts, and the gateway validates every answer anyway (llama.cpp
   silently falls back to plain JSON for schemas it cannot convert).
+- Code answers (`output: {code: LANG}`) are constrained by a grammar that opens a fenced
+  block in that language and closes it (`_CODE_GRAMMAR`): left free, the 135M model often
+  answered prose without a fence and failed the action after every re-ask; once inside the
+  fence it writes code.
 - A mild repeat penalty (`REPEAT_PENALTY`): greedy decoding under a grammar otherwise fills
   every list with copies of one string until the list cap; with it answers are shorter,
   more varied and about three times faster.
@@ -35,9 +39,12 @@ tokens/s under a JSON-Schema grammar, model load 0.2 s.
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import importlib.util
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -97,8 +104,24 @@ class LocalModel:
         check_available()
         check_real_model_allowed(request.spec)
         register_provider()
-        # a local failure is not helped by waiting: every error is final
-        return await LiteLLMProvider(transient=False).acompletion(LITELLM_MODEL, request)
+        provider = LiteLLMProvider(transient=False)  # a local failure is not helped by waiting
+        if request.spec.kind == "code":
+            # A 135M model often forgets the fence: a grammar that opens it cannot forget it.
+            request = replace(request, response_format=code_format(request.spec.code_lang or ""))
+        return await provider.acompletion(LITELLM_MODEL, request)
+
+
+def code_format(lang: str) -> dict[str, Any]:
+    """Our own `response_format` for code answers; `run_local` turns it into a grammar."""
+    return {"type": CODE_FORMAT_TYPE, "lang": lang}
+
+
+CODE_FORMAT_TYPE = "sopctl_fenced_code"
+_CODE_GRAMMAR = r'''
+root ::= "```" LANG "\n" body "```"
+body ::= ( [^`] | "`" [^`] | "``" [^`] )+
+'''
+
 
 
 def check_available() -> None:
@@ -213,19 +236,30 @@ def run_local(messages: list[dict[str, Any]], params: dict[str, Any], llama: Any
     """One blocking chat completion (call it from a worker thread); serialized by a lock."""
     llama = llama if llama is not None else _llama()
     rformat = params.get("response_format")
-    cap = MAX_JSON_TOKENS if isinstance(rformat, dict) else MAX_TOKENS
+    cap = MAX_JSON_TOKENS if isinstance(rformat, dict) and rformat.get("type") != CODE_FORMAT_TYPE else MAX_TOKENS
     max_tokens = min(int(params.get("max_tokens") or cap), cap)
+    constraint = _code_grammar(rformat) or {"response_format": _llama_format(rformat, max_tokens)}
     with _RUN_LOCK:
         fitted = fit_messages(messages, N_CTX - max_tokens - 64, lambda t: len(llama.tokenize(t.encode("utf-8"), special=True)))
         response = llama.create_chat_completion(
-            messages=fitted, response_format=_llama_format(rformat, max_tokens),
-            temperature=float(params.get("temperature") or 0.0), max_tokens=max_tokens, seed=0,
-            repeat_penalty=REPEAT_PENALTY)
+            messages=fitted, temperature=float(params.get("temperature") or 0.0),
+            max_tokens=max_tokens, seed=0, repeat_penalty=REPEAT_PENALTY, **constraint)
     usage = response.get("usage") or {}
     choice = response["choices"][0]
     return {"text": choice["message"].get("content") or "", "finish_reason": choice.get("finish_reason"),
             "prompt_tokens": int(usage.get("prompt_tokens", 0)),
             "completion_tokens": int(usage.get("completion_tokens", 0))}
+
+
+def _code_grammar(response_format: Any) -> dict[str, Any] | None:
+    """`grammar=` for a code answer: a fenced block in the action's language."""
+    if not isinstance(response_format, dict) or response_format.get("type") != CODE_FORMAT_TYPE:
+        return None
+    from llama_cpp import LlamaGrammar
+
+    lang = re.sub(r"[^a-z0-9_+-]", "", str(response_format.get("lang", "")).lower())
+    source = _CODE_GRAMMAR.replace("LANG", json.dumps(lang))
+    return {"grammar": LlamaGrammar.from_string(source, verbose=False)}
 
 
 def _llama_format(response_format: Any, max_tokens: int) -> dict[str, Any] | None:

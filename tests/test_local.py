@@ -96,6 +96,17 @@ def test_local_choice_and_text_have_no_grammar(stand_in):
     assert value == 1 and stand_in.calls[0]["response_format"] is None
 
 
+def test_local_code_is_constrained_to_a_fenced_block_in_the_language(stand_in):
+    stand_in.text = "```python\nprint('hi')\n```"
+    with allow_real_models():
+        value = asyncio.run(Gateway().call(spec("code", code_lang="python"))).value
+    sent = stand_in.calls[0]
+    assert value.strip() == "print('hi')"
+    assert "response_format" not in sent and sent["max_tokens"] == local.MAX_TOKENS
+    grammar = sent["grammar"]._grammar if hasattr(sent["grammar"], "_grammar") else str(sent["grammar"])
+    assert '"```" "python"' in grammar.replace("\\", "")
+
+
 def test_local_is_blocked_by_the_guard(stand_in):
     with pytest.raises(LLMError, match="blocked in tests"):
         asyncio.run(Gateway().call(spec()))
