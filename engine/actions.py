@@ -13,10 +13,8 @@ import re
 import signal
 import sys
 from dataclasses import dataclass, field
-from functools import lru_cache
 from typing import Any, Awaitable, Callable, Sequence
 
-from jinja2 import Template
 
 from .compiler import CompiledSop
 from .errors import ActionFailed, BudgetExceeded, LLMError
@@ -25,8 +23,7 @@ from .llm import CallResult, CallSpec, Gateway
 from .memory import Memory
 from .message import Message, render_content
 from .outputs import output_kind
-from .prompts import MAX_RENDERED_CHARS, TemplateFailure, environment
-from .prompts import render as render_uncached
+from .prompts import TemplateFailure, compile_expression, render
 from .spec import ActionSpec, CodeOutput
 from .workspace import Workspace, WorkspaceError, WrittenFile
 
@@ -74,38 +71,6 @@ class ActionResult:
     content: str
     out: Any
     artifacts: list[WrittenFile] = field(default_factory=list)
-
-
-@lru_cache(maxsize=1024)
-def _template(source: str) -> Template:
-    return environment().from_string(source)
-
-
-@lru_cache(maxsize=256)
-def _expression(source: str) -> Callable[..., Any]:
-    return environment().compile_expression(source, undefined_to_none=False)
-
-
-def render(source: str, variables: dict[str, Any], limit: int = MAX_RENDERED_CHARS) -> str:
-    """`prompts.render` with each template compiled once per process, not once per call.
-
-    Compiling is most of a render's cost (a 20-item fan-out renders 60 templates). Errors
-    and limits are prompts.render's: anything unusual is handed to it to get its message.
-    """
-    try:
-        template = _template(source)
-        pieces: list[str] = []
-        size = 0
-        for piece in template.generate(**variables):
-            size += len(piece)
-            if size > limit:
-                raise TemplateFailure(f"rendered text exceeds the limit of {limit:,} characters")
-            pieces.append(piece)
-        return "".join(pieces)
-    except TemplateFailure:
-        raise
-    except Exception:  # noqa: BLE001 - re-render the slow way for prompts' exact message
-        return render_uncached(source, variables, limit)
 
 
 def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str,
@@ -231,7 +196,7 @@ def _evaluate(action_id: str, field: str, source: str, variables: dict[str, Any]
     match = re.fullmatch(r"\{\{(.*)\}\}", source.strip(), re.S)
     expression = match.group(1) if match else source
     try:
-        return _expression(expression)(**variables)
+        return compile_expression(expression)(**variables)
     except Exception as exc:  # noqa: BLE001 - any jinja/sandbox failure is the action's
         raise ActionFailed(action_id, f"{field} expression failed: {type(exc).__name__}: {exc}") from None
 
