@@ -110,6 +110,7 @@ class _BenchModel:
         self.inner, self.files = FakeModel(), files
         self.intervals: list[list[float]] = []
         self.prompts: list[str] = []
+        self.cpu_s = 0.0  # CPU time of the whole run, set by the caller
 
     def supports_schema(self, model: str) -> bool:
         return self.inner.supports_schema(model)
@@ -146,10 +147,10 @@ def _run_cli(sop: str, files: int, idea: str) -> tuple[dict[str, Any], _BenchMod
     with tempfile.TemporaryDirectory(prefix="sopctl-bench-") as tmp, use_model(model, name="benchfake"):
         argv = ["run", sop, "--model", "benchfake", "--idea", idea, "--out", str(Path(tmp) / "ws"),
                 "--format", "json"]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             code = cli.main(argv)
-        seconds = time.perf_counter() - t0
+        seconds, model.cpu_s = time.perf_counter() - t0, time.process_time() - c0
     if code != 0:
         raise SystemExit(f"sopctl run exited {code}:\n{err.getvalue()[-2000:]}\n{out.getvalue()[-2000:]}")
     return json.loads(out.getvalue()), model, seconds
@@ -180,6 +181,7 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
     written = {Path(a).name for a in result["artifacts"] if not a.startswith(("docs/", "tests/"))}
     out = {
         "system": "sopctl", "import_s": import_s, "run_s": run_s, "compile_s": compile_s,
+        "run_cpu_s": model.cpu_s,
         "llm_s": sum(b - a for a, b in model.intervals), "llm_busy_s": busy_time(model.intervals),
         "llm_calls": result["llm_calls"], "rounds": result["rounds"], "status": result["status"],
         "prompt_chars": sum(len(p) for p in model.prompts), "prompts": model.prompts,
@@ -287,6 +289,8 @@ def _per_call_overhead(r: dict[str, Any]) -> float:
 def _summarise(runs: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
     first = runs[0]
     extra = {}
+    if "run_cpu_s" in first:
+        extra["cpu_per_call_ms"] = _stats([1000 * r["run_cpu_s"] / r["llm_calls"] for r in runs])
     if "warm_run_s" in first:
         extra["warm_overhead_per_call_ms"] = _stats(
             [1000 * (r["warm_run_s"] - r["warm_llm_s"]) / r["warm_llm_calls"] for r in runs])
@@ -370,6 +374,7 @@ def _ratios(out: dict[str, Any], with_metagpt: bool) -> dict[str, float]:
     cold = out["cold"]
     return {
         "overhead_per_call": s0["overhead_per_call_ms"]["median"] / m0["overhead_per_call_ms"]["median"],
+        "cpu_per_call": s0["cpu_per_call_ms"]["median"] / m0["cpu_per_call_ms"]["median"],
         "overhead_per_call_warm": (s0["warm_overhead_per_call_ms"]["median"]
                                    / m0["warm_overhead_per_call_ms"]["median"]),
         "wall_at_latency": s1["run_s"]["median"] / m1["run_s"]["median"],
@@ -414,6 +419,8 @@ def markdown(res: dict[str, Any]) -> str:
                     f"{s['median'] / res[f'metagpt@{lats[0]:g}']['overhead_per_call_ms']['median']:.3f} | |")
     row("the same, second run in the same process (warm)", lats[0], "warm_overhead_per_call_ms",
         " ms", "overhead_per_call_warm", f"<= {TARGET_OVERHEAD}", 2)
+    row("CPU time of the first run per LLM call, 0 ms (less sensitive to other load)", lats[0], "cpu_per_call_ms",
+        " ms", "cpu_per_call", "", 2)
     row(f"team run wall time, {lats[1]:g} ms latency", lats[1], "run_s", " s", "wall_at_latency")
     row(f"time with a call in flight, {lats[1]:g} ms latency", lats[1], "llm_busy_s", " s", "")
     row("LLM calls per run", lats[0], "llm_calls", "", "llm_calls")
