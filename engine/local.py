@@ -39,6 +39,7 @@ tokens/s under a JSON-Schema grammar, model load 0.2 s.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json
 import re
 import importlib.util
@@ -222,7 +223,15 @@ def _llama() -> Any:
                                         n_threads_batch=threads, seed=0, verbose=False)
             except Exception as exc:  # noqa: BLE001 - llama.cpp's errors are plain exceptions
                 raise LLMError(f"the local model could not be loaded: {exc}") from None
+            # Free it while the interpreter is whole: llama's __del__ at shutdown prints a traceback.
+            atexit.register(_unload)
         return _STATE["llama"]
+
+
+def _unload() -> None:
+    llama = _STATE.pop("llama", None)
+    if llama is not None and hasattr(llama, "close"):
+        llama.close()
 
 
 def _threads() -> int:
