@@ -58,11 +58,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     one JSON object of `--format json`) to stdout.
     """
     import asyncio
-    import json
 
     from .api import parse_input_flags, prepare
     from .compiler import check_path
-    from .display import make_display, summary
+    from .display import make_display, print_result
     from .errors import UsageError
     from .render import report
 
@@ -92,18 +91,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     finally:
         getattr(display, "close", lambda: None)()
         journal.close()
-    if args.format == "json":
-        print(json.dumps(result.to_json(), ensure_ascii=False))
-    else:
-        print(summary(result))
-        if result.error:
-            print(f"sopctl: {result.status}: {result.error}", file=sys.stderr)
-    return {"idle": 0, "max_rounds": 0, "interrupted": 130}.get(result.status, 1)
+    return print_result(result, args.format)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Continue an interrupted run from its journal; output and exit code as `sopctl run`."""
-    from .runs import print_result, progress_display, read_origin, resume_run
+    from .display import print_result
+    from .runs import progress_display, read_origin, resume_run
 
     origin = read_origin(args.run_dir)
     print(f"sopctl: resuming run {origin.first.run_id} of {origin.first.sop_name} "
@@ -123,7 +117,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Re-run a recorded run in --out with every answer from its journal; exit 1 on divergence."""
-    from .runs import print_result, progress_display, read_origin, replay_run
+    from .display import print_result
+    from .runs import progress_display, read_origin, replay_run
 
     origin = read_origin(args.run_dir)
     display = progress_display(origin)

@@ -14,7 +14,7 @@ from typing import IO, Any
 from .events import (ActionCompleted, ActionStarted, LLMCalled, RoundStarted,
                      RunEnded, RunEvent, RunLog, RunStarted)
 
-__all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "summary"]
+__all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "summary", "print_result", "EXIT_CODES"]
 
 
 @dataclass
@@ -165,3 +165,20 @@ def summary(result: Any) -> str:
         lines.append("artifacts:")
         lines += [f"  {path}" for path in result.artifacts]
     return "\n".join(lines)
+
+
+def print_result(result: Any, fmt: str) -> int:
+    """Print a run's result (`run`, `resume`, `replay`); the exit code of its status (contract §6)."""
+    import json
+
+    if fmt == "json":
+        print(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        print(summary(result))
+    if result.error:
+        print(f"sopctl: {result.status}: {result.error}", file=sys.stderr)
+    return EXIT_CODES.get(result.status, 1)
+
+
+EXIT_CODES = {"idle": 0, "max_rounds": 0, "interrupted": 130}
+"""Exit code per run status; anything else (failed, budget) is 1."""

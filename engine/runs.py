@@ -51,7 +51,7 @@ __all__ = [
     "ActionStats", "ActionRecord", "RunState", "Origin",
     "read_run", "rebuild", "find_runs", "list_runs", "runs_json", "result_object",
     "render_show", "render_runs", "read_origin", "resume_run", "replay_run",
-    "remove_orphan_temp_files", "progress_display", "print_result",
+    "remove_orphan_temp_files", "progress_display",
 ]
 
 
@@ -627,18 +627,3 @@ def progress_display(origin: Origin) -> Any:
         roles = []
     return make_display(roles)
 
-
-def print_result(result: RunResult, fmt: str) -> int:
-    """Print a RunResult as `sopctl run` does; the exit code of its status (contract §6)."""
-    import json
-    import sys
-
-    from .display import summary
-
-    if fmt == "json":
-        print(json.dumps(result.to_json(), ensure_ascii=False))
-    else:
-        print(summary(result))
-    if result.error:
-        print(f"sopctl: {result.status}: {result.error}", file=sys.stderr)
-    return {"idle": 0, "max_rounds": 0, "interrupted": 130}.get(result.status, 1)
