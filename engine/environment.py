@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .events import MessagePublished, RunEvent
-from .message import Message, is_send_to
+from .message import ALL, Message
 from .role import Role
 
 __all__ = ["Environment"]
@@ -24,17 +24,25 @@ class Environment:
         self.roles = list(roles)
         self.history: list[Message] = []
         self._emit = emit
+        # address -> file position: a message costs its recipients, not every role
+        self._by_address: dict[str, int] = {
+            address: index for index, role in enumerate(self.roles) for address in role.addresses}
+
+    def recipients(self, message: Message) -> list[Role]:
+        """Filter 1: the roles whose addresses meet `send_to` (all for `<all>`), in file order."""
+        if ALL in message.send_to:
+            return list(self.roles)
+        found = {self._by_address[a] for a in message.send_to if a in self._by_address}
+        return [self.roles[index] for index in sorted(found)]
 
     def publish(self, message: Message) -> list[str]:
         """Record the message and deliver it; returns the ids of the roles it reached."""
         self.history.append(message)
-        reached = []
-        for role in self.roles:
-            if is_send_to(message.send_to, role.addresses):
-                role.deliver(message)
-                reached.append(role.id)
+        reached = self.recipients(message)
+        for role in reached:
+            role.deliver(message)
         self._emit(MessagePublished(message=message.to_json()))
-        return reached
+        return [role.id for role in reached]
 
     def active_roles(self) -> list[Role]:
         """The roles that will run this round (not idle), in file order."""

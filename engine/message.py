@@ -20,7 +20,6 @@ __all__ = [
     "HUMAN",
     "Message",
     "message_id",
-    "is_send_to",
     "resolve_send_to",
     "render_content",
     "user_requirement",
@@ -95,14 +94,6 @@ class Message:
             "cause_by": self.cause_by,
             "round": self.round,
         }
-
-
-def is_send_to(send_to: Iterable[str], addresses: Iterable[str]) -> bool:
-    """Filter 1: true for `<all>` or when any address of the role is a recipient."""
-    targets = set(send_to)
-    if ALL in targets:
-        return True
-    return bool(targets & set(addresses))
 
 
 def resolve_send_to(send_to: Iterable[str], sender: str) -> frozenset[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.memory import Memory
-from engine.message import (ALL, HUMAN, NONE, SELF, Message, is_send_to, message_id,
+from engine.message import (ALL, HUMAN, NONE, SELF, Message, message_id,
                             render_content, resolve_send_to, user_requirement)
 
 
@@ -50,15 +50,6 @@ def test_self_becomes_the_sender_and_empty_means_all() -> None:
     assert resolve_send_to([SELF, "Bob"], "Engineer") == {"Engineer", "Bob"}
     assert resolve_send_to([], "Engineer") == {ALL}
     assert resolve_send_to([NONE], "Engineer") == {NONE}
-
-
-def test_is_send_to_matches_all_or_any_address() -> None:
-    assert is_send_to({ALL}, {"Architect", "Bob"})
-    assert is_send_to({"Bob"}, {"Architect", "Bob"})
-    assert is_send_to({"Architect"}, {"Architect", "Bob"})
-    assert not is_send_to({"Alice"}, {"Architect", "Bob"})
-    assert not is_send_to({NONE}, {"Architect", "Bob"})
-    assert not is_send_to(set(), {"Architect", "Bob"})
 
 
 def test_render_content_per_output_kind() -> None:

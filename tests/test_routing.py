@@ -58,6 +58,12 @@ def test_address_by_id_or_by_name(team: Team) -> None:
     assert team.env.publish(_msg(3, "Z", {"Alice", "Gamma"})) == ["Alpha", "Gamma"]
 
 
+def test_recipients_come_in_file_order_once_each_and_unknown_addresses_reach_nobody(team: Team) -> None:
+    assert team.env.publish(_msg(1, "Z", {"Gamma", "Alice", "Alpha", "Nobody"})) == ["Alpha", "Gamma"]
+    assert team.env.publish(_msg(2, "Z", {"Nobody"})) == []
+    assert [len(r.inbox) for r in team.roles] == [1, 0, 1, 0]
+
+
 def test_observe_keeps_watched_messages(team: Team) -> None:
     beta = _roles(team)["Beta"]
     team.env.publish(_msg(1, "A", {ALL}))
