@@ -262,6 +262,7 @@ class Journal:
         self._crash_event = _crash_point(CRASH_AFTER_EVENT_ENV)
         self._crash_answer = _crash_point(CRASH_AFTER_ANSWER_ENV)
         self._completed: dict[str, ActionCompleted] | None = None
+        self._final_hashes: dict[str, str] = {}
         self.workspace: Path | None = None
         self._lock: IO[str] | None = None
         self._mutex = threading.RLock()       # writers may be called from worker threads
@@ -427,14 +428,19 @@ class Journal:
 
         An action whose artifacts are missing or changed in the workspace counts as not
         completed, so a resume runs it again (its answers come from the journal, at no
-        cost) and the workspace rewrites exactly those files.
+        cost) and the workspace rewrites exactly those files. "Changed" is measured against
+        the last content the journal recorded for the path when it was opened (a later
+        action may rewrite a file, as a review rewrites a draft), not this action's own.
         """
         if self._completed is None:
             self._completed = self._load_completed()
         record = self._completed.get(key)
         if record is None or self.workspace is None:
             return record
-        return record if all(_artifact_intact(self.workspace, a) for a in record.artifacts) else None
+        final = self._final_hashes
+        intact = all(_artifact_intact(self.workspace, {**a, "sha256": final.get(a["path"], a["sha256"])})
+                     for a in record.artifacts)
+        return record if intact else None
 
     def _load_completed(self) -> dict[str, ActionCompleted]:
         with _guard(self.path, "read"):
@@ -445,6 +451,8 @@ class Journal:
             event = decode_event(EventRow(seq, ts, typ, _loads(data, seq)))
             assert isinstance(event, ActionCompleted)
             done.setdefault(event.key, event)
+            # Frozen at load: what this resume writes must not move the target it checks against.
+            self._final_hashes.update({a["path"]: a["sha256"] for a in event.artifacts})
         return done
 
     # RunObserver -------------------------------------------------------------------------

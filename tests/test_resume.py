@@ -271,3 +271,42 @@ def test_resume_removes_temp_files_of_a_killed_write(model: CountingModel, tmp_p
     after = artifact_files(ws)
     assert "docs/.sopctl-abc123.tmp" not in after and after["keep.tmp"] == b"not ours"
     assert set(before) - {"keep.tmp"} <= set(after)
+
+
+REWRITE = """
+apiVersion: sop/v1
+name: draft_then_review
+actions:
+  Draft:
+    prompt: "Draft it."
+    context: none
+    output: text
+    artifacts: [{path: out.txt, content: "draft: {{ out }}"}]
+  Review:
+    prompt: "Review it."
+    context: none
+    output: text
+    artifacts: [{path: out.txt, content: "reviewed: {{ out }}"}]
+roles:
+  Writer: {actions: [Draft, Review], react_mode: by_order, watch: [UserRequirement]}
+"""
+
+
+def test_resume_of_a_finished_run_redoes_nothing_when_a_later_action_rewrote_a_file(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], model: CountingModel) -> None:
+    sop = tmp_path / "rewrite.sop.yaml"
+    sop.write_text(REWRITE)
+    ws = tmp_path / "ws"
+    code, first, _ = sopctl(capsys, "run", str(sop), "--idea", "x", "--model", "counting",
+                            "--out", str(ws), "--format", "json")
+    assert code == 0 and model.calls == 2
+    final = (ws / "out.txt").read_text()
+    assert final.startswith("reviewed: ")
+    code, again, _ = sopctl(capsys, "resume", str(ws), "--format", "json")
+    assert code == 0 and model.calls == 2
+    assert (again["llm_calls"], again["reused_calls"]) == (0, 0)   # no action re-executed
+    assert (ws / "out.txt").read_text() == final
+    (ws / "out.txt").write_text("edited by hand")
+    code, restored, _ = sopctl(capsys, "resume", str(ws), "--format", "json")
+    assert code == 0 and model.calls == 2 and restored["reused_calls"] == 2
+    assert (ws / "out.txt").read_text() == final
