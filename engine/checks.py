@@ -76,7 +76,7 @@ def _unknown(kind: str, name: str, choices: list[str]) -> tuple[str, str]:
 # ---------------------------------------------------------------- references
 
 
-@check("references", "SOP107")
+@check("references", "SOP107", "SOP109")
 def node_types(ctx: Context) -> Iterator[Diagnostic]:
     """Every output node's `type` must parse (and `children` only go with no type or `list`)."""
     from .outputs import TypeSyntaxError, parse_type
@@ -95,6 +95,16 @@ def node_types(ctx: Context) -> Iterator[Diagnostic]:
                 parse_type(node.type or "str")
             except TypeSyntaxError as exc:
                 yield error("SOP107", pointer + "/type", str(exc), did_you_mean(kind, _TYPE_WORDS))
+            if node.pattern is not None:
+                yield from _pattern_problem(pointer + "/pattern", node.pattern)
+
+
+def _pattern_problem(pointer: str, pattern: str) -> Iterator[Diagnostic]:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        yield error("SOP109", pointer, f"`pattern` is not a valid regular expression: {exc}",
+                    "anchor it with ^...$ and escape special characters, e.g. '^[a-z_]+\\.py$'")
 
 
 _TYPE_WORDS = ["str", "int", "float", "bool", "list[str]", "dict[str, str]", "optional[str]"]

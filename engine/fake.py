@@ -155,11 +155,31 @@ def _number(schema: dict[str, Any], key: str, depth: int) -> int | float:
 
 def _string(schema: dict[str, Any], key: str, depth: int, index: int | None = None) -> str:
     text = _plausible(key, index)
+    if "pattern" in schema:
+        text = _matching(schema["pattern"], text, index)
     low, high = schema.get("minLength", 0), schema.get("maxLength")
     if len(text) < low:
         text = text.ljust(low, "x")
     if high is not None:
         text = text[:high]
+    return text
+
+
+_PATTERN_CANDIDATES = ("main.py", "main", "item", "x", "1", "a.txt", "example")
+
+
+def _matching(pattern: str, text: str, index: int | None) -> str:
+    """The plausible text if it matches `pattern`, else the first stock string that does
+    (a file name for a file pattern...); the text itself when none does: the gateway then
+    reports the answer as invalid, which names the pattern."""
+    suffix = f"_{index + 1}" if index else ""
+    for candidate in (text, *(c.replace(".", suffix + ".", 1) if "." in c else c + suffix
+                              for c in _PATTERN_CANDIDATES)):
+        try:
+            if re.search(pattern, candidate):
+                return candidate
+        except re.error:
+            return text
     return text
 
 

@@ -323,9 +323,49 @@ def _bound_strings(schema: Any, length: int) -> Any:
     def change(node: dict[str, Any]) -> dict[str, Any]:
         if node.get("type") == "string" and "enum" not in node and "const" not in node:
             node["maxLength"] = max(min(node.get("maxLength", length), length), node.get("minLength", 0))
+        if "pattern" in node:
+            safe = grammar_pattern(str(node["pattern"]))
+            if safe is None:
+                del node["pattern"]  # the gateway still checks the answer against the original
+            else:
+                node["pattern"] = safe
         return node
 
     return _map_schema(schema, change)
+
+
+_CLASS_ESCAPES = {"d": "[0-9]", "w": "[A-Za-z0-9_]", "s": "[ \\t]"}
+
+
+def grammar_pattern(pattern: str) -> str | None:
+    """`pattern` rewritten for llama.cpp's grammar converter, or None to leave it out.
+
+    The converter turns an escaped literal such as `\\.` outside a class into a grammar
+    escape its own parser refuses, and a refused grammar crashes the process (a segfault,
+    not an error). So escaped punctuation becomes a one-character class (`[.]`), `\\d`,
+    `\\w`, `\\s` become classes, and a pattern with any other escape outside a class is
+    not given to the grammar at all: the answer is still validated against it afterwards.
+    """
+    out: list[str] = []
+    in_class, i = False, 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            if in_class:
+                out.append(char + nxt)
+            elif nxt in _CLASS_ESCAPES:
+                out.append(_CLASS_ESCAPES[nxt])
+            elif not nxt.isalnum() and nxt not in "]\\^":
+                out.append(f"[{nxt}]")
+            else:
+                return None
+            i += 2
+            continue
+        in_class = (in_class and char != "]") or (not in_class and char == "[")
+        out.append(char)
+        i += 1
+    return "".join(out)
 
 
 def _size(schema: Any) -> tuple[int, int]:

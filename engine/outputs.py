@@ -17,6 +17,7 @@ __all__ = [
     "TypeSyntaxError",
     "parse_type",
     "node_schema",
+    "with_pattern",
     "output_schema",
     "output_keys",
     "output_kind",
@@ -80,9 +81,22 @@ def node_schema(node: OutputNode) -> dict[str, Any]:
             schema = {"type": "array", "items": schema}
     else:
         schema = parse_type(node.type or "str")
+        if node.pattern:
+            schema = with_pattern(schema, node.pattern)
     if node.instruction:
         schema = {**schema, "description": node.instruction}
     return schema
+
+
+def with_pattern(schema: dict[str, Any], pattern: str) -> dict[str, Any]:
+    """Put `pattern` on every free string the schema holds (list items, dict values, optionals)."""
+    if schema.get("type") == "string" and "enum" not in schema:
+        return {**schema, "pattern": pattern}
+    nested = {key: with_pattern(schema[key], pattern)
+              for key in ("items", "additionalProperties") if isinstance(schema.get(key), dict)}
+    if "anyOf" in schema:
+        nested["anyOf"] = [with_pattern(option, pattern) for option in schema["anyOf"]]
+    return {**schema, **nested}
 
 
 def output_schema(output: Output) -> dict[str, Any] | None:

@@ -80,6 +80,8 @@ class OutputNode(_Model):
     type: str | None = None
     instruction: str = ""
     example: Any = None
+    pattern: str | None = None
+    """A regular expression every string of the node must match (each item of a list[str])."""
     children: dict[str, OutputNode] | None = None
 
 

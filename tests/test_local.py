@@ -201,3 +201,20 @@ def test_real_local_model_writes_schema_valid_json():
     assert answers.schema_errors(result.value, SCHEMA) == []
     assert result.calls >= 1 and result.completion_tokens > 0 and result.cost_usd == 0
     assert code.value.strip()
+
+
+@pytest.mark.parametrize("pattern, expected", [
+    (r"^[a-z_]+\.py$", "^[a-z_]+[.]py$"),            # the converter's `\.` crashed llama.cpp
+    (r"^\d+-\w+$", "^[0-9]+-[A-Za-z0-9_]+$"),
+    (r"^[\]a.]+$", r"^[\]a.]+$"),                     # escapes inside a class are left alone
+    (r"^a\bc$", None),                                # anything else: not given to the grammar
+])
+def test_patterns_are_rewritten_for_the_grammar_or_left_out(pattern, expected):
+    assert local.grammar_pattern(pattern) == expected
+
+
+def test_a_pattern_the_grammar_cannot_take_is_dropped_from_the_grammar_only():
+    schema = {"type": "object", "properties": {"v": {"type": "string", "pattern": r"^a\bc$"}},
+              "required": ["v"]}
+    assert "pattern" not in local.tighten_schema(schema)["properties"]["v"]
+    assert schema["properties"]["v"]["pattern"] == r"^a\bc$"   # the gateway validates with it
