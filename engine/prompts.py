@@ -8,11 +8,14 @@ instead of eating memory.
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from functools import lru_cache
 from typing import Any, Callable
 
 from jinja2 import StrictUndefined, Template, TemplateError, meta, nodes
+from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
 __all__ = [
@@ -35,15 +38,89 @@ class TemplateFailure(Exception):
     """A template could not be parsed or rendered; the message is user-facing."""
 
 
+def _check_size(value: Any) -> Any:
+    """Refuse a string or list past the output limit the moment a template builds one."""
+    if isinstance(value, (str, list, tuple)) and len(value) > MAX_RENDERED_CHARS:
+        raise SecurityError("template builds a value larger than the output limit")
+    return value
+
+
+def _bounded_join(parts: Any) -> str:
+    """`a ~ b`: jinja's own join, but a doubling `{% set a = a ~ a %}` stops at the limit."""
+    pieces = [str(part) for part in parts]
+    if sum(len(piece) for piece in pieces) > MAX_RENDERED_CHARS:
+        raise SecurityError("template builds a value larger than the output limit")
+    return "".join(pieces)
+
+
+class _BoundedCodeGenerator(CodeGenerator):
+    def visit_Concat(self, node: nodes.Concat, frame: Any) -> None:
+        self.write("environment.bounded_join((")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    """Refuses `str * n` and `range(n)` that would build huge values before any output check."""
+    """The sandbox, plus size limits on what a template can build *before* any output check:
+    `*` and `+` on strings and lists, `~`, filter arguments such as `center(10**9)`, and
+    format widths. Without them a few lines of a shared file could exhaust memory."""
+
+    code_generator_class = _BoundedCodeGenerator
+    intercepted_binops = frozenset({"*", "+"})
+    bounded_join = staticmethod(_bounded_join)
 
     def call_binop(self, context, operator, left, right):  # type: ignore[override]
-        if operator == "*" and isinstance(left, (str, list, int)) and isinstance(right, (str, list, int)):
-            seq, count = (left, right) if isinstance(left, (str, list)) else (right, left)
-            if isinstance(seq, (str, list)) and isinstance(count, int) and len(seq) * count > MAX_RENDERED_CHARS:
+        if operator == "*":
+            seq, count = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
+            if isinstance(seq, (str, list, tuple)) and isinstance(count, int) \
+                    and len(seq) * count > MAX_RENDERED_CHARS:
                 raise SecurityError("template builds a value larger than the output limit")
-        return super().call_binop(context, operator, left, right)
+        return _check_size(super().call_binop(context, operator, left, right))
+
+    def wrap_str_format(self, value: Any) -> Any:
+        # `'{:>1000000000}'.format(x)` would allocate the width before anything could check it
+        owner = getattr(value, "__self__", None)
+        if isinstance(owner, str) and getattr(value, "__name__", "") in ("format", "format_map") \
+                and re.search(r"\d{7,}", owner):
+            raise SecurityError("format width beyond the output limit")
+        return super().wrap_str_format(value)
+
+    def call(__self, __context, __obj, *args, **kwargs):  # type: ignore[override]  # noqa: N805
+        """Method calls (`'x'.center(n)`): sizes checked before the call, the result after."""
+        _check_arguments(getattr(__obj, "__name__", "call"), args, kwargs)
+        return _check_size(super().call(__context, __obj, *args, **kwargs))
+
+
+def _check_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    numbers = [a for a in (*args, *kwargs.values()) if isinstance(a, int) and not isinstance(a, bool)]
+    if any(abs(n) > MAX_RENDERED_CHARS for n in numbers):
+        raise SecurityError(f"'{name}' called with a size beyond the output limit")
+    strings = [a for a in args if isinstance(a, str)]
+    if name == "format" and any(re.search(r"%\d{7,}", a) for a in strings):
+        raise SecurityError("format width beyond the output limit")
+
+
+def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    """A filter whose size arguments are checked before it runs and whose result after."""
+
+    @functools.wraps(func)  # keeps jinja's pass_context/pass_eval_ctx marks
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        _check_arguments(name, args, kwargs)
+        if name == "replace":
+            _check_replace([a for a in args if not hasattr(a, "environment")], kwargs)
+        return _check_size(func(*args, **kwargs))
+
+    return bounded
+
+
+def _check_replace(args: list[Any], kwargs: dict[str, Any]) -> None:
+    """`s|replace(old, new)` grows by count(old) * len(new): refuse before building it."""
+    if len(args) >= 3 and isinstance(args[0], str):
+        value, old, new = str(args[0]), str(args[1]), str(args[2])
+        if len(value) + (value.count(old) if old else len(value) + 1) * len(new) > MAX_RENDERED_CHARS:
+            raise SecurityError("template builds a value larger than the output limit")
 
 
 def _tojson(value: Any, indent: int | None = None) -> str:
@@ -53,8 +130,8 @@ def _tojson(value: Any, indent: int | None = None) -> str:
 @lru_cache(maxsize=1)
 def environment() -> ImmutableSandboxedEnvironment:
     env = _BoundedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
-    env.intercepted_binops = frozenset({"*"})
     env.filters["tojson"] = _tojson
+    env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals["range"] = _bounded_range
     return env
 

@@ -1,0 +1,47 @@
+"""The template sandbox: a shared SOP's template cannot build a huge value, only fail cleanly.
+
+"refused by the sandbox" means the value was refused *before* it was built; the output-size
+check alone would only see it after the memory was spent.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.prompts import TemplateFailure, render
+
+BOMBS = {
+    "repeat": "{{ 'x' * 10**9 }}",
+    "concat doubling": "{% set a = 'x' * 600000 %}{% set a = a ~ a %}{{ a|length }}",
+    "plus doubling": "{% set a = 'x' * 600000 %}{% set a = a + a %}{{ a|length }}",
+    "list doubling": "{% set a = [1] * 600000 %}{% set a = a + a %}{{ a|length }}",
+    "center filter": "{{ 'x'|center(10**9) }}",
+    "center method": "{{ 'x'.center(10**9) }}",
+    "indent": "{{ 'x\nx'|indent(10**9) }}",
+    "replace": "{{ ('a' * 100000)|replace('a', 'b' * 50) }}",
+    "str.format width": "{{ '{:>1000000000}'.format('x') }}",
+    "format filter width": "{{ '%1000000000s'|format('x') }}",
+    "range": "{% for i in range(10**8) %}{% endfor %}",
+}
+
+
+@pytest.mark.parametrize("template", BOMBS.values(), ids=BOMBS.keys())
+def test_a_template_bomb_is_refused_before_it_is_built(template):
+    with pytest.raises(TemplateFailure, match="refused by the sandbox"):
+        render(template, {})
+
+
+def test_ordinary_templates_still_render():
+    template = ("{{ 'ab' ~ 'cd' }}|{{ [1, 2] + [3] }}|{{ 'x'|center(3) }}|{{ 'a-b'|replace('-', '+') }}|"
+                "{{ '{:>3}'.format(1) }}|{{ [3, 1]|sort|join(',') }}|{{ {'a': 1}|tojson }}|{{ 'abc'|upper }}")
+    assert render(template, {}) == 'abcd|[1, 2, 3]| x |a+b|  1|1,3|{"a": 1}|ABC'
+
+
+def test_the_rendered_output_is_still_bounded():
+    with pytest.raises(TemplateFailure, match="exceeds the limit"):
+        render("{% for i in range(2000) %}{{ 'x' * 900 }}{% endfor %}", {})
+
+
+def test_the_sandbox_still_refuses_python_internals():
+    with pytest.raises(TemplateFailure, match="sandbox"):
+        render("{{ ''.__class__.__mro__ }}", {})
