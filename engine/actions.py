@@ -40,6 +40,8 @@ __all__ = [
     "action_applies",
     "gather_or_cancel",
     "call_gateway",
+    "default_model",
+    "used_actions",
 ]
 
 MAX_STREAM_BYTES = 64 * 1024
@@ -61,7 +63,6 @@ class RunContext:
     emit: Callable[[RunEvent], None]
     model_override: str | None = None
     allow_exec: bool = False
-    budget_usd: float = 0.0
 
 
 @dataclass
@@ -84,6 +85,21 @@ def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str,
                             if layer and getattr(layer, key) is not None), None)
     picked["model"] = override or os.environ.get("SOPCTL_MODEL") or picked["model"] or DEFAULT_MODEL
     return picked
+
+
+def default_model(compiled: CompiledSop) -> str:
+    """The run's model where no role or action names one: $SOPCTL_MODEL > file > local."""
+    return os.environ.get("SOPCTL_MODEL") or compiled.spec.llm.model or DEFAULT_MODEL
+
+
+def used_actions(compiled: CompiledSop) -> set[str]:
+    """Every action some role can run: its `actions` and its planner's two."""
+    used: set[str] = set()
+    for role in compiled.spec.roles.values():
+        used.update(role.actions)
+        if role.planner:
+            used.update((role.planner.action, role.planner.task_action))
+    return used
 
 
 def role_prefix(compiled: CompiledSop, role_id: str) -> str:
@@ -227,14 +243,8 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
 
 
 async def call_gateway(ctx: RunContext, spec: CallSpec, round_: int) -> CallResult:
-    """One gateway call with the run's budget check and an LLMCalled event (the gateway
-    keeps the totals: failed attempts were paid too)."""
-    usage = ctx.gateway.usage
-    spent = getattr(usage, "budget_spent_usd", usage.cost_usd)
-    if ctx.budget_usd > 0 and spent >= ctx.budget_usd:
-        raise BudgetExceeded(f"budget of ${ctx.budget_usd:.4f} spent (${spent:.4f}); stopped "
-                             f"before calling the model for action {spec.action}",
-                             hint="raise it with --budget")
+    """One gateway call and its LLMCalled event. The gateway checks the budget before every
+    model call (not before an answer reused from the journal) and keeps the totals."""
     try:
         result = await ctx.gateway.call(spec)
     except (ActionFailed, BudgetExceeded):

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from .actions import default_model
 from .errors import JournalError, SopError, UsageError
 from .events import (
     ActionCompleted,
@@ -499,8 +500,7 @@ def _model_override(compiled: CompiledSop, recorded: str, explicit: str | None) 
     """
     if explicit:
         return explicit
-    default = os.environ.get("SOPCTL_MODEL") or compiled.spec.llm.model or "local"
-    return None if recorded == default else recorded
+    return None if recorded == default_model(compiled) else recorded
 
 
 def _check_numbers(rounds: int | None, budget: float | None) -> None:

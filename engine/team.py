@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from . import __version__
-from .actions import RunContext, resolve_llm
+from .actions import RunContext, default_model, resolve_llm, used_actions
 from .compiler import CompiledSop
 from .environment import Environment
 from .errors import BudgetExceeded, RunError, SopError
@@ -90,9 +90,7 @@ class RunResult:
 
 def exec_actions(compiled: CompiledSop) -> list[str]:
     """Actions of kind exec that some role can run (what `--allow-exec` unlocks)."""
-    used = {a for role in compiled.spec.roles.values() for a in role.actions}
-    if any(r.planner for r in compiled.spec.roles.values()):
-        used |= {r.planner.task_action for r in compiled.spec.roles.values() if r.planner}
+    used = used_actions(compiled)
     return [a for a, spec in compiled.spec.actions.items() if spec.kind == "exec" and a in used]
 
 
@@ -110,19 +108,22 @@ class Team:
         root = options.workspace or Path("runs") / self.run_id
         self.workspace = Workspace(root)
         self._artifacts: dict[str, str] = {}
-        gateway = options.gateway or Gateway(budget_usd=self.budget, store=options.store,
-                                             replay=options.replay)
+        gateway = options.gateway or Gateway(store=options.store, replay=options.replay)
+        gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
-                              model_override=options.model, allow_exec=options.allow_exec,
-                              budget_usd=self.budget)
+                              model_override=options.model, allow_exec=options.allow_exec)
         self.roles = [Role(rid, self.ctx, options.completed) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit)
         self.rounds = 0
+        self._checked = False
 
     def check(self) -> None:
         """Refuse to start (before any model call or file): exec not allowed, a model that
-        cannot work (e.g. `local` without its extra), a workspace that cannot be made."""
+        cannot work (e.g. `local` without its extra), a workspace that cannot be made.
+        Front ends call it early to fail fast; `run` calls it again, which is then a no-op."""
+        if self._checked:
+            return
         needing = exec_actions(self.compiled)
         if needing and not self.options.allow_exec:
             raise RunError(f"this SOP runs commands; actions of kind exec need --allow-exec: "
@@ -133,6 +134,7 @@ class Team:
             for model in self.models():
                 preflight(model)
         self.workspace.create()
+        self._checked = True
 
     def attach(self, journal: Any) -> None:
         """Plug a journal in: it observes every event and stores every model answer."""
@@ -146,9 +148,10 @@ class Team:
 
     def models(self) -> list[str]:
         """Every model this run may call, resolved (`--model` > env > action > role > file)."""
-        spec = self.compiled.spec
         found = {resolve_llm(self.compiled, rid, aid, self.options.model)["model"]
-                 for rid, role in spec.roles.items() for aid in role.actions}
+                 for rid, role in self.compiled.spec.roles.items()
+                 for aid in [*role.actions, *((role.planner.action, role.planner.task_action)
+                                              if role.planner else ())]}
         return sorted(found)
 
     async def run(self) -> RunResult:
@@ -212,7 +215,7 @@ class Team:
 
     def _started(self) -> RunStarted:
         spec = self.compiled.spec
-        model = self.options.model or _env_model() or spec.llm.model or "local"
+        model = self.options.model or default_model(self.compiled)
         return RunStarted(run_id=self.run_id, sop_file=self.compiled.file, sop_name=spec.name,
                           sop_hash=self.compiled.source_hash, inputs=dict(self.inputs),
                           model=model, engine_version=__version__,
@@ -234,8 +237,3 @@ class Team:
                          workspace=str(self.workspace.root), artifacts=sorted(self._artifacts),
                          messages=list(self.env.history), error=error)
 
-
-def _env_model() -> str | None:
-    import os
-
-    return os.environ.get("SOPCTL_MODEL") or None

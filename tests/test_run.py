@@ -89,15 +89,6 @@ def test_idle_when_no_role_keeps_the_first_message(tmp_path: Path) -> None:
     assert (result.status, result.rounds, len(result.messages)) == ("idle", 0, 1)
 
 
-def test_budget_stops_the_run_before_the_call_that_would_overspend(tmp_path: Path) -> None:
-    gateway = ScriptedGateway(cost=1.0)
-    result = run_sop(sop("pipeline"), gateway, tmp_path, budget_usd=1.5)
-    assert result.status == "budget"
-    assert len(gateway.requests) == 2  # the third call was refused
-    assert "budget" in result.error and "WriteTasks" in result.error
-    assert [h["cause_by"] for h in result.history] == ["UserRequirement", "WritePRD", "WriteDesign"]
-
-
 class _Priced:
     """A provider that costs $0.40 per answer (fake's answers otherwise)."""
 
@@ -115,6 +106,17 @@ def test_budget_through_the_real_gateway(tmp_path: Path) -> None:
                      workspace=tmp_path, gateway=gateway, budget_usd=0.5)
     assert result.status == "budget"
     assert result.llm_calls == 2 and result.cost_usd == pytest.approx(0.8)
+
+
+def test_the_runs_budget_stops_it_before_the_call_that_would_overspend(tmp_path: Path) -> None:
+    """The run's budget (file, --budget) governs the gateway; the third call is refused."""
+    gateway = Gateway(providers={"priced": _Priced()})
+    result = api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, model="priced",
+                     workspace=tmp_path, gateway=gateway, budget_usd=0.7)
+    assert result.status == "budget"
+    assert result.llm_calls == 2                      # 0.4 + 0.4 spent: 0.8 >= 0.7
+    assert "budget" in result.error and "WriteTasks" in result.error
+    assert [h["cause_by"] for h in result.history] == ["UserRequirement", "WritePRD", "WriteDesign"]
 
 
 def test_failed_action_ends_the_run_and_keeps_earlier_work(tmp_path: Path) -> None:
