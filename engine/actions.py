@@ -19,7 +19,7 @@ from typing import Any, Awaitable, Callable, Sequence
 from .compiler import CompiledSop
 from .errors import ActionFailed, BudgetExceeded, LLMError
 from .events import LLMCalled, RunEvent
-from .llm import CallResult, CallSpec, Gateway
+from .llm import CallResult, CallSpec, Gateway, is_secret_name
 from .memory import Memory
 from .message import Message, render_content
 from .outputs import output_kind
@@ -47,7 +47,6 @@ __all__ = [
 MAX_STREAM_BYTES = 64 * 1024
 """Bound on each of an exec action's stdout and stderr kept in `out`."""
 MAX_FOR_EACH_ITEMS = 1000
-_SECRET_ENV = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY)", re.I)
 DEFAULT_MODEL = "local"
 
 
@@ -301,7 +300,7 @@ async def _run_command(ctx: RunContext, action_id: str, action: ActionSpec,
 def _child_env() -> dict[str, str]:
     """The environment minus secret-looking variables: a command from a shared file never
     sees the user's API keys (so it cannot copy them into the workspace or its output)."""
-    return {k: v for k, v in os.environ.items() if not _SECRET_ENV.search(k)}
+    return {k: v for k, v in os.environ.items() if not is_secret_name(k)}
 
 
 async def _collect(proc: asyncio.subprocess.Process, timeout_s: float) -> dict[str, Any]:

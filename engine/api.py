@@ -21,7 +21,7 @@ from .events import RunEnded, RunEvent
 from .spec import InputSpec
 from .team import RunOptions, RunResult, Team, new_run_id
 
-__all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "run", "run_async",
+__all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "check_limits", "run", "run_async",
            "iter_run", "RunResult", "RunOptions", "new_run_id"]
 
 _TRUE = {"true", "yes", "y", "1", "on"}
@@ -103,10 +103,19 @@ def prepare(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
 
 
 def _options(**kwargs: Any) -> RunOptions:
+    check_limits(kwargs.get("max_rounds"), kwargs.get("budget_usd"))
     try:
         return RunOptions(**kwargs)
     except TypeError as exc:
         raise UsageError(f"bad run option: {exc}") from None
+
+
+def check_limits(max_rounds: int | None, budget_usd: float | None) -> None:
+    """The run's overrides (`--rounds`, `--budget`), refused before anything starts."""
+    if max_rounds is not None and max_rounds < 1:
+        raise UsageError("--rounds (max_rounds) must be at least 1")
+    if budget_usd is not None and budget_usd < 0:
+        raise UsageError("--budget (budget_usd) must be 0 (no limit) or more")
 
 
 async def run_async(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,

@@ -62,7 +62,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .api import parse_input_flags, prepare
     from .compiler import check_path
     from .display import make_display, print_result
-    from .errors import UsageError
     from .render import report
 
     checked = check_path(args.file)
@@ -72,10 +71,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     if checked.diagnostics:  # warnings only: say them, then run
         print(report([checked], "text", False)[0], file=sys.stderr)
     compiled = checked.compiled
-    if args.rounds is not None and args.rounds < 1:
-        raise UsageError("--rounds must be at least 1")
-    if args.budget is not None and args.budget < 0:
-        raise UsageError("--budget must be 0 (no limit) or more")
     team = prepare(compiled, parse_input_flags(args.input, args.idea), model=args.model,
                    max_rounds=args.rounds, budget_usd=args.budget, workspace=args.out,
                    allow_exec=args.allow_exec)
@@ -166,10 +161,6 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse, but usage errors exit 2 with our wording (argparse already uses 2)."""
-
-
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idea", help="the one-line requirement (sets the `idea` input)")
     p.add_argument("--input", action="append", default=[], metavar="KEY=VALUE",
@@ -185,7 +176,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="sopctl", description="Declarative multi-agent SOP pipelines: "
+    parser = argparse.ArgumentParser(prog="sopctl", description="Declarative multi-agent SOP pipelines: "
                      "validate, inspect and run SOP files (MetaGPT semantics).")
     parser.add_argument("--version", action="version", version=f"sopctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

@@ -47,6 +47,3 @@ class Environment:
     def active_roles(self) -> list[Role]:
         """The roles that will run this round (not idle), in file order."""
         return [role for role in self.roles if not role.is_idle()]
-
-    def is_idle(self) -> bool:
-        return not self.active_roles()

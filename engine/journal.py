@@ -42,7 +42,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -60,7 +59,7 @@ from . import __version__
 from . import events as _events
 from .errors import JournalError
 from .events import ActionCompleted, RunEvent, RunStarted, event_type
-from .llm import StoredAnswer
+from .llm import StoredAnswer, is_secret_name
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -88,7 +87,6 @@ SYNC_ENV = "SOPCTL_JOURNAL_SYNC"
 _FSYNCED_EVENTS = frozenset({"RunEnded"})
 """Events fsynced before `on_event` returns; answers always are (see the module docstring)."""
 _REDACTED = "[REDACTED]"
-_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY)", re.I)
 _EVENT_TYPES: dict[str, type] = {
     name: obj for name in _events.__all__
     if isinstance(obj := getattr(_events, name), type) and dataclasses.is_dataclass(obj)
@@ -226,7 +224,7 @@ def _guard(path: Path, doing: str) -> Iterator[None]:
 def _secret_values(environ: dict[str, str] | None = None) -> tuple[str, ...]:
     """Values of secret-looking environment variables, longest first (never written)."""
     env = os.environ if environ is None else environ
-    found = {v for k, v in env.items() if _SECRET_NAME.search(k) and len(v) >= 8}
+    found = {v for k, v in env.items() if is_secret_name(k) and len(v) >= 8}
     return tuple(sorted(found, key=len, reverse=True))
 
 
@@ -408,18 +406,6 @@ class Journal:
                 "model, seconds, origin, seq FROM answers ORDER BY rowid").fetchall()
         return [AnswerRow(h, a, StoredAnswer(t, pt, ct, c, model=m, seconds=sec), o, s)
                 for h, a, t, pt, ct, c, m, sec, o, s in rows]
-
-    def first_run_started(self) -> RunStarted:
-        """The event that started the run (resume and replay read SOP, inputs and model here)."""
-        with _guard(self.path, "read"):
-            row = self._conn.execute("SELECT seq, ts, type, json FROM events WHERE type = "
-                                     "'RunStarted' ORDER BY seq LIMIT 1").fetchone()
-        if row is None:
-            raise JournalError(f"journal {self.path} has no RunStarted event",
-                               "the run died before it started; run it again with `sopctl run`")
-        event = decode_event(EventRow(row[0], row[1], row[2], _loads(row[3], row[0])))
-        assert isinstance(event, RunStarted)
-        return event
 
     # CompletedActions --------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ import contextlib
 import hashlib
 import json
 import random
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Iterator, Literal, Mapping, Protocol
@@ -55,6 +56,7 @@ from .errors import ActionFailed, BudgetExceeded, LLMError, ReplayDivergence, So
 
 __all__ = [
     "CallSpec",
+    "is_secret_name",
     "CallResult",
     "StoredAnswer",
     "AnswerStore",
@@ -72,6 +74,14 @@ __all__ = [
     "request_hash",
     "real_models_blocked",
 ]
+
+_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY)", re.I)
+
+
+def is_secret_name(name: str) -> bool:
+    """An environment variable that holds a key: never journaled, never given to commands."""
+    return bool(_SECRET_NAME.search(name))
+
 
 CallKind = Literal["json", "text", "code", "choice"]
 

@@ -19,7 +19,6 @@ __all__ = [
     "node_schema",
     "with_pattern",
     "output_schema",
-    "output_keys",
     "output_kind",
 ]
 
@@ -104,11 +103,6 @@ def output_schema(output: Output) -> dict[str, Any] | None:
     if isinstance(output, dict):
         return _object_schema(output)
     return None
-
-
-def output_keys(output: Output) -> list[str]:
-    """Top-level keys of a structured output (what `out['Key']` may name)."""
-    return list(output) if isinstance(output, dict) else []
 
 
 def output_kind(output: Output) -> str:

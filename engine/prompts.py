@@ -14,7 +14,7 @@ import re
 from functools import lru_cache
 from typing import Any, Callable
 
-from jinja2 import StrictUndefined, Template, TemplateError, meta, nodes
+from jinja2 import StrictUndefined, Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
@@ -23,7 +23,6 @@ __all__ = [
     "TemplateFailure",
     "environment",
     "parse",
-    "free_variables",
     "render",
     "compile_expression",
 ]
@@ -151,11 +150,6 @@ def parse(source: str) -> nodes.Template:
         line = getattr(exc, "lineno", None)
         where = f" (template line {line})" if line else ""
         raise TemplateFailure(f"template syntax error{where}: {exc}") from None
-
-
-def free_variables(source: str) -> set[str]:
-    """Top-level names a template reads (what must be declared)."""
-    return set(meta.find_undeclared_variables(parse(source)))
 
 
 @lru_cache(maxsize=1024)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from .actions import default_model
+from .api import check_limits
 from .errors import JournalError, SopError, UsageError
 from .events import (
     ActionCompleted,
@@ -503,13 +504,6 @@ def _model_override(compiled: CompiledSop, recorded: str, explicit: str | None) 
     return None if recorded == default_model(compiled) else recorded
 
 
-def _check_numbers(rounds: int | None, budget: float | None) -> None:
-    if rounds is not None and rounds < 1:
-        raise UsageError("--rounds must be at least 1")
-    if budget is not None and budget < 0:
-        raise UsageError("--budget must be 0 (no limit) or more")
-
-
 def resume_run(run_dir: str | Path, *, budget: float | None = None, rounds: int | None = None,
                model: str | None = None, allow_exec: bool = False, force: bool = False,
                observers: tuple[Any, ...] = ()) -> RunResult:
@@ -518,7 +512,7 @@ def resume_run(run_dir: str | Path, *, budget: float | None = None, rounds: int 
     Refuses (JournalError) when the SOP file changed since the run (last) started, unless
     `force`. Returns the interpreter's RunResult of this invocation.
     """
-    _check_numbers(rounds, budget)
+    check_limits(rounds, budget)
     origin = read_origin(run_dir)
     _check_unchanged(origin, force)
     compiled = _compile(origin.sop_path)
