@@ -305,19 +305,31 @@ def _child_env() -> dict[str, str]:
 
 async def _collect(proc: asyncio.subprocess.Process, timeout_s: float) -> dict[str, Any]:
     readers = asyncio.gather(_read_bounded(proc.stdout), _read_bounded(proc.stderr), proc.wait())
-    timed_out = False
     try:
-        stdout, stderr, code = await asyncio.wait_for(asyncio.shield(readers), timeout_s)
-    except asyncio.TimeoutError:
-        timed_out = True
+        try:
+            stdout, stderr, code = await asyncio.wait_for(asyncio.shield(readers), timeout_s)
+            return {"exit_code": code, "stdout": stdout, "stderr": stderr}
+        except asyncio.TimeoutError:
+            pass
+        finally:
+            if proc.returncode is None:
+                _kill_group(proc.pid)
+        note = f"\n[sopctl: killed after {timeout_s:g} s timeout]"
+        try:  # a process that left the group may still hold the pipes: do not wait forever
+            stdout, stderr, _ = await asyncio.wait_for(asyncio.shield(readers), _DRAIN_AFTER_KILL_S)
+        except asyncio.TimeoutError:
+            stdout, stderr = "", "[sopctl: output lost: a process outside the group kept the pipes open]"
+            transport = getattr(proc, "_transport", None)  # close our ends of the pipes now
+            if transport is not None:
+                transport.close()
+        return {"exit_code": 124, "stdout": stdout, "stderr": stderr + note}
     finally:
-        if proc.returncode is None:
-            _kill_group(proc.pid)
-    if timed_out:
-        stdout, stderr, _ = await readers
-        stderr += f"\n[sopctl: killed after {timeout_s:g} s timeout]"
-        code = 124
-    return {"exit_code": code, "stdout": stdout, "stderr": stderr}
+        if not readers.done():  # cancelled (Ctrl-C, a failing sibling) or abandoned above
+            readers.cancel()
+            await asyncio.gather(readers, return_exceptions=True)
+
+
+_DRAIN_AFTER_KILL_S = 5.0
 
 
 def _kill_group(pid: int) -> None:

@@ -294,6 +294,20 @@ def test_exec_timeout_kills_the_process(tmp_path: Path) -> None:
     assert out["exit_code"] == 124 and "timeout" in out["stderr"]
 
 
+def test_exec_timeout_does_not_wait_for_a_child_that_left_the_group(tmp_path: Path, monkeypatch) -> None:
+    import engine.actions as actions
+
+    monkeypatch.setattr(actions, "_DRAIN_AFTER_KILL_S", 0.5)
+    escape = ("import os, subprocess, sys, time; "
+              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], start_new_session=True); "
+              "time.sleep(60)")
+    compiled = _exec_sop(f'["python", "-c", "{escape}"]', timeout=0.5)
+    result = run_sop(compiled, ScriptedGateway(), tmp_path, allow_exec=True)
+    out = result.messages[-1].out
+    assert result.status == "idle"
+    assert out["exit_code"] == 124 and "kept the pipes open" in out["stderr"]
+
+
 def test_exec_missing_program_fails_naming_the_action(tmp_path: Path) -> None:
     compiled = _exec_sop('["no-such-program-sopctl"]')
     result = run_sop(compiled, ScriptedGateway(), tmp_path, allow_exec=True)
