@@ -225,6 +225,8 @@ def _secret_values(environ: dict[str, str] | None = None) -> tuple[str, ...]:
     """Values of secret-looking environment variables, longest first (never written)."""
     env = os.environ if environ is None else environ
     found = {v for k, v in env.items() if is_secret_name(k) and len(v) >= 8}
+    # also as it appears inside JSON text (quotes, backslashes, control characters escaped)
+    found |= {json.dumps(v, ensure_ascii=False)[1:-1] for v in found}
     return tuple(sorted(found, key=len, reverse=True))
 
 

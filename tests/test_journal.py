@@ -246,6 +246,15 @@ def test_secrets_never_reach_the_file(tmp_path: Path, monkeypatch: pytest.Monkey
     assert b"[REDACTED]" in blobs
 
 
+def test_secrets_with_json_escapes_never_reach_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sentinel = 'tok"en\\SENTINEL-0123456789'
+    monkeypatch.setenv("SERVICE_TOKEN", sentinel)
+    with new_journal(tmp_path) as journal:
+        journal.on_event(MessagePublished(message=message("m", 1, "A", "R", f"key {sentinel}")))
+    blobs = b"".join(p.read_bytes() for p in journal_path(tmp_path).parent.iterdir())
+    assert b"SENTINEL-0123456789" not in blobs
+
+
 def test_resumed_journal_state(tmp_path: Path) -> None:
     """A crash in round 2, then a resume: final history is the resumed invocation's."""
     events = full_run()
