@@ -122,6 +122,22 @@ def _check_replace(args: list[Any], kwargs: dict[str, Any]) -> None:
             raise SecurityError("template builds a value larger than the output limit")
 
 
+def _slug(value: Any, length: int = 60) -> str:
+    """`{{ name | slug }}`: a lowercase identifier (a package or folder name from model text)."""
+    text = re.sub(r"[^a-z0-9]+", "_", str(value).lower()).strip("_")[:length].strip("_")
+    return text or "x"
+
+
+def _file_name(value: Any, extension: str = "", length: int = 120) -> str:
+    """`{{ item | file_name('.py') }}`: model text made a safe relative path inside the
+    workspace (no spaces, no `..`, no leading `/`), with `extension` added when it has none."""
+    parts = [re.sub(r"[^A-Za-z0-9_.-]+", "_", part).strip("_.") for part in str(value).strip().split("/")]
+    path = "/".join(p for p in parts if p)[:length] or "file"
+    if extension and "." not in path.rsplit("/", 1)[-1]:
+        path += extension
+    return path
+
+
 def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, indent=indent, ensure_ascii=False)
 
@@ -130,6 +146,8 @@ def _tojson(value: Any, indent: int | None = None) -> str:
 def environment() -> ImmutableSandboxedEnvironment:
     env = _BoundedEnvironment(undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True)
     env.filters["tojson"] = _tojson
+    env.filters["slug"] = _slug
+    env.filters["file_name"] = _file_name
     env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals["range"] = _bounded_range
     return env

@@ -45,3 +45,18 @@ def test_the_rendered_output_is_still_bounded():
 def test_the_sandbox_still_refuses_python_internals():
     with pytest.raises(TemplateFailure, match="sandbox"):
         render("{{ ''.__class__.__mro__ }}", {})
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("Program call flow: Aerius", "Program_call_flow_Aerius.py"),
+    ("src/game.py", "src/game.py"),
+    ("../../etc/passwd", "etc/passwd.py"),          # never leaves the workspace
+    ("/abs/x.py", "abs/x.py"),
+    ("   ", "file.py"),
+])
+def test_file_name_turns_model_text_into_a_safe_relative_path(value, expected):
+    assert render("{{ v | file_name('.py') }}", {"v": value}) == expected
+
+
+def test_slug_makes_an_identifier_from_model_text():
+    assert render("{{ v | slug }}|{{ '' | slug }}", {"v": "Aerius 2048: The Game!"}) == "aerius_2048_the_game|x"
