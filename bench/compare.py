@@ -105,7 +105,7 @@ class _BenchModel:
     """`fake` with an N-file design and task list, timing every answer and keeping prompts."""
 
     def __init__(self, files: list[str]) -> None:
-        from engine.fake import FakeModel
+        from engine.models.fake import FakeModel
 
         self.inner, self.files = FakeModel(), files
         self.intervals: list[list[float]] = []
@@ -140,7 +140,7 @@ class _BenchModel:
 
 def _run_cli(sop: str, files: int, idea: str) -> tuple[dict[str, Any], _BenchModel, float]:
     """One `sopctl run --format json` on the widened fake: (its JSON result, the model, seconds)."""
-    from engine import cli
+    from engine.cli import commands as cli
     from engine.testing import use_model
 
     model, out, err = _BenchModel(task_files(files)), io.StringIO(), io.StringIO()
@@ -161,15 +161,7 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
     (and with `warm` a second one in the same process, one-time costs already paid)."""
     os.environ["SOPCTL_FAKE_LATENCY_MS"] = str(latency_ms)
     t0 = time.perf_counter()
-    from engine import (  # noqa: F401 - what a run loads
-        api,
-        cli,
-        display,
-        fake,
-        journal,
-        team,
-        testing,  # noqa: F401
-    )
+    from engine import api
     api.load(sop)  # the checker's libraries load lazily; import them here, as MetaGPT's are
     import_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -219,7 +211,8 @@ def _profile_child(sop: str, files: int, idea: str) -> dict[str, Any]:
     import cProfile
     import pstats
 
-    from engine import api, cli
+    from engine import api
+    from engine.cli import commands as cli
     from engine.testing import use_model
 
     api.load(sop)

@@ -59,7 +59,7 @@ class _Recorder:
     """
 
     def __init__(self, files: int, measurement: Measurement) -> None:
-        from engine.fake import FakeModel
+        from engine.models.fake import FakeModel
 
         self.fake = FakeModel()
         self.files = files
@@ -70,7 +70,7 @@ class _Recorder:
         return self.fake.supports_schema(model)
 
     async def complete(self, request: Any) -> Any:
-        from engine.llm import ModelAnswer
+        from engine.models.types import ModelAnswer
 
         sent = "\n".join(m.get("content", "") for m in request.messages)
         tokens = len(self.encoding.encode(sent))
@@ -139,7 +139,7 @@ def all_context_variant(source: Path, target: Path) -> Path:
 def measure(path: Path, label: str, files: int, workspace: Path) -> Measurement:
     """Run `path` on the recording fake and return what its prompts cost in tokens."""
     from engine import api
-    from engine.llm import override_model
+    from engine.models.registry import override_model
 
     measurement = Measurement(label=label, status="?")
     compiled = api.load(path)

@@ -42,9 +42,9 @@ REPEATS = 3
 
 
 def _spec(i: int = 0) -> Any:
-    from engine.llm import CallSpec
-    from engine.outputs import output_schema
-    from engine.spec import OutputNode
+    from engine.load.outputs import output_schema
+    from engine.load.spec import OutputNode
+    from engine.models.types import CallSpec
 
     tree = {key: OutputNode(type=kind, instruction=f"the {key.lower()}") for key, kind in WRITE_PRD.items()}
     return CallSpec(action="WritePRD", role="ProductManager", system="You are Alice, a product manager.",
@@ -61,7 +61,7 @@ def _floor_us(n: int) -> float:
     from jsonschema import Draft202012Validator
     from referencing import Registry
 
-    from engine.fake import answer_text
+    from engine.models.fake import answer_text
 
     spec = _spec()
     text = answer_text(spec)
@@ -97,7 +97,7 @@ def _calls_us(n: int, make_gateway: Callable[[], Any], concurrent: bool = False)
 
 
 def _reused_us(n: int) -> float:
-    from engine.llm import Gateway
+    from engine.models.gateway import Gateway
     from engine.testing import MemoryAnswerStore
 
     store = MemoryAnswerStore()
@@ -112,7 +112,7 @@ async def _fill(gateway: Any, n: int) -> None:
 
 def measure(n: int) -> dict[str, float]:
     """µs per call for the floor and each gateway path."""
-    from engine.llm import Gateway
+    from engine.models.gateway import Gateway
     from engine.testing import MemoryAnswerStore
 
     _calls_us(min(n, 20), Gateway)  # warm-up: imports, validator cache

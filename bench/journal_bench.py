@@ -41,7 +41,7 @@ LATENCIES_MS = (0, 200)
 def _one_run(compiled: Any, variant: str, root: Path) -> tuple[float, int]:
     """Wall seconds of one whole run (team.run), and the journal's event count."""
     from engine.api import prepare
-    from engine.journal import SYNC_ENV, Journal
+    from engine.journal.store import SYNC_ENV, Journal
 
     ws = Path(tempfile.mkdtemp(dir=root))
     os.environ[SYNC_ENV] = "tiered" if variant == "tiered" else "full"

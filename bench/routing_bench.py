@@ -1,4 +1,4 @@
-"""Routing scale: many roles and many messages through `engine.environment.Environment`.
+"""Routing scale: many roles and many messages through `engine.run.environment.Environment`.
 
 A generated SOP with `roles` roles (each doing one of ten actions, watching the one before) is compiled and a Team
 built from it, as a run would; then `messages` messages go through the environment the way
@@ -54,8 +54,8 @@ def build_team(roles: int, folder: Path) -> tuple[Any, float]:
 
 def route(team: Any, messages: int) -> dict[str, float]:
     """Publish `messages` in rounds of BATCH through a fresh Environment; seconds and counts."""
-    from engine.environment import Environment
-    from engine.message import Message
+    from engine.run.environment import Environment
+    from engine.run.message import Message
 
     for role in team.roles:  # start every repetition from empty inboxes and memories
         role.inbox.clear()

@@ -85,7 +85,7 @@ roles:
 
 
 def _compiled(files: int, artifacts: bool = True) -> Any:
-    from engine.compiler import compile_text
+    from engine.check.compiler import compile_text
 
     names = ", ".join(f"'f{i:02d}.py'" for i in range(files))
     text = BENCH_SOP.replace("{{ files }}", f"{{{{ [{names}] }}}}")
@@ -128,7 +128,7 @@ def _run(compiled: Any, latency_ms: int, gateway: Any = None) -> tuple[float, An
 
 def _gateway_floor_us(compiled: Any, repeats: int) -> float:
     """The same requests answered by a bare gateway: the part of a call the engine cannot skip."""
-    from engine.llm import Gateway
+    from engine.models.gateway import Gateway
 
     requests: list[Any] = []
 

@@ -100,7 +100,7 @@ def cold_start(reps: int) -> dict[str, Any]:
 
 def scale(max_roles: int, reps: int) -> list[dict[str, Any]]:
     """Check generated SOPs of 10%..100% of `max_roles` roles; the curve of median times."""
-    from engine.compiler import check_text
+    from engine.check.compiler import check_text
 
     check_text(generate(2), "warm-up.sop.yaml")  # lazy imports and the jinja environment, once
     curve = []

@@ -21,19 +21,18 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence, Union
 
-from . import llm
-from .errors import LLMError
-from .llm import CallSpec, ModelAnswer, ModelRequest, Provider, StoredAnswer
+from engine.errors import LLMError
+from engine.models import registry
+from engine.models.types import (
+    CallSpec,
+    ModelAnswer,
+    ModelRequest,
+    Provider,
+    StoredAnswer,
+)
 
-__all__ = [
-    "ScriptedModel",
-    "MemoryAnswerStore",
-    "use_model",
-    "block_real_models",
-    "allow_real_models",
-    "pytest_configure",
-    "pytest_unconfigure",
-]
+__all__ = ['ScriptedModel', 'MemoryAnswerStore', 'use_model', 'block_real_models', 'allow_real_models', 'pytest_configure', 'pytest_unconfigure']
+
 
 Script = Union[Sequence[Union[str, BaseException]], Callable[[CallSpec, int], str]]
 
@@ -104,17 +103,17 @@ class MemoryAnswerStore:
 def use_model(model: Provider, name: str | None = None) -> Iterator[Provider]:
     """Route every call to `model` (or, with `name`, register it as that model name)."""
     if name is None:
-        with llm.override_model(model):
+        with registry.override_model(model):
             yield model
         return
-    previous = llm.register_model(name, model)
+    previous = registry.register_model(name, model)
     try:
         yield model
     finally:
         if previous is None:
-            llm.unregister_model(name)
+            registry.unregister_model(name)
         else:
-            llm.register_model(name, previous)
+            registry.register_model(name, previous)
 
 
 class _Switch(contextlib.ContextDecorator):
@@ -125,12 +124,12 @@ class _Switch(contextlib.ContextDecorator):
         self.saved = 0
 
     def __enter__(self) -> _Switch:
-        self.saved = llm._BLOCKED[0]
-        llm._BLOCKED[0] = max(self.saved + self.step, 0) if self.step > 0 else 0
+        self.saved = registry._BLOCKED[0]
+        registry._BLOCKED[0] = max(self.saved + self.step, 0) if self.step > 0 else 0
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        llm._BLOCKED[0] = self.saved
+        registry._BLOCKED[0] = self.saved
 
 
 def block_real_models() -> _Switch:
@@ -156,4 +155,3 @@ def pytest_configure(config: Any) -> None:
 def pytest_unconfigure(config: Any) -> None:
     while _SESSION:
         _SESSION.pop().__exit__(None, None, None)
-

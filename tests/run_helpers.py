@@ -11,9 +11,10 @@ import asyncio
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.compiler import CompiledSop, compile_path, compile_text
+from engine.check.compiler import CompiledSop, compile_path, compile_text
 from engine.errors import LLMError
-from engine.llm import CallResult, CallSpec, Gateway
+from engine.models.gateway import Gateway
+from engine.models.types import CallResult, CallSpec
 
 SOPS = Path(__file__).parent / "sops"
 
@@ -132,7 +133,7 @@ def run_sop(compiled: CompiledSop, gateway: Gateway, workspace: Path, idea: str 
 
 def logs(result: Any, level: str | None = None) -> list[str]:
     """The RunLog lines of a run (optionally of one level)."""
-    from engine.events import RunLog
+    from engine.run.events import RunLog
 
     return [e.message for e in result.events
             if isinstance(e, RunLog) and (level is None or e.level == level)]

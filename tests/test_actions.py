@@ -11,7 +11,8 @@ import pytest
 from run_helpers import ScriptedGateway, default_answer, run_sop, sop, sop_text
 
 from engine.errors import RunError
-from engine.llm import CallResult, CallSpec, Gateway, ModelAnswer, ModelRequest
+from engine.models.gateway import Gateway
+from engine.models.types import CallResult, CallSpec, ModelAnswer, ModelRequest
 
 PIPELINE = (Path(__file__).parent / "sops/pipeline.sop.yaml").read_text()
 
@@ -234,8 +235,8 @@ def test_artifact_through_a_symlink_fails(tmp_path: Path) -> None:
 
 
 def test_artifacts_are_reported_with_their_hash(tmp_path: Path) -> None:
-    from engine.events import ActionCompleted
-    from engine.workspace import sha256_text
+    from engine.run.events import ActionCompleted
+    from engine.run.workspace import sha256_text
     result = run_sop(sop("pipeline"), ScriptedGateway(), tmp_path)
     completed = next(e for e in result.events if isinstance(e, ActionCompleted) and e.artifacts)
     content = (tmp_path / "docs/prd.json").read_text()
@@ -295,9 +296,9 @@ def test_exec_timeout_kills_the_process(tmp_path: Path) -> None:
 
 
 def test_exec_timeout_does_not_wait_for_a_child_that_left_the_group(tmp_path: Path, monkeypatch) -> None:
-    import engine.actions as actions
+    import engine.run.exec as exec_runner
 
-    monkeypatch.setattr(actions, "_DRAIN_AFTER_KILL_S", 0.5)
+    monkeypatch.setattr(exec_runner, "DRAIN_AFTER_KILL_S", 0.5)
     escape = ("import os, subprocess, sys, time; "
               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], start_new_session=True); "
               "time.sleep(60)")

@@ -11,16 +11,24 @@ import pytest
 from run_helpers import SOPS, ScriptedGateway
 
 from engine import api
-from engine.display import LiveDisplay, PlainProgress, make_display, summary
+from engine.cli.live import LiveDisplay, PlainProgress, make_display
+from engine.cli.report import summary
 from engine.errors import CompileError, UsageError
-from engine.events import (ActionCompleted, ActionStarted, LLMCalled, MessagePublished,
-                           RoundStarted, RunEnded, RunStarted)
+from engine.run.events import (
+    ActionCompleted,
+    ActionStarted,
+    LLMCalled,
+    MessagePublished,
+    RoundStarted,
+    RunEnded,
+    RunStarted,
+)
 
 
 def test_import_engine_does_not_import_litellm() -> None:
     import subprocess
     import sys
-    code = ("import sys, engine, engine.api, engine.team, engine.cli, engine.display; "
+    code = ("import sys, engine, engine.api, engine.run.team, engine.cli, engine.cli.live; "
             "sys.exit('litellm' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
@@ -82,7 +90,7 @@ inputs:
 actions: {A: {prompt: "{{ inputs.n }}", output: text}}
 roles: {R: {actions: [A], watch: [UserRequirement]}}
 """
-    from engine.compiler import compile_text
+    from engine.check.compiler import compile_text
     compiled = compile_text(text)
     got = api.resolve_inputs(compiled, {"idea": "x", "ratio": "0.5", "fast": "yes"})
     assert got == {"idea": "x", "n": 3, "ratio": 0.5, "fast": True}

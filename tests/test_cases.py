@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.compiler import check_path
-from engine.render import CODES
+from engine.check.compiler import check_path
+from engine.check.diagnostics import CODES
 
 CASES = Path(__file__).parent / "cases"
 REGEN = os.environ.get("SOPCTL_REGEN") == "1"
@@ -84,6 +84,6 @@ def test_readme_example_sop_is_clean() -> None:
     readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Writing and checking an SOP", 1)[1]
     example = section.split("A complete small SOP", 1)[1].split("```yaml\n", 1)[1].split("```", 1)[0]
-    from engine.compiler import check_text
+    from engine.check.compiler import check_text
 
     assert check_text(example, "README.md").diagnostics == ()

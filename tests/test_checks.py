@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.checks import registered_codes
-from engine.compiler import check_text
-from engine.render import CODES
+from engine.check.compiler import check_text
+from engine.check.diagnostics import CODES
+from engine.check.phases import registered_codes
 
 
 def _sop(actions: str, roles: str = "  R: {actions: [A], watch: [UserRequirement]}\n", inputs: str = "") -> str:
@@ -130,7 +130,7 @@ def test_planner_actions_are_consumed_by_the_plan() -> None:
 
 
 def test_compile_raises_with_all_diagnostics_and_returns_warnings() -> None:
-    from engine.compiler import compile_text
+    from engine.check.compiler import compile_text
     from engine.errors import CompileError, LoadError
 
     with pytest.raises(LoadError) as loaded:
@@ -146,7 +146,7 @@ def test_compile_raises_with_all_diagnostics_and_returns_warnings() -> None:
 def test_compiled_sop_is_immutable() -> None:
     import dataclasses
 
-    from engine.compiler import compile_text
+    from engine.check.compiler import compile_text
 
     sop = compile_text(_sop(f"  A: {{prompt: a, output: {{K: {{type: int}}}}, {ART}}}\n"))
     with pytest.raises(dataclasses.FrozenInstanceError):

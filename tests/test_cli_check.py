@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.cli import main
+from engine.cli.commands import main
 
 CASES = Path(__file__).parent / "cases"
 VALID = str(CASES / "valid" / "company.sop.yaml")

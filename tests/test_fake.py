@@ -9,12 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import answers
 from engine.errors import LLMError
-from engine.fake import FakeModel, answer_text, instance, latency_s
-from engine.llm import CallSpec, Gateway, ModelRequest
-from engine.outputs import output_schema
-from engine.spec import OutputNode
+from engine.load.outputs import output_schema
+from engine.load.spec import OutputNode
+from engine.models import answers
+from engine.models.fake import FakeModel, answer_text, instance, latency_s
+from engine.models.gateway import Gateway
+from engine.models.types import CallSpec, ModelRequest
 from engine.testing import block_real_models
 
 

@@ -1,7 +1,7 @@
 """Fault injection: kill a real `sopctl run` at every journal write, resume, compare.
 
 The process dies with `os._exit(137)` right after the N-th journal event (or answer) is
-committed (`SOPCTL_CRASH_AFTER_EVENT` / `SOPCTL_CRASH_AFTER_ANSWER`, see engine.journal),
+committed (`SOPCTL_CRASH_AFTER_EVENT` / `SOPCTL_CRASH_AFTER_ANSWER`, see engine.journal.store),
 which is what a kill -9 at that instant leaves behind. After `sopctl resume` the run must
 be indistinguishable from an uninterrupted one: same history, same artifact bytes, every
 action completed exactly once, and at most one extra model call per crash.
@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from engine.cli import main
-from engine.journal import journal_path
-from engine.runs import read_run
+from engine.cli.commands import main
+from engine.journal.history import read_run
+from engine.journal.store import journal_path
 
 SOP = Path(__file__).parent / "sops" / "journal_small.sop.yaml"
 ROOT = Path(__file__).parent.parent
@@ -213,7 +213,7 @@ def test_run_into_a_workspace_of_another_sop_is_refused(baseline: dict[str, Any]
 
 def _crippled_connect(kind: str) -> Any:
     """A journal connection that cannot write: read-only, or a disk with no page left."""
-    import engine.journal as journal_module
+    import engine.journal.store as journal_module
 
     real = journal_module._connect
 
@@ -236,7 +236,7 @@ def test_unwritable_journal_then_resume(baseline: dict[str, Any], tmp_path: Path
     """The resume cannot write: a clear error; once fixed, a resume completes the run."""
     ws = tmp_path / "run"
     assert sopctl(*run_args(ws), env={"SOPCTL_CRASH_AFTER_EVENT": "14"}).returncode == 137
-    monkeypatch.setattr("engine.journal._connect", _crippled_connect(kind))
+    monkeypatch.setattr("engine.journal.store._connect", _crippled_connect(kind))
     code = main(["resume", str(ws), "--format", "json"])
     captured = capsys.readouterr()
     assert code in (1, 2) and words in captured.err + captured.out

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from engine import graph as g
-from engine.compiler import compile_path, compile_text
+from engine.check import graph as g
+from engine.check.compiler import compile_path, compile_text
 
 COMPANY = Path(__file__).parent / "cases" / "valid" / "company.sop.yaml"
 

@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from engine.cli.report import result_object
 from engine.errors import JournalError
-from engine.events import (
+from engine.journal.history import read_run, rebuild
+from engine.journal.store import Journal, ReplayStore, journal_path
+from engine.models.types import StoredAnswer
+from engine.run.events import (
     ActionCompleted,
     ActionStarted,
     LLMCalled,
@@ -21,9 +25,6 @@ from engine.events import (
     RunEnded,
     RunStarted,
 )
-from engine.journal import Journal, ReplayStore, journal_path
-from engine.llm import StoredAnswer
-from engine.runs import read_run, rebuild, result_object
 
 HASH = "a" * 64
 SAME = hashlib.sha256(b"same").hexdigest()
@@ -315,8 +316,8 @@ def test_replay_store_copies_answers(tmp_path: Path) -> None:
 
 
 def test_crash_hook_exits_right_after_the_commit(tmp_path: Path) -> None:
-    code = ("import sys; from pathlib import Path; from engine.journal import Journal;"
-            "from engine.events import RoundStarted;"
+    code = ("import sys; from pathlib import Path; from engine.journal.store import Journal;"
+            "from engine.run.events import RoundStarted;"
             f"j = Journal.create(Path({str(tmp_path)!r}), sop_name='x', sop_hash='{HASH}');"
             "[j.on_event(RoundStarted(round=i, active_roles=[])) for i in range(10)]")
     env = {**os.environ, "SOPCTL_CRASH_AFTER_EVENT": "3"}

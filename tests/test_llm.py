@@ -9,17 +9,30 @@ import sys
 
 import pytest
 
-from engine import answers
-from engine.errors import ActionFailed, BudgetExceeded, LLMError, ReplayDivergence, RunError, UsageError
-from engine.hosted import LiteLLMProvider
-from engine.llm import (
+from engine.errors import (
+    ActionFailed,
+    BudgetExceeded,
+    LLMError,
+    ReplayDivergence,
+    RunError,
+    UsageError,
+)
+from engine.models import answers
+from engine.models.gateway import Gateway
+from engine.models.hosted import LiteLLMProvider
+from engine.models.types import (
     CallSpec,
-    Gateway,
     ModelRequest,
     TransientModelError,
     request_hash,
 )
-from engine.testing import MemoryAnswerStore, ScriptedModel, allow_real_models, block_real_models, use_model
+from engine.testing import (
+    MemoryAnswerStore,
+    ScriptedModel,
+    allow_real_models,
+    block_real_models,
+    use_model,
+)
 
 SCHEMA = {
     "type": "object",
@@ -283,7 +296,7 @@ def test_api_key_never_appears_in_errors(monkeypatch):
 
 
 def test_redact_hides_key_values_and_key_shapes_but_not_words(monkeypatch):
-    from engine.hosted import redact
+    from engine.models.hosted import redact
 
     monkeypatch.setenv("MY_SERVICE_TOKEN", "plain-secret-value")
     text = redact("token plain-secret-value, key sk-proj-abcdefghijklmnop, skateboard_championship_words")
@@ -439,6 +452,6 @@ def test_override_model_routes_every_model_name():
 
 
 def test_importing_the_engine_and_gateway_never_imports_litellm():
-    code = ("import sys, engine, engine.llm, engine.hosted, engine.answers, engine.fake, engine.local, engine.testing;"
+    code = ("import sys, engine, engine.models.gateway, engine.models.hosted, engine.models.answers, engine.models.fake, engine.models.local, engine.testing;"
             "assert 'litellm' not in sys.modules, 'litellm imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -12,12 +12,13 @@ import json
 
 import pytest
 
-from engine import answers, local
 from engine.errors import ActionFailed, LLMError, RunError
-from engine.fake import instance
-from engine.llm import CallSpec, Gateway
-from engine.outputs import output_schema
-from engine.spec import OutputNode
+from engine.load.outputs import output_schema
+from engine.load.spec import OutputNode
+from engine.models import answers, local
+from engine.models.fake import instance
+from engine.models.gateway import Gateway
+from engine.models.types import CallSpec
 from engine.testing import allow_real_models, block_real_models
 
 TREE = {

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import json
 
-from engine.memory import Memory
-from engine.message import (ALL, HUMAN, NONE, SELF, Message, message_id,
-                            render_content, resolve_send_to, user_requirement)
+from engine.run.memory import Memory
+from engine.run.message import (
+    ALL,
+    HUMAN,
+    NONE,
+    SELF,
+    Message,
+    content_of,
+    message_id,
+    resolve_send_to,
+    user_requirement,
+)
 
 
 def _msg(i: int = 0, cause_by: str = "A", send_to: frozenset[str] = frozenset({ALL})) -> Message:
@@ -53,9 +62,9 @@ def test_self_becomes_the_sender_and_empty_means_all() -> None:
 
 
 def test_render_content_per_output_kind() -> None:
-    assert json.loads(render_content("json", {"A": [1]})) == {"A": [1]}
-    assert render_content("text", "plain words") == "plain words"
-    assert render_content("code", "print(1)\n", "python") == "```python\nprint(1)\n```"
+    assert json.loads(content_of("json", {"A": [1]})) == {"A": [1]}
+    assert content_of("text", "plain words") == "plain words"
+    assert content_of("code", "print(1)\n", "python") == "```python\nprint(1)\n```"
 
 
 def test_memory_dedups_by_id_and_indexes_by_cause_by() -> None:

@@ -8,10 +8,11 @@ import json
 import pytest
 
 from engine.errors import ActionFailed
-from engine.fake import instance
-from engine.llm import CallSpec, Gateway
-from engine.outputs import node_schema
-from engine.spec import OutputNode
+from engine.load.outputs import node_schema
+from engine.load.spec import OutputNode
+from engine.models.fake import instance
+from engine.models.gateway import Gateway
+from engine.models.types import CallSpec
 from engine.testing import ScriptedModel, use_model
 
 FILE = r"^[A-Za-z0-9_][A-Za-z0-9_./-]*\.[a-z]+$"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.prompts import TemplateFailure, render
+from engine.check.sandbox import TemplateFailure, render_template
 
 BOMBS = {
     "repeat": "{{ 'x' * 10**9 }}",
@@ -28,23 +28,23 @@ BOMBS = {
 @pytest.mark.parametrize("template", BOMBS.values(), ids=BOMBS.keys())
 def test_a_template_bomb_is_refused_before_it_is_built(template):
     with pytest.raises(TemplateFailure, match="refused by the sandbox"):
-        render(template, {})
+        render_template(template, {})
 
 
 def test_ordinary_templates_still_render():
     template = ("{{ 'ab' ~ 'cd' }}|{{ [1, 2] + [3] }}|{{ 'x'|center(3) }}|{{ 'a-b'|replace('-', '+') }}|"
                 "{{ '{:>3}'.format(1) }}|{{ [3, 1]|sort|join(',') }}|{{ {'a': 1}|tojson }}|{{ 'abc'|upper }}")
-    assert render(template, {}) == 'abcd|[1, 2, 3]| x |a+b|  1|1,3|{"a": 1}|ABC'
+    assert render_template(template, {}) == 'abcd|[1, 2, 3]| x |a+b|  1|1,3|{"a": 1}|ABC'
 
 
 def test_the_rendered_output_is_still_bounded():
     with pytest.raises(TemplateFailure, match="exceeds the limit"):
-        render("{% for i in range(2000) %}{{ 'x' * 900 }}{% endfor %}", {})
+        render_template("{% for i in range(2000) %}{{ 'x' * 900 }}{% endfor %}", {})
 
 
 def test_the_sandbox_still_refuses_python_internals():
     with pytest.raises(TemplateFailure, match="sandbox"):
-        render("{{ ''.__class__.__mro__ }}", {})
+        render_template("{{ ''.__class__.__mro__ }}", {})
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -55,8 +55,8 @@ def test_the_sandbox_still_refuses_python_internals():
     ("   ", "file.py"),
 ])
 def test_file_name_turns_model_text_into_a_safe_relative_path(value, expected):
-    assert render("{{ v | file_name('.py') }}", {"v": value}) == expected
+    assert render_template("{{ v | file_name('.py') }}", {"v": value}) == expected
 
 
 def test_slug_makes_an_identifier_from_model_text():
-    assert render("{{ v | slug }}|{{ '' | slug }}", {"v": "Aerius 2048: The Game!"}) == "aerius_2048_the_game|x"
+    assert render_template("{{ v | slug }}|{{ '' | slug }}", {"v": "Aerius 2048: The Game!"}) == "aerius_2048_the_game|x"

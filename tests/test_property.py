@@ -15,10 +15,10 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import schema as sop_schema
-from engine.compiler import check_text
-from engine.render import CODES
-from engine.source import load_path
+from engine.check.compiler import check_text
+from engine.check.diagnostics import CODES
+from engine.load import schema as sop_schema
+from engine.load.source import load_path
 
 BASE = load_path(Path(__file__).parent / "cases" / "valid" / "company.sop.yaml").data
 WORDS = ["WritePRD", "WriteCode", "Engineer", "UserRequirement", "<all>", "<self>", "text", "str",
@@ -38,7 +38,7 @@ documents = st.recursive(scalars, lambda inner: st.one_of(
 def _models_accept(data: Any) -> bool:
     from pydantic import ValidationError
 
-    from engine.spec import Sop
+    from engine.load.spec import Sop
 
     try:
         Sop.model_validate(data)
@@ -128,7 +128,7 @@ def test_edited_yaml_text(at: int, cut: int, insert: str) -> None:
 @given(st.binary(max_size=300))
 def test_random_bytes_only_give_load_errors(raw: bytes) -> None:
     from engine.errors import LoadError
-    from engine.source import load_bytes
+    from engine.load.source import load_bytes
 
     try:
         load_bytes(raw, "fuzz.sop.yaml")

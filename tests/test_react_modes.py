@@ -8,8 +8,8 @@ from typing import Any, Callable
 import pytest
 from run_helpers import ScriptedGateway, default_answer, logs, run_sop, sop, sop_text
 
-from engine.llm import CallSpec
-from engine.role import PlanError, order_plan, parse_choice
+from engine.models.types import CallSpec
+from engine.run.role import PlanError, order_plan, parse_choice
 
 
 def _choices(answers: list[Any]) -> Callable[[CallSpec], Any]:

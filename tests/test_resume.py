@@ -13,10 +13,10 @@ from typing import Any, Iterator
 
 import pytest
 
-from engine.cli import main
-from engine.fake import FakeModel
-from engine.llm import ModelAnswer, ModelRequest
-from engine.runs import read_run
+from engine.cli.commands import main
+from engine.journal.history import read_run
+from engine.models.fake import FakeModel
+from engine.models.types import ModelAnswer, ModelRequest
 from engine.testing import use_model
 
 SOP = Path(__file__).parent / "sops" / "journal_small.sop.yaml"

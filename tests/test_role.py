@@ -6,7 +6,7 @@ from pathlib import Path
 
 from run_helpers import ScriptedGateway, logs, run_sop, sop, sop_text
 
-from engine.events import ActionCompleted, ActionStarted
+from engine.run.events import ActionCompleted, ActionStarted
 
 
 def test_by_order_runs_every_action_once_in_order_in_one_activation(tmp_path: Path) -> None:
@@ -101,7 +101,7 @@ def test_roles_of_a_round_run_concurrently_and_publish_in_file_order(tmp_path: P
     and neither saw the other's message in the same round (observed from the next round)."""
     import asyncio
 
-    from engine.llm import CallResult
+    from engine.models.types import CallResult
 
     text = """
 apiVersion: sop/v1

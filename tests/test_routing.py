@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from run_helpers import ScriptedGateway, sop_text
 
-from engine.message import ALL, NONE, Message
-from engine.team import RunOptions, Team
+from engine.run.message import ALL, NONE, Message
+from engine.run.team import RunOptions, Team
 
 SOP = """
 apiVersion: sop/v1

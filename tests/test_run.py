@@ -19,9 +19,10 @@ import pytest
 from run_helpers import SOPS, ScriptedGateway, default_answer, run_sop, sop
 
 from engine import api
-from engine.cli import main
-from engine.events import RunEnded
-from engine.llm import Gateway, ModelAnswer, ModelRequest
+from engine.cli.commands import main
+from engine.models.gateway import Gateway
+from engine.models.types import ModelAnswer, ModelRequest
+from engine.run.events import RunEnded
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -96,7 +97,7 @@ class _Priced:
         return False
 
     async def complete(self, request: ModelRequest) -> ModelAnswer:
-        from engine.fake import answer_text
+        from engine.models.fake import answer_text
         return ModelAnswer(text=answer_text(request.spec, schema_mode=False), cost_usd=0.4)
 
 

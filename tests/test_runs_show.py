@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from engine.cli import main
-from engine.journal import Journal, journal_path
+from engine.cli.commands import main
+from engine.journal.store import Journal, journal_path
 
 SOP = Path(__file__).parent / "sops" / "journal_small.sop.yaml"
 ROOT = Path(__file__).parent.parent
@@ -123,7 +123,7 @@ def test_show_without_a_journal_is_exit_2(tmp_path: Path, setup: str,
 
 def test_show_marks_a_run_whose_writer_is_alive(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
-    from engine.events import RunStarted
+    from engine.run.events import RunStarted
 
     with Journal.create(tmp_path, sop_name="x", sop_hash="a" * 64) as journal:
         journal.on_event(RunStarted(run_id="r", sop_file="x", sop_name="x", sop_hash="a" * 64,

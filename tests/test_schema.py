@@ -11,11 +11,11 @@ import pytest
 from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
-from engine import schema as sop_schema
-from engine.compiler import _spec
+from engine.check.compiler import _spec
 from engine.errors import LoadError
-from engine.source import load_path
-from engine.spec import Sop
+from engine.load import schema as sop_schema
+from engine.load.source import load_path
+from engine.load.spec import Sop
 
 ROOT = Path(__file__).parent.parent
 CASES = sorted((ROOT / "tests" / "cases").glob("*/*.sop.yaml"))
@@ -91,7 +91,7 @@ def test_remote_reference_is_never_fetched() -> None:
 
 def test_model_fields_are_schema_keys() -> None:
     defs = sop_schema.schema()["$defs"]
-    from engine.spec import (
+    from engine.load.spec import (
         ActionSpec,
         ArtifactSpec,
         InputSpec,
@@ -135,7 +135,13 @@ def test_all_errors_of_the_phase_are_reported() -> None:
 
 
 def test_schema_defaults_are_the_model_defaults() -> None:
-    from engine.spec import ActionSpec, InputSpec, OutputNode, PlannerSpec, RoleSpec
+    from engine.load.spec import (
+        ActionSpec,
+        InputSpec,
+        OutputNode,
+        PlannerSpec,
+        RoleSpec,
+    )
 
     defs = sop_schema.schema()["$defs"]
     pairs = {"action": ActionSpec, "role": RoleSpec, "planner": PlannerSpec, "input": InputSpec,

@@ -29,11 +29,11 @@ from typing import Any
 import pytest
 
 from engine import api
-from engine.cli import main as sopctl
-from engine.compiler import compile_path
-from engine.events import ActionCompleted
-from engine.fake import instance
-from engine.llm import CallSpec
+from engine.check.compiler import compile_path
+from engine.cli.commands import main as sopctl
+from engine.models.fake import instance
+from engine.models.types import CallSpec
+from engine.run.events import ActionCompleted
 from engine.testing import ScriptedModel, allow_real_models, use_model
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import LoadError
-from engine.source import (
+from engine.load.source import (
     MAX_ALIASES,
     MAX_FILE_BYTES,
     iter_pointers,

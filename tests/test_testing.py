@@ -9,7 +9,9 @@ import pytest
 
 from engine import testing
 from engine.errors import ActionFailed, LLMError
-from engine.llm import CallSpec, Gateway, StoredAnswer, real_models_blocked
+from engine.models.gateway import Gateway
+from engine.models.registry import real_models_blocked
+from engine.models.types import CallSpec, StoredAnswer
 from engine.testing import (
     MemoryAnswerStore,
     ScriptedModel,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from engine.api import run
-from engine.compiler import compile_text
+from engine.check.compiler import compile_text
 from engine.testing import ScriptedModel, use_model
 
 LOOP = """
@@ -71,8 +71,9 @@ def test_a_failing_condition_fails_the_action_by_name(tmp_path):
 
 
 def test_the_checker_reads_when_like_any_template():
-    from engine.errors import CompileError
     import pytest
+
+    from engine.errors import CompileError
 
     with pytest.raises(CompileError) as info:
         compile_text(LOOP.replace("msgs.Work[-1].out['done']", "msgs.Work[-1].out['dnoe']"))

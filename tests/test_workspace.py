@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.workspace import Workspace, WorkspaceError, sha256_text
+from engine.run.workspace import Workspace, WorkspaceError, sha256_text
 
 
 @pytest.fixture()

@@ -1,0 +1,151 @@
+"""Diagnostics for people (compiler-style text) and for tools (JSON).
+
+Text follows the shape users know from compilers::
+
+    sops/review.sop.yaml:5:17: error[SOP102]: 'by_orderr' is not one of 'react', ...
+        5 |     react_mode: by_orderr
+          |                 ^
+      at /roles/Reviewer/react_mode
+      hint: did you mean 'by_order'?
+
+JSON is one object: overall `ok`, counts, a summary per file and every diagnostic with all of
+its fields, so an editor or CI can consume it without parsing text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import Any
+
+from engine.errors import Diagnostic
+
+__all__ = ['CODES', 'format_json', 'format_diagnostic', 'format_report', 'strict', 'summary']
+
+
+CODES: dict[str, str] = {
+    # loading (engine/source.py): the file is refused before anything else looks at it
+    "SOP001": "file missing, unreadable, or a directory",
+    "SOP002": "file larger than the size limit (1 MB)",
+    "SOP003": "file is binary or not UTF-8",
+    "SOP004": "file is empty",
+    "SOP005": "not valid YAML (syntax), or more than one document",
+    "SOP006": "a tag outside YAML's core schema (e.g. !!python/object), or a value its tag refuses",
+    "SOP007": "duplicate key",
+    "SOP008": "alias bomb: too many aliases, too large an expansion, or a recursive alias",
+    "SOP009": "nesting deeper than the limit (64)",
+    "SOP010": "the top level is not a mapping",
+    "SOP011": "a merge key (<<) or a non-scalar key",
+    # structure (engine/schema.py, sop.schema.json; the pydantic models agree)
+    "SOP101": "unknown key",
+    "SOP102": "a value that is not one of the allowed values (enum, apiVersion)",
+    "SOP103": "wrong type",
+    "SOP104": "missing required key (e.g. `command` of a kind exec action)",
+    "SOP105": "a value out of range, too short, or not matching its pattern",
+    "SOP106": "a badly formed action or role id (key)",
+    "SOP107": "an output node `type` the type grammar does not accept",
+    "SOP108": "a value the SOP models refuse although the schema allowed it (internal safety net)",
+    "SOP109": "an output node `pattern` that is not a valid regular expression",
+    # references (engine/checks.py)
+    "SOP201": "a role's `actions` names an unknown action",
+    "SOP202": "`watch` names an unknown action",
+    "SOP203": "`send_to` names an unknown role or special address",
+    "SOP204": "`context` names an unknown action",
+    "SOP205": "`planner` names an unknown action",
+    "SOP206": "react_mode plan_and_act without a `planner`",
+    "SOP207": "a planner action whose output is not a plan (`tasks` with task_id, dependent_task_ids, instruction)",
+    "SOP208": "warning: `planner` on a role whose react_mode is not plan_and_act",
+    "SOP209": "warning: `command` on an action that is not of kind exec",
+    "SOP210": "two roles share an address (id or name)",
+    "SOP211": "warning: an action no role runs",
+    "SOP212": "an action redefines the built-in UserRequirement",
+    "SOP213": "an input's default does not have the input's type",
+    # the watch graph (engine/graph.py)
+    "SOP301": "a cycle of activations on which no action declares `max_runs`",
+    "SOP302": "warning: a role no message can ever reach",
+    "SOP303": "warning: an action whose output is neither kept by a role, read later, nor written as an artifact",
+    "SOP304": "warning: a role watches an action whose `send_to` never delivers to it",
+    # templates
+    "SOP401": "template syntax error",
+    "SOP402": "a template reads a variable that does not exist there",
+    "SOP403": "`out['Key']` names a key the producing action's output tree does not have",
+    "SOP404": "`inputs.X` names an undeclared input",
+    "SOP405": "an artifact path that is absolute or leaves the workspace",
+    "SOP406": "a template uses an unknown filter or test",
+    "SOP407": "`msgs.X` names an unknown action",
+    "SOP408": "warning: `msgs.X` or `context: [X]` read messages that never reach the reading role",
+}
+
+
+"""Every diagnostic code, with what it means (the README's table is this one)."""
+
+
+def strict(diagnostics: Iterable[Diagnostic]) -> tuple[Diagnostic, ...]:
+    """`--strict`: every warning becomes an error."""
+    return tuple(replace(d, severity="error") if not d.is_error else d for d in diagnostics)
+
+
+def format_diagnostic(diagnostic: Diagnostic, lines: Sequence[str] = ()) -> str:
+    """One diagnostic: header, the offending line with a caret, its pointer, hint and notes."""
+    where = f"{diagnostic.file}:{diagnostic.line}:{diagnostic.col}" if diagnostic.line else diagnostic.file
+    out = [f"{where}: {diagnostic.severity}[{diagnostic.code}]: {diagnostic.message}"]
+    out += _excerpt(lines, diagnostic.line, diagnostic.col)
+    if diagnostic.pointer:
+        out.append(f"  at {diagnostic.pointer}")
+    if diagnostic.hint:
+        out.append(f"  hint: {diagnostic.hint}")
+    for rel in diagnostic.related:
+        place = f"{diagnostic.file}:{rel.line}:{rel.col}" if rel.line else rel.pointer
+        out.append(f"  note: {rel.message} ({place})")
+    return "\n".join(out)
+
+
+def _excerpt(lines: Sequence[str], line: int, col: int) -> list[str]:
+    if not (0 < line <= len(lines)):
+        return []
+    text = lines[line - 1].replace("\t", " ")
+    if len(text) > 200:
+        text = text[:200] + "..."
+    width = len(str(line))
+    caret = " " * max(col - 1, 0) + "^" if col <= len(text) + 1 else ""
+    return [f"  {line:>{width + 2}} | {text}", f"  {'':>{width + 2}} | {caret}".rstrip()]
+
+
+def summary(file: str, diagnostics: Sequence[Diagnostic]) -> str:
+    """`file: ok`, or `file: 2 errors, 1 warning`."""
+    errors = sum(d.is_error for d in diagnostics)
+    warnings = len(diagnostics) - errors
+    if not diagnostics:
+        return f"{file}: ok"
+    parts = [f"{errors} error{'s' * (errors != 1)}"] if errors else []
+    parts += [f"{warnings} warning{'s' * (warnings != 1)}"] if warnings else []
+    return f"{file}: {', '.join(parts)}"
+
+
+def format_json(results: Sequence[tuple[str, Sequence[Diagnostic]]]) -> str:
+    """All files' diagnostics as one JSON document."""
+    files: list[dict[str, Any]] = []
+    every: list[dict[str, Any]] = []
+    for file, diagnostics in results:
+        errors = sum(d.is_error for d in diagnostics)
+        files.append({"file": file, "ok": errors == 0, "errors": errors,
+                      "warnings": len(diagnostics) - errors})
+        every += [d.to_json() for d in diagnostics]
+    total = sum(f["errors"] for f in files)
+    document = {"ok": total == 0, "errors": total, "warnings": sum(f["warnings"] for f in files),
+                "files": files, "diagnostics": every}
+    return json.dumps(document, indent=2, ensure_ascii=False)
+
+
+def format_report(results: Sequence[Any], fmt: str = "text", strict_mode: bool = False) -> tuple[str, int]:
+    """What `sopctl validate` prints for some CheckResults, and its exit code (0 ok, 1 errors)."""
+    checked = [(r.file, strict(r.diagnostics) if strict_mode else r.diagnostics, r.lines) for r in results]
+    failed = any(d.is_error for _, diags, _ in checked for d in diags)
+    if fmt == "json":
+        return format_json([(file, diags) for file, diags, _ in checked]), int(failed)
+    blocks = []
+    for file, diags, lines in checked:
+        blocks += [format_diagnostic(d, lines) + "\n" for d in diags]
+        blocks.append(summary(file, diags))
+    return "\n".join(blocks), int(failed)

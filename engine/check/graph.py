@@ -1,0 +1,247 @@
+"""The watch graph: who can hear whom, which loops exist and what bounds them.
+
+Nodes are roles (`role:<id>`) and message types, i.e. actions (`action:<id>`, including the
+built-in `UserRequirement`). Edges:
+
+- role -> action (`runs`): the role runs the action (its `actions`, or its planner's two);
+- action -> role (`watch`): the role watches the action and the action's `send_to` delivers
+  to it (`<all>`, one of its addresses, or `<self>` when the role runs the action);
+- action -> role (`send_to`): the action addresses the role directly (its id or name, or
+  `<self>`), so the role keeps the message even without watching it (MetaGPT's name rule).
+
+A cycle is a loop of activations; it is *bounded* when an action on it declares `max_runs`.
+Cycle detection works per strongly connected component of the graph without bounded actions,
+so it stays linear in the size of the file however many simple cycles there are.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine.load.spec import USER_REQUIREMENT, Sop
+
+__all__ = ['Cycle', 'action_node', 'build', 'cycles', 'delivered', 'reachable_roles', 'role_node', 'runners', 'to_dot', 'to_json', 'to_mermaid', 'unbounded_cycles', 'format_graph']
+
+
+def action_node(action_id: str) -> str:
+    return f"action:{action_id}"
+
+
+def role_node(role_id: str) -> str:
+    return f"role:{role_id}"
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """A loop through the graph, as node names starting at an action, with its bounds."""
+
+    nodes: tuple[str, ...]
+    bounds: tuple[tuple[str, int], ...]
+
+    @property
+    def bounded(self) -> bool:
+        return bool(self.bounds)
+
+    @property
+    def label(self) -> str:
+        names = [n.split(":", 1)[1] for n in self.nodes]
+        return " → ".join(names + names[:1])
+
+
+def runners(spec: Sop) -> dict[str, list[str]]:
+    """action id -> ids of the roles that run it (in file order)."""
+    table: dict[str, list[str]] = {aid: [] for aid in spec.actions}
+    for rid, role in spec.roles.items():
+        for aid in _role_actions(role):
+            if aid in table and rid not in table[aid]:
+                table[aid].append(rid)
+    return table
+
+
+def _role_actions(role: Any) -> list[str]:
+    extra = [role.planner.action, role.planner.task_action] if role.planner else []
+    return list(dict.fromkeys([*role.actions, *extra]))
+
+
+def delivered(send_to: list[str], role_id: str, role_name: str, runs_it: bool) -> tuple[bool, bool]:
+    """(reaches the role's inbox, addresses the role by name/id/<self>)."""
+    addressed = bool({role_id, role_name} & set(send_to)) or ("<self>" in send_to and runs_it)
+    return ("<all>" in send_to or addressed, addressed)
+
+
+def build(spec: Sop) -> Any:
+    """The watch graph of a spec whose references are all valid (a frozen networkx DiGraph)."""
+    import networkx as nx
+
+    graph = nx.DiGraph(name=spec.name)
+    ran_by = runners(spec)
+    order = {rid: i for i, rid in enumerate(spec.roles)}
+    graph.add_node(action_node(USER_REQUIREMENT), kind="action", id=USER_REQUIREMENT,
+                   max_runs=None, builtin=True)
+    for aid, action in spec.actions.items():
+        graph.add_node(action_node(aid), kind="action", id=aid, max_runs=action.max_runs, builtin=False)
+    for rid, role in spec.roles.items():
+        graph.add_node(role_node(rid), kind="role", id=rid, name=spec.role_name(rid))
+        for aid in _role_actions(role):
+            if aid in spec.actions:
+                graph.add_edge(role_node(rid), action_node(aid), kind="runs")
+    watchers, by_address = _indexes(spec)
+    for aid, send_to in _senders(spec):
+        # only a role that watches the action, or is addressed by it, can keep its message
+        candidates = set(watchers.get(aid, ()))
+        candidates.update(rid for address in send_to for rid in by_address.get(address, ()))
+        if "<self>" in send_to:
+            candidates.update(ran_by.get(aid, ()))
+        for rid in sorted(candidates, key=order.__getitem__):
+            reach, addressed = delivered(send_to, rid, spec.role_name(rid), rid in ran_by.get(aid, []))
+            watched = aid in spec.roles[rid].watch
+            if reach and (watched or addressed):
+                graph.add_edge(action_node(aid), role_node(rid), kind="watch" if watched else "send_to")
+    return nx.freeze(graph)
+
+
+def _indexes(spec: Sop) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """action id -> roles watching it; address (id or name) -> roles: linear, not roles x actions."""
+    watchers: dict[str, list[str]] = {}
+    by_address: dict[str, list[str]] = {}
+    for rid, role in spec.roles.items():
+        for aid in role.watch:
+            watchers.setdefault(aid, []).append(rid)
+        for address in {rid, spec.role_name(rid)}:
+            by_address.setdefault(address, []).append(rid)
+    return watchers, by_address
+
+
+def _senders(spec: Sop) -> Iterator[tuple[str, list[str]]]:
+    yield USER_REQUIREMENT, ["<all>"]
+    for aid, action in spec.actions.items():
+        yield aid, list(action.send_to)
+
+
+def unbounded_cycles(graph: Any) -> list[Cycle]:
+    """One named cycle per group of loops that no `max_runs` bounds."""
+    import networkx as nx
+
+    free = graph.subgraph(n for n, d in graph.nodes(data=True) if not d.get("max_runs"))
+    found = []
+    for component in nx.strongly_connected_components(free):
+        if len(component) < 2:
+            continue
+        edges = nx.find_cycle(free.subgraph(component), source=min(component))
+        found.append(Cycle(nodes=_rotate([u for u, _ in edges]), bounds=()))
+    return sorted(found, key=lambda c: c.nodes)
+
+
+def _rotate(nodes: list[str]) -> tuple[str, ...]:
+    """Start a cycle at its first action in name order, so the same loop reads the same."""
+    actions = [i for i, n in enumerate(nodes) if n.startswith("action:")]
+    start = min(actions, key=lambda i: nodes[i]) if actions else 0
+    return tuple(nodes[start:] + nodes[:start])
+
+
+def cycles(graph: Any, limit: int = 50) -> list[Cycle]:
+    """Simple cycles (at most `limit`) with the max_runs of the actions that bound them."""
+    import networkx as nx
+
+    result = []
+    for loop in itertools.islice(nx.simple_cycles(graph), limit):
+        bounds = tuple((graph.nodes[n]["id"], graph.nodes[n]["max_runs"])
+                       for n in loop if graph.nodes[n].get("max_runs"))
+        result.append(Cycle(nodes=_rotate(list(loop)), bounds=bounds))
+    return sorted(result, key=lambda c: c.nodes)
+
+
+def reachable_roles(graph: Any) -> set[str]:
+    """Role ids some chain of messages starting at UserRequirement can activate."""
+    import networkx as nx
+
+    start = action_node(USER_REQUIREMENT)
+    seen = nx.descendants(graph, start) | {start}
+    return {graph.nodes[n]["id"] for n in seen if graph.nodes[n]["kind"] == "role"}
+
+
+def _cycle_edges(found: list[Cycle]) -> dict[tuple[str, str], Cycle]:
+    """Edge -> a cycle through it; an unbounded cycle wins, so the danger is what is shown."""
+    table: dict[tuple[str, str], Cycle] = {}
+    for cycle in sorted(found, key=lambda c: c.bounded):
+        for edge in itertools.pairwise([*cycle.nodes, cycle.nodes[0]]):
+            table.setdefault(edge, cycle)
+    return table
+
+
+def _bound_text(cycle: Cycle) -> str:
+    if not cycle.bounded:
+        return "unbounded loop"
+    return "loop, " + ", ".join(f"{aid} max_runs={n}" for aid, n in cycle.bounds)
+
+
+def _mermaid_id(node: str) -> str:
+    kind, name = node.split(":", 1)
+    return ("A_" if kind == "action" else "R_") + name
+
+
+def to_mermaid(graph: Any) -> str:
+    """A mermaid flowchart: roles as boxes, actions as stadiums, loops as thick edges."""
+    on_cycle = _cycle_edges(cycles(graph))
+    lines = ["flowchart LR"]
+    for node, data in graph.nodes(data=True):
+        label = data["id"] if data["kind"] == "action" or data["name"] == data["id"] else f"{data['id']} ({data['name']})"
+        if data.get("max_runs"):
+            label += f" ≤{data['max_runs']}"
+        shape = f'(["{label}"])' if data["kind"] == "action" else f'["{label}"]'
+        lines.append(f"  {_mermaid_id(node)}{shape}")
+    for u, v, data in graph.edges(data=True):
+        cycle = on_cycle.get((u, v))
+        arrow = f'==>|"{data["kind"]}; {_bound_text(cycle)}"|' if cycle else f"-->|{data['kind']}|"
+        lines.append(f"  {_mermaid_id(u)} {arrow} {_mermaid_id(v)}")
+    lines.append("  classDef role fill:#eef,stroke:#447")
+    roles = [_mermaid_id(n) for n, d in graph.nodes(data=True) if d["kind"] == "role"]
+    if roles:
+        lines.append(f"  class {','.join(roles)} role")
+    return "\n".join(lines) + "\n"
+
+
+def to_dot(graph: Any) -> str:
+    """Graphviz dot: loops in red (unbounded) or orange (bounded), labelled with their bounds."""
+    on_cycle = _cycle_edges(cycles(graph))
+    lines = [f"digraph {json.dumps(graph.graph.get('name', 'sop'))} {{", "  rankdir=LR;"]
+    for node, data in graph.nodes(data=True):
+        shape = "box" if data["kind"] == "role" else "ellipse"
+        label = data["id"] + (f"\\nmax_runs={data['max_runs']}" if data.get("max_runs") else "")
+        lines.append(f"  {json.dumps(node)} [shape={shape}, label={json.dumps(label)}];")
+    for u, v, data in graph.edges(data=True):
+        attrs = [f"label={json.dumps(data['kind'])}"]
+        cycle = on_cycle.get((u, v))
+        if cycle:
+            colour = "orange" if cycle.bounded else "red"
+            attrs = [f"label={json.dumps(data['kind'] + '; ' + _bound_text(cycle))}",
+                     f"color={colour}", "penwidth=2"]
+        lines.append(f"  {json.dumps(u)} -> {json.dumps(v)} [{', '.join(attrs)}];")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def to_json(graph: Any) -> dict[str, Any]:
+    """Nodes, edges (each marked when on a loop) and the loops with their bounds."""
+    found = cycles(graph)
+    on_cycle = _cycle_edges(found)
+    return {
+        "nodes": [{"id": n, **dict(d)} for n, d in graph.nodes(data=True)],
+        "edges": [{"source": u, "target": v, "kind": d["kind"], "on_cycle": (u, v) in on_cycle}
+                  for u, v, d in graph.edges(data=True)],
+        "cycles": [{"nodes": list(c.nodes), "label": c.label, "bounded": c.bounded,
+                    "bounds": dict(c.bounds)} for c in found],
+    }
+
+
+def format_graph(graph: Any, fmt: str) -> str:
+    """The watch graph as mermaid, dot or JSON text."""
+    from engine.check import graph as graphs
+
+    if fmt == "json":
+        return json.dumps(graphs.to_json(graph), indent=2, ensure_ascii=False) + "\n"
+    return graphs.to_dot(graph) if fmt == "dot" else graphs.to_mermaid(graph)

@@ -1,0 +1,24 @@
+"""The checker's phases, in the order they run; each is an explicit tuple of rules.
+
+The compiler stops after the first phase with an error: references first (every later
+phase assumes names resolve), then the watch graph, then templates (they read the graph to
+tell which messages can reach a role).
+"""
+
+from __future__ import annotations
+
+from engine.check import references, templates, watch
+from engine.check.rules import Rule
+
+__all__ = ["PHASES", "registered_codes"]
+
+PHASES: tuple[tuple[str, tuple[Rule, ...]], ...] = (
+    ("references", references.RULES),
+    ("graph", watch.RULES),
+    ("templates", templates.RULES),
+)
+
+
+def registered_codes() -> set[str]:
+    """Every code some rule may emit (each must be catalogued in `check.diagnostics.CODES`)."""
+    return {code for _, rules in PHASES for func in rules for code in getattr(func, "codes", ())}

@@ -1,0 +1,237 @@
+"""The references phase: every name an SOP uses (actions, roles, addresses, inputs) resolves.
+
+Each rule is a small generator (listed in `RULES`, run by `check.phases`); it yields unlocated diagnostics
+(a JSON pointer, a code, a message saying what was expected, a hint) and never computes a
+position — the compiler resolves pointers in one place. A template check may set `line` to
+the line *inside the template*; the compiler turns it into a file line.
+
+The compiler stops after a phase with an error, so a later phase's rules may assume that
+every reference checked here is valid.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+
+# The template phase lives in template_checks.py; importing it registers its checks.
+from engine.check.rules import Context, error, rule, unknown, warning
+from engine.errors import Diagnostic
+from engine.load.schema import did_you_mean
+from engine.load.source import join_pointer
+from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, Sop
+
+# ---------------------------------------------------------------- references
+
+
+@rule("SOP107", "SOP109")
+def node_types(ctx: Context) -> Iterator[Diagnostic]:
+    """Every output node's `type` must parse (and `children` only go with no type or `list`)."""
+    from engine.load.outputs import TypeSyntaxError, parse_type
+
+    for aid, action in ctx.spec.actions.items():
+        if not isinstance(action.output, dict):
+            continue
+        for pointer, node in _nodes(action.output, f"/actions/{aid}/output"):
+            kind = (node.type or "").strip()
+            if node.children is not None:
+                if kind not in ("", "list"):
+                    yield error("SOP107", pointer + "/type", f"a node with children has type '{kind}'",
+                                "leave `type` out for an object, or write `type: list` for a list of objects")
+                continue
+            try:
+                parse_type(node.type or "str")
+            except TypeSyntaxError as exc:
+                yield error("SOP107", pointer + "/type", str(exc), did_you_mean(kind, _TYPE_WORDS))
+            if node.pattern is not None:
+                yield from _pattern_problem(pointer + "/pattern", node.pattern)
+
+
+def _pattern_problem(pointer: str, pattern: str) -> Iterator[Diagnostic]:
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        yield error("SOP109", pointer, f"`pattern` is not a valid regular expression: {exc}",
+                    "anchor it with ^...$ and escape special characters, e.g. '^[a-z_]+\\.py$'")
+
+
+_TYPE_WORDS = ["str", "int", "float", "bool", "list[str]", "dict[str, str]", "optional[str]"]
+
+
+def _nodes(tree: dict[str, OutputNode], pointer: str) -> Iterator[tuple[str, OutputNode]]:
+    for key, node in tree.items():
+        here = join_pointer(pointer, key)
+        yield here, node
+        if node.children:
+            yield from _nodes(node.children, here + "/children")
+
+
+@rule("SOP201", "SOP211")
+def role_actions(ctx: Context) -> Iterator[Diagnostic]:
+    """Role `actions` name defined actions; an action no role runs is dead weight."""
+    known = list(ctx.spec.actions)
+    used: set[str] = set()
+    for rid, role in ctx.spec.roles.items():
+        for i, aid in enumerate(role.actions):
+            used.add(aid)
+            if aid not in ctx.spec.actions:
+                yield error("SOP201", f"/roles/{rid}/actions/{i}", *unknown("action", aid, known))
+        if role.planner:
+            used.update((role.planner.action, role.planner.task_action))
+    for aid in known:
+        if aid not in used and aid != USER_REQUIREMENT:
+            yield warning("SOP211", f"/actions/{aid}", f"action '{aid}' is run by no role",
+                          "add it to a role's `actions`, or delete it")
+
+
+@rule("SOP202")
+def watches(ctx: Context) -> Iterator[Diagnostic]:
+    """`watch` names actions (message types) or UserRequirement."""
+    known = dict.fromkeys([USER_REQUIREMENT, *ctx.spec.actions])  # ordered, O(1) lookups
+    for rid, role in ctx.spec.roles.items():
+        for i, aid in enumerate(role.watch):
+            if aid not in known:
+                message, hint = unknown("action", aid, list(known))
+                if aid in ctx.spec.roles:
+                    hint = f"'{aid}' is a role; watch one of the actions it runs"
+                yield error("SOP202", f"/roles/{rid}/watch/{i}", f"watches {message}", hint)
+
+
+def _addresses(spec: Sop) -> list[str]:
+    names = [spec.role_name(rid) for rid in spec.roles]
+    return list(dict.fromkeys([*spec.roles, *names]))
+
+
+@rule("SOP203")
+def send_to(ctx: Context) -> Iterator[Diagnostic]:
+    """`send_to` names roles (id or name) or one of <all>, <self>, <none>."""
+    known = dict.fromkeys([*_addresses(ctx.spec), *SPECIAL_ADDRESSES])
+    for aid, action in ctx.spec.actions.items():
+        for i, address in enumerate(action.send_to):
+            if address not in known:
+                message, hint = unknown("address", address, list(known))
+                yield error("SOP203", f"/actions/{aid}/send_to/{i}", message,
+                            hint if "did you mean" in hint else
+                            f"a role id or name, or <all>, <self>, <none>; {hint}")
+        if "<none>" in action.send_to and len(action.send_to) > 1:
+            yield error("SOP203", f"/actions/{aid}/send_to", "<none> cannot be combined with other addresses")
+
+
+@rule("SOP204")
+def contexts(ctx: Context) -> Iterator[Diagnostic]:
+    """A list `context` names actions or UserRequirement."""
+    known = dict.fromkeys([USER_REQUIREMENT, *ctx.spec.actions])
+    for aid, action in ctx.spec.actions.items():
+        if isinstance(action.context, str):
+            continue
+        for i, name in enumerate(action.context):
+            if name not in known:
+                message, hint = unknown("action", name, list(known))
+                yield error("SOP204", f"/actions/{aid}/context/{i}", f"context names {message}", hint)
+
+
+@rule("SOP205", "SOP206", "SOP208")
+def planners(ctx: Context) -> Iterator[Diagnostic]:
+    """plan_and_act needs a planner whose two actions exist; a planner elsewhere is ignored."""
+    known = list(ctx.spec.actions)
+    for rid, role in ctx.spec.roles.items():
+        pointer = f"/roles/{rid}"
+        if role.react_mode == "plan_and_act" and role.planner is None:
+            yield error("SOP206", pointer + "/react_mode", "react_mode plan_and_act needs a `planner`",
+                        "add `planner: {action: WritePlan, task_action: ExecuteTask}`")
+        if role.planner is None:
+            continue
+        if role.react_mode != "plan_and_act":
+            yield warning("SOP208", pointer + "/planner",
+                          f"`planner` is ignored: react_mode is {role.react_mode}",
+                          "set `react_mode: plan_and_act`, or remove the planner")
+        for key in ("action", "task_action"):
+            aid = getattr(role.planner, key)
+            if aid not in ctx.spec.actions:
+                yield error("SOP205", f"{pointer}/planner/{key}", *unknown("action", aid, known))
+
+
+@rule("SOP207")
+def plan_shape(ctx: Context) -> Iterator[Diagnostic]:
+    """A planner action's output must be a plan: `tasks`, a list of task objects."""
+    for role in ctx.spec.roles.values():
+        aid = role.planner.action if role.planner else None
+        if aid is None or aid not in ctx.spec.actions or aid in ctx.cache.setdefault("plans", set()):
+            continue
+        ctx.cache["plans"].add(aid)
+        problem = _plan_problem(ctx.spec.actions[aid].output)
+        if problem:
+            yield error("SOP207", f"/actions/{aid}/output", f"planner action '{aid}' does not output a plan: {problem}",
+                        "give it `tasks: {type: list, children: {task_id: {type: str}, "
+                        "dependent_task_ids: {type: list[str]}, instruction: {type: str}}}`")
+
+
+_TASK_FIELDS = {"task_id": "str", "dependent_task_ids": "list[str]", "instruction": "str"}
+
+
+def _plan_problem(output: Any) -> str:
+    if not isinstance(output, dict):
+        return "its output is not a tree of nodes"
+    tasks = output.get("tasks")
+    if tasks is None:
+        return "its output tree has no key `tasks`"
+    if tasks.children is None or (tasks.type or "").strip() != "list":
+        return "`tasks` must be `type: list` with `children`"
+    for key, kind in _TASK_FIELDS.items():
+        node = tasks.children.get(key)
+        if node is None:
+            return f"a task has no `{key}`"
+        if node.children is not None or re.sub(r"\s", "", node.type or "str") != kind:
+            return f"a task's `{key}` must be of type {kind}"
+    return ""
+
+
+@rule("SOP209")
+def exec_actions(ctx: Context) -> Iterator[Diagnostic]:
+    """`command` only means something for kind exec (whose need of one the schema checks: SOP104)."""
+    for aid, action in ctx.spec.actions.items():
+        if action.kind == "llm" and action.command:
+            yield warning("SOP209", f"/actions/{aid}/command", "`command` is ignored: the action is of kind llm",
+                          "add `kind: exec` to run the command instead of an LLM")
+
+
+@rule("SOP210")
+def addresses_unique(ctx: Context) -> Iterator[Diagnostic]:
+    """Two roles with one address would make `send_to` ambiguous."""
+    owner: dict[str, str] = {rid: f"the id of role '{rid}'" for rid in ctx.spec.roles}
+    for rid in ctx.spec.roles:
+        name = ctx.spec.role_name(rid)
+        if name == rid:
+            continue
+        if name in owner:
+            yield error("SOP210", f"/roles/{rid}/name", f"role name '{name}' is already {owner[name]}",
+                        "give each role a distinct name")
+        owner.setdefault(name, f"the name of role '{rid}'")
+
+
+@rule("SOP212")
+def builtin_ids(ctx: Context) -> Iterator[Diagnostic]:
+    """UserRequirement is the built-in first message; a file may not redefine it."""
+    if USER_REQUIREMENT in ctx.spec.actions:
+        yield error("SOP212", f"/actions/{USER_REQUIREMENT}", f"'{USER_REQUIREMENT}' is built in",
+                    "choose another action id")
+
+
+@rule("SOP213")
+def input_defaults(ctx: Context) -> Iterator[Diagnostic]:
+    """An input's default must have the input's type."""
+    kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+    for name, spec in ctx.spec.inputs.items():
+        default = spec.default
+        if default is None:
+            continue
+        wrong_bool = isinstance(default, bool) and spec.type != "bool"
+        if wrong_bool or not isinstance(default, kinds[spec.type]):
+            yield error("SOP213", f"/inputs/{name}/default",
+                        f"default {default!r} is not of the input's type {spec.type}",
+                        "quote it to make it a string" if spec.type == "str" else "")
+
+
+RULES = (node_types, role_actions, watches, send_to, contexts, planners, plan_shape, exec_actions, addresses_unique, builtin_ids, input_defaults)
+"""This phase's rules, in the order they run."""

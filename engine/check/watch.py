@@ -1,0 +1,90 @@
+"""The watch-graph phase: loops are bounded, every role can be reached, every output is used."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+# The template phase lives in template_checks.py; importing it registers its checks.
+from engine.check.rules import Context, error, rule, warning
+from engine.errors import Diagnostic, Related
+from engine.load.spec import Sop
+
+# ---------------------------------------------------------------- graph
+
+
+@rule("SOP301")
+def bounded_loops(ctx: Context) -> Iterator[Diagnostic]:
+    """Every loop of activations must pass an action with `max_runs`."""
+    from engine.check.graph import unbounded_cycles
+
+    for cycle in unbounded_cycles(ctx.graph):
+        actions = [n.split(":", 1)[1] for n in cycle.nodes if n.startswith("action:")]
+        related = tuple(Related(message=f"action '{a}' is on the loop", pointer=f"/actions/{a}")
+                        for a in actions[1:])
+        yield error("SOP301", f"/actions/{actions[0]}", f"unbounded cycle: {cycle.label}",
+                    f"add `max_runs: N` to an action on the loop (e.g. {actions[0]})", related=related)
+
+
+@rule("SOP302")
+def reachable(ctx: Context) -> Iterator[Diagnostic]:
+    """A role no message can reach never runs."""
+    from engine.check.graph import reachable_roles
+
+    live = reachable_roles(ctx.graph)
+    for rid in ctx.spec.roles:
+        if rid not in live:
+            yield warning("SOP302", f"/roles/{rid}", f"no message can ever reach role '{rid}'",
+                          "let it watch UserRequirement or an action a reachable role runs, "
+                          "or name it in an action's send_to")
+
+
+@rule("SOP303")
+def consumed(ctx: Context) -> Iterator[Diagnostic]:
+    """An output nobody keeps, nobody later reads and no artifact writes is wasted work."""
+    from engine.check.graph import action_node, runners
+
+    ran_by = runners(ctx.spec)
+    for aid, action in ctx.spec.actions.items():
+        if not ran_by[aid] or action.artifacts or ctx.graph.out_degree(action_node(aid)):
+            continue
+        if any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
+            continue
+        yield warning("SOP303", f"/actions/{aid}", f"the output of '{aid}' is never used: no role keeps it "
+                      "and no artifact writes it",
+                      "watch it from a role, address a role in its send_to, or add `artifacts`")
+
+
+def _read_later(spec: Sop, rid: str, aid: str) -> bool:
+    """Another action of the same role sees `aid` in its context (MetaGPT memory), or the
+    role's planner consumes it (the plan, and each task's result recorded in the plan)."""
+    role = spec.roles[rid]
+    if role.planner and role.react_mode == "plan_and_act" and aid in (role.planner.action, role.planner.task_action):
+        return True
+    own = [*role.actions, *([role.planner.action, role.planner.task_action] if role.planner else [])]
+    for other in own:
+        ctx_list = spec.actions[other].context if other in spec.actions and other != aid else "none"
+        if ctx_list == "all" or (isinstance(ctx_list, list) and aid in ctx_list):
+            return True
+    return False
+
+
+@rule("SOP304")
+def watched_but_not_sent(ctx: Context) -> Iterator[Diagnostic]:
+    """A watch that the producer's `send_to` never delivers is a silent dead end."""
+    from engine.check.graph import delivered, runners
+
+    ran_by = runners(ctx.spec)
+    for rid, role in ctx.spec.roles.items():
+        for i, aid in enumerate(role.watch):
+            action = ctx.spec.actions.get(aid)
+            if action is None:
+                continue
+            reach, _ = delivered(list(action.send_to), rid, ctx.spec.role_name(rid), rid in ran_by[aid])
+            if not reach:
+                targets = ", ".join(action.send_to)
+                yield warning("SOP304", f"/roles/{rid}/watch/{i}", f"'{rid}' watches '{aid}', but '{aid}' is "
+                              f"sent only to {targets}", f"add '{rid}' or <all> to {aid}'s send_to")
+
+
+RULES = (bounded_loops, reachable, consumed, watched_but_not_sent)
+"""This phase's rules, in the order they run."""

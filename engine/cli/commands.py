@@ -1,0 +1,272 @@
+"""`sopctl`: thin command line over the library. Parses flags, calls the library, renders.
+
+Exit codes (contract §6): 0 ok, 1 diagnostics with an error / run stopped by failure or
+budget, 2 usage or invalid file. No traceback ever reaches the user: every `SopError` is
+rendered as a message, anything else as an internal error with a pointer to report it.
+Heavy modules (litellm, the interpreter) are imported inside the handlers that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from engine import __version__
+from engine.errors import SopError
+
+if TYPE_CHECKING:
+    from engine.journal.resume import Origin
+
+__all__ = ['main', 'build_parser', 'progress_display']
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from engine.check.compiler import check_path
+    from engine.check.diagnostics import format_report
+
+    text, code = format_report([check_path(f) for f in args.files], args.format, args.strict)
+    print(text)
+    return code
+
+
+def cmd_graph(args: argparse.Namespace) -> int:
+    from engine.check.compiler import check_path
+    from engine.check.diagnostics import format_report
+    from engine.check.graph import format_graph
+
+    result = check_path(args.file)
+    if result.graph is not None:  # drawn even when a loop is unbounded: it shows the loop
+        print(format_graph(result.graph, args.format), end="")
+    if not result.ok:
+        print(format_report([result], "text", False)[0], file=sys.stderr)
+        return 1
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from engine.load.schema import schema_text
+
+    print(schema_text(), end="")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Compile, check inputs, refuse exec/unusable models before starting, run, report.
+
+    Exit: 0 idle or max_rounds, 1 failed or budget, 130 interrupted (Ctrl-C), 2 usage,
+    invalid file, or a run that cannot start. Progress goes to stderr; the summary (or the
+    one JSON object of `--format json`) to stdout.
+    """
+    import asyncio
+
+    from engine.api import prepare
+    from engine.check.compiler import check_path
+    from engine.check.diagnostics import format_report
+    from engine.cli.live import make_display
+    from engine.cli.report import print_result
+    from engine.run.inputs import parse_input_flags
+
+    checked = check_path(args.file)
+    if checked.compiled is None or not checked.ok:
+        print(format_report([checked], "text", False)[0], file=sys.stderr)
+        return 2
+    if checked.diagnostics:  # warnings only: say them, then run
+        print(format_report([checked], "text", False)[0], file=sys.stderr)
+    compiled = checked.compiled
+    team = prepare(compiled, parse_input_flags(args.input, args.idea), model=args.model,
+                   max_rounds=args.rounds, budget_usd=args.budget, workspace=args.out,
+                   allow_exec=args.allow_exec)
+    team.check()
+    from engine.journal.store import Journal
+
+    journal = Journal.create(team.workspace.root, sop_name=compiled.spec.name,
+                             sop_hash=compiled.source_hash)
+    display = make_display(list(compiled.spec.roles))
+    team.options.observers = [display]
+    team.attach(journal)
+    try:
+        result = asyncio.run(team.run())
+    finally:
+        getattr(display, "close", lambda: None)()
+        journal.close()
+    return print_result(result, args.format)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Continue an interrupted run from its journal; output and exit code as `sopctl run`."""
+    from engine.cli.report import print_result
+    from engine.journal.resume import read_origin, resume_run
+
+    origin = read_origin(args.run_dir)
+    print(f"sopctl: resuming run {origin.first.run_id} of {origin.first.sop_name} "
+          f"({origin.ended_status or 'interrupted'})", file=sys.stderr)
+    if args.model and args.model != origin.last.model:
+        print(f"sopctl: note: the run used model '{origin.last.model}'; answers journaled for "
+              f"it are not reused for '{args.model}'", file=sys.stderr)
+    display = progress_display(origin)
+    try:
+        result = resume_run(args.run_dir, budget=args.budget, rounds=args.rounds,
+                            model=args.model, allow_exec=args.allow_exec, force=args.force,
+                            observers=(display,))
+    finally:
+        getattr(display, "close", lambda: None)()
+    return print_result(result, args.format)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    """Re-run a recorded run in --out with every answer from its journal; exit 1 on divergence."""
+    from engine.cli.report import print_result
+    from engine.journal.resume import read_origin, replay_run
+
+    origin = read_origin(args.run_dir)
+    display = progress_display(origin)
+    try:
+        result, diverged = replay_run(args.run_dir, args.out, allow_exec=args.allow_exec,
+                                      observers=(display,))
+    finally:
+        getattr(display, "close", lambda: None)()
+    code = print_result(result, args.format)
+    if diverged:
+        note = "" if origin.ended_status else (" (the recorded run was interrupted: its journal "
+                                               "has answers only up to where it stopped)")
+        print(f"sopctl: replay diverged from {args.run_dir}{note}", file=sys.stderr)
+        return 1
+    return code
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    """List the runs under a folder from their journals; an unreadable one is a row, not a crash."""
+    import json
+
+    from engine.cli.report import format_runs, runs_json
+    from engine.journal.history import list_runs
+
+    rows = list_runs(args.dir)
+    if args.format == "json":
+        print(json.dumps(runs_json(rows), indent=2))
+    elif not rows:
+        print(f"no runs under {args.dir}")
+    else:
+        print(format_runs(rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    """A run's timeline and usage, or (`--format json`) its result object, from the journal alone."""
+    import json
+
+    from engine.cli.report import format_show, result_object
+    from engine.journal.history import read_run
+
+    state = read_run(args.run_dir)
+    if args.format == "json":
+        print(json.dumps(result_object(state), indent=2, ensure_ascii=False))
+    else:
+        print(format_show(state))
+    return 0
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--idea", help="the one-line requirement (sets the `idea` input)")
+    p.add_argument("--input", action="append", default=[], metavar="KEY=VALUE",
+                   help="set a declared input; repeatable")
+    p.add_argument("--model", help="litellm model string, or `local` / `fake` "
+                   "(default: $SOPCTL_MODEL, then the file's llm.model, then `local`)")
+    p.add_argument("--rounds", type=int, metavar="N", help="override team.max_rounds")
+    p.add_argument("--budget", type=float, metavar="USD", help="override team.budget_usd (0 = no limit)")
+    p.add_argument("--out", metavar="DIR", help="workspace folder (default ./runs/<run-id>)")
+    p.add_argument("--allow-exec", action="store_true",
+                   help="allow actions of kind exec to run commands in the workspace")
+    p.add_argument("--format", choices=["text", "json"], default="text", help="result format")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sopctl", description="Declarative multi-agent SOP pipelines: "
+                     "validate, inspect and run SOP files (MetaGPT semantics).")
+    parser.add_argument("--version", action="version", version=f"sopctl {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("validate", help="check SOP files; every problem with file:line:col")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    p.set_defaults(handler=cmd_validate)
+
+    p = sub.add_parser("graph", help="print the compiled watch graph")
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--format", choices=["mermaid", "dot", "json"], default="mermaid")
+    p.set_defaults(handler=cmd_graph)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of SOP files")
+    p.set_defaults(handler=cmd_schema)
+
+    p = sub.add_parser("run", help="run an SOP")
+    p.add_argument("file", metavar="FILE")
+    _add_run_flags(p)
+    p.set_defaults(handler=cmd_run)
+
+    p = sub.add_parser("resume", help="continue an interrupted run from its journal")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--budget", type=float, metavar="USD", help="raise (or set) the budget")
+    p.add_argument("--rounds", type=int, metavar="N", help="override max_rounds")
+    p.add_argument("--model", help="override the model the run started with")
+    p.add_argument("--allow-exec", action="store_true")
+    p.add_argument("--force", action="store_true", help="resume even if the SOP file changed")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(handler=cmd_resume)
+
+    p = sub.add_parser("replay", help="re-run with every model answer taken from a run's journal")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--out", metavar="DIR", required=True, help="workspace of the replay")
+    p.add_argument("--allow-exec", action="store_true")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(handler=cmd_replay)
+
+    p = sub.add_parser("runs", help="list runs under a folder (default ./runs)")
+    p.add_argument("dir", nargs="?", default="runs", metavar="DIR")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(handler=cmd_runs)
+
+    p = sub.add_parser("show", help="a run's timeline, tokens and cost per action")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(handler=cmd_show)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except SopError as exc:
+        print(f"sopctl: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except BrokenPipeError:  # `sopctl show RUN | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print("sopctl: interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # noqa: BLE001 - the last line of defence against a traceback
+        print(f"sopctl: internal error: {type(exc).__name__}: {exc}\n"
+              "  hint: this is a bug in sopctl; please report it with the command you ran",
+              file=sys.stderr)
+        return 1
+
+
+def progress_display(origin: Origin) -> Any:
+    """The progress display of `sopctl run` (stderr), for a resume or a replay."""
+    from engine.check.compiler import compile_path
+    from engine.cli.live import make_display
+
+    try:
+        roles = list(compile_path(origin.sop_path).spec.roles)
+    except (SopError, OSError):
+        roles = []
+    return make_display(roles)

@@ -1,0 +1,158 @@
+"""What a person watching `sopctl run` sees: a live table on a terminal, plain lines otherwise.
+
+Both are `RunObserver`s fed by the same event stream as the journal, so the display can
+never disagree with what was recorded. Progress goes to stderr; stdout is kept for the
+result (the summary, or the one JSON object of `--format json`).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from engine.run.events import (
+    ActionCompleted,
+    ActionStarted,
+    LLMCalled,
+    RoundStarted,
+    RunEnded,
+    RunEvent,
+    RunLog,
+    RunStarted,
+)
+
+__all__ = ['RunStats', 'PlainProgress', 'LiveDisplay', 'make_display']
+
+
+@dataclass
+class RunStats:
+    """Totals and each role's state, folded from events (shared by both displays)."""
+
+    run_id: str = ""
+    model: str = ""
+    round: int = 0
+    max_rounds: int = 0
+    calls: int = 0
+    reused: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    roles: dict[str, str] = field(default_factory=dict)
+    role_calls: dict[str, int] = field(default_factory=dict)
+
+    def fold(self, event: RunEvent) -> None:
+        if isinstance(event, RunStarted):
+            self.run_id, self.model, self.max_rounds = event.run_id, event.model, event.max_rounds
+        elif isinstance(event, RoundStarted):
+            self.round = event.round
+            for role in self.roles:
+                self.roles[role] = "working" if role in event.active_roles else "idle"
+        elif isinstance(event, ActionStarted):
+            self.roles[event.role] = f"running {event.action}"
+        elif isinstance(event, ActionCompleted):
+            self.roles[event.role] = f"done {event.action}"
+        elif isinstance(event, LLMCalled):
+            self._add_call(event)
+
+    def _add_call(self, event: LLMCalled) -> None:
+        self.calls += event.calls
+        self.reused += event.reused
+        self.prompt_tokens += event.prompt_tokens
+        self.completion_tokens += event.completion_tokens
+        self.cost_usd += event.cost_usd
+        self.role_calls[event.role] = self.role_calls.get(event.role, 0) + event.calls + event.reused
+
+    def headline(self) -> str:
+        reused = f" (+{self.reused} reused)" if self.reused else ""
+        return (f"round {self.round}/{self.max_rounds} · {self.calls} calls{reused} · "
+                f"{self.prompt_tokens}+{self.completion_tokens} tokens · ${self.cost_usd:.4f}")
+
+
+class PlainProgress:
+    """One line per thing that happened, for logs and pipes (no terminal control codes)."""
+
+    def __init__(self, stream: IO[str] | None = None, roles: list[str] | None = None) -> None:
+        self.stream = stream or sys.stderr
+        self.stats = RunStats(roles={r: "idle" for r in roles or []})
+
+    def on_event(self, event: RunEvent) -> None:
+        self.stats.fold(event)
+        line = self._line(event)
+        if line:
+            print(line, file=self.stream, flush=True)
+
+    def _line(self, event: RunEvent) -> str:
+        if isinstance(event, RunStarted):
+            return f"sopctl: run {event.run_id} of {event.sop_name} on {event.model} -> {event.workspace}"
+        if isinstance(event, RoundStarted):
+            return f"round {event.round}: {', '.join(event.active_roles)}"
+        if isinstance(event, ActionStarted):
+            return f"  {event.role}: {event.action} ..."
+        if isinstance(event, ActionCompleted):
+            files = f", {len(event.artifacts)} file(s)" if event.artifacts else ""
+            return f"  {event.role}: {event.action} done{files} [{self.stats.headline()}]"
+        if isinstance(event, RunLog):
+            return f"  {event.level}: {event.role + ': ' if event.role else ''}{event.message}"
+        if isinstance(event, RunEnded):
+            return f"run ended: {event.status} after {event.rounds} round(s)"
+        return ""
+
+
+class LiveDisplay:
+    """A rich Live table: the round, each role's state and calls, tokens and cost."""
+
+    def __init__(self, roles: list[str], stream: IO[str] | None = None) -> None:
+        from rich.console import Console
+
+        self.console = Console(file=stream or sys.stderr)
+        self.stats = RunStats(roles={r: "idle" for r in roles})
+        self.logs: list[str] = []
+        self.live: Any = None
+
+    def on_event(self, event: RunEvent) -> None:
+        self.stats.fold(event)
+        if isinstance(event, RunLog) and event.level == "warning":
+            self.logs = (self.logs + [f"{event.role}: {event.message}"])[-3:]
+        if isinstance(event, RunStarted):
+            self._start()
+        elif self.live is not None:
+            self.live.update(self._render())
+        if isinstance(event, RunEnded):
+            self.close()
+
+    def _start(self) -> None:
+        from rich.live import Live
+
+        self.live = Live(self._render(), console=self.console, refresh_per_second=8, transient=False)
+        self.live.start()
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.update(self._render())
+            self.live.stop()
+            self.live = None
+
+    def _render(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title=f"sopctl {self.stats.run_id} · {self.stats.model}",
+                      caption=self.stats.headline(), expand=False, min_width=64)
+        table.add_column("role")
+        table.add_column("state")
+        table.add_column("calls", justify="right")
+        for role, state in self.stats.roles.items():
+            style = "green" if state.startswith("running") else ("dim" if state == "idle" else "")
+            table.add_row(role, f"[{style}]{state}[/]" if style else state,
+                          str(self.stats.role_calls.get(role, 0)))
+        for line in self.logs:
+            table.add_row("", f"[yellow]{line}[/]", "")
+        return table
+
+
+def make_display(roles: list[str], stream: IO[str] | None = None) -> PlainProgress | LiveDisplay:
+    """The live table on a terminal, plain lines otherwise (pipes, CI, files)."""
+    stream = stream or sys.stderr
+    if getattr(stream, "isatty", lambda: False)():
+        return LiveDisplay(roles, stream)
+    return PlainProgress(stream, roles)

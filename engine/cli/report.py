@@ -1,0 +1,188 @@
+"""What the commands print: a run's result, `sopctl show`'s timeline and `sopctl runs`' table,
+as text for people or JSON for tools."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import JournalError
+from engine.journal.history import ActionRecord, ActionStats, RunState
+
+if TYPE_CHECKING:
+    pass
+import sys
+
+__all__ = ['runs_json', 'result_object', 'format_show', 'format_runs', 'summary', 'print_result', 'EXIT_CODES']
+
+
+def runs_json(rows: list[tuple[Path, RunState | JournalError]]) -> list[dict[str, Any]]:
+    """`sopctl runs --format json`: one object per run folder."""
+    out: list[dict[str, Any]] = []
+    for path, item in rows:
+        if isinstance(item, JournalError):
+            out.append({"dir": str(path), "status": "unreadable", "error": str(item)})
+            continue
+        out.append({"id": item.run_id, "sop": item.sop_name, "status": item.status,
+                    "rounds": item.rounds, "calls": item.llm_calls, "reused": item.reused_calls,
+                    "cost_usd": round(item.cost_usd, 6), "started_at": _when(item.started_at),
+                    "invocations": item.invocations, "dir": str(path)})
+    return out
+
+
+# --- rendering --------------------------------------------------------------------------
+
+
+def result_object(state: RunState) -> dict[str, Any]:
+    """The contract's result object for the run as the journal has it, plus `journaled_calls`."""
+    return {
+        "status": state.status,
+        "rounds": state.rounds,
+        "llm_calls": state.llm_calls,
+        "reused_calls": state.reused_calls,
+        "prompt_tokens": state.prompt_tokens,
+        "completion_tokens": state.completion_tokens,
+        "cost_usd": round(state.cost_usd, 6),
+        "workspace": str(Path(state.run_dir).resolve()) if state.run_dir else state.workspace,
+        "artifacts": sorted(state.artifacts),
+        "history": [_summary(m) for m in state.history],
+        "journaled_calls": state.journaled_calls,
+        "run_id": state.run_id,
+        "sop": state.sop_name,
+        "sop_file": state.sop_file,
+        "model": state.model,
+        "invocations": state.invocations,
+        "error": state.error,
+        "actions": [_action_json(s) for s in state.actions.values()],
+    }
+
+
+def _summary(message: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "id": message.get("id"),
+        "round": message.get("round", 0),
+        "cause_by": message.get("cause_by"),
+        "sent_from": message.get("sent_from"),
+        "send_to": sorted(message.get("send_to") or []),
+        "chars": len(str(message.get("content") or "")),
+    }
+
+
+def _action_json(stats: ActionStats) -> dict[str, Any]:
+    return {"action": stats.action, "roles": stats.roles, "runs": stats.runs,
+            "completed": stats.completed, "calls": stats.calls, "reused": stats.reused,
+            "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
+            "cost_usd": round(stats.cost_usd, 6)}
+
+
+def _when(ts: float) -> str:
+    if not ts:
+        return "-"
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _status_line(state: RunState) -> str:
+    if state.status == "interrupted" and not state.ended:
+        return "interrupted (no end recorded: the process was killed; `sopctl resume` continues it)"
+    if state.status == "running":
+        return "running (its process is still alive)"
+    return state.status + (f" — {state.error}" if state.error else "")
+
+
+def format_show(state: RunState) -> str:
+    """The human timeline: header, rounds with roles, actions and messages, per-action usage."""
+    lines = [
+        f"run {state.run_id}  sop {state.sop_name} ({state.sop_file})  model {state.model}",
+        f"started {_when(state.started_at)}  invocations {state.invocations}  "
+        f"status {_status_line(state)}",
+        "",
+    ]
+    rounds = set(state.round_roles) | {r.round for r in state.timeline}
+    for rnd in sorted(rounds | {int(m.get("round", 0)) for m in state.history}):
+        lines.append(f"round {rnd}  roles: {', '.join(state.round_roles.get(rnd, [])) or '-'}")
+        lines += [_action_line(r) for r in state.timeline if r.round == rnd]
+        lines += [_message_line(m) for m in state.history if int(m.get("round", 0)) == rnd]
+        lines += [f"    warning: {g.get('role')}.{g.get('action')}: {g.get('message')}"
+                  for g in state.logs if g.get("round") == rnd]
+    lines += ["", "per action:", _stats_header()]
+    lines += [_stats_line(s) for s in state.actions.values()]
+    lines.append(f"total: {state.llm_calls} model calls, {state.reused_calls} reused, "
+                 f"{state.journaled_calls} journaled, {state.prompt_tokens}+"
+                 f"{state.completion_tokens} tokens, ${state.cost_usd:.4f}")
+    if state.artifacts:
+        lines.append("artifacts: " + ", ".join(sorted(state.artifacts)))
+    return "\n".join(lines)
+
+
+def _action_line(record: ActionRecord) -> str:
+    mark = "done" if record.completed else "NOT COMPLETED"
+    return (f"  {record.role}.{record.action}  [{mark}]  calls {record.calls}  reused "
+            f"{record.reused}  tokens {record.prompt_tokens}+{record.completion_tokens}  "
+            f"${record.cost_usd:.4f}")
+
+
+def _message_line(message: dict[str, Any]) -> str:
+    to = ",".join(sorted(message.get("send_to") or []))
+    chars = len(str(message.get("content") or ""))
+    return (f"    -> {message.get('id')}  {message.get('cause_by')}  "
+            f"{message.get('sent_from')} -> {to}  {chars} chars")
+
+
+def _stats_header() -> str:
+    return f"  {'action':<24} {'roles':<20} {'runs':>4} {'calls':>5} {'reused':>6} {'tokens':>13} {'cost':>9}"
+
+
+def _stats_line(s: ActionStats) -> str:
+    tokens = f"{s.prompt_tokens}+{s.completion_tokens}"
+    return (f"  {s.action:<24} {','.join(s.roles):<20} {s.runs:>4} {s.calls:>5} {s.reused:>6} "
+            f"{tokens:>13} ${s.cost_usd:>8.4f}")
+
+
+def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
+    """The `sopctl runs` table; an unreadable journal is a row saying why, not a failure."""
+    header = f"{'id':<24} {'sop':<20} {'status':<12} {'rounds':>6} {'calls':>5} {'cost':>9}  {'when':<20} dir"
+    lines = [header]
+    for path, item in rows:
+        if isinstance(item, JournalError):
+            lines.append(f"{'?':<24} {'?':<20} {'unreadable':<12} {'':>6} {'':>5} {'':>9}  "
+                         f"{'':<20} {path}  ({item.message})")
+            continue
+        lines.append(f"{item.run_id[:24]:<24} {item.sop_name[:20]:<20} {item.status:<12} "
+                     f"{item.rounds:>6} {item.llm_calls:>5} ${item.cost_usd:>8.4f}  "
+                     f"{_when(item.started_at):<20} {path}")
+    return "\n".join(lines)
+
+
+def summary(result: Any) -> str:
+    """The final summary of a RunResult, for people (`--format text`)."""
+    lines = [
+        f"status:    {result.status}" + (f" ({result.error})" if result.error else ""),
+        f"rounds:    {result.rounds}",
+        f"llm calls: {result.llm_calls}" + (f" (+{result.reused_calls} reused)" if result.reused_calls else ""),
+        f"tokens:    {result.prompt_tokens} prompt + {result.completion_tokens} completion",
+        f"cost:      ${result.cost_usd:.4f}",
+        f"workspace: {result.workspace}",
+        f"messages:  {len(result.messages)}",
+    ]
+    if result.artifacts:
+        lines.append("artifacts:")
+        lines += [f"  {path}" for path in result.artifacts]
+    return "\n".join(lines)
+
+
+def print_result(result: Any, fmt: str) -> int:
+    """Print a run's result (`run`, `resume`, `replay`); the exit code of its status (contract §6)."""
+    import json
+
+    if fmt == "json":
+        print(json.dumps(result.to_json(), ensure_ascii=False))
+    else:
+        print(summary(result))
+    if result.error:
+        print(f"sopctl: {result.status}: {result.error}", file=sys.stderr)
+    return EXIT_CODES.get(result.status, 1)
+
+
+EXIT_CODES = {"idle": 0, "max_rounds": 0, "interrupted": 130}
+"""Exit code per run status; anything else (failed, budget) is 1."""

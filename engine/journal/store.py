@@ -1,0 +1,679 @@
+"""The run journal: an append-only SQLite record from which a run can be rebuilt.
+
+Why SQLite: one file per run, atomic commits (WAL), and readable by `sopctl show` while
+the run is still going or after its process was killed.
+
+A journal lives at `<workspace>/.sopctl/journal.sqlite` and has three tables:
+
+- `meta`: schema version, the SOP's name and hash, engine version, creation time;
+- `events`: every run event of `engine.run.events`, in order (seq, ts, type, key, json);
+  append-only (triggers refuse UPDATE and DELETE);
+- `answers`: every model answer by the hash of its canonical request, so that `resume`
+  never pays for the same request twice and `replay` never calls a model at all.
+
+`Journal` implements the three interfaces the interpreter talks to: `RunObserver`
+(`on_event`), `CompletedActions` (`completed`) and the gateway's `AnswerStore`
+(`lookup`/`record`). Every write is its own committed transaction, so when a method returns
+the fact survives the death of the process (kill -9, OOM, Ctrl-C), whatever happens next.
+
+Every commit is `synchronous=FULL` by default: fsynced before the run goes on, so not even
+a power cut loses a fact already reported. An fsync costs milliseconds and a run writes
+dozens of events, so `SOPCTL_JOURNAL_SYNC=tiered` offers a faster mode: only what cannot be
+re-created (a paid answer) and the run's end are fsynced; other events are committed with
+`synchronous=NORMAL` and become power-safe at the next FULL commit, which fsyncs the whole
+WAL. A power cut can then only drop a tail of events written after the last paid answer,
+which resume re-creates by re-executing with the journaled answers, at no cost
+(bench/journal_bench.py measures both).
+
+Secrets never reach the file: the journal stores only what events and answers carry, and
+also redacts the value of any secret-looking environment variable (`*_API_KEY`,
+`*_TOKEN`, ...) before writing.
+
+Testing aid: `SOPCTL_CRASH_AFTER_EVENT=N` makes the process die with `os._exit(137)` right
+after the N-th event written by this process is committed, and `SOPCTL_CRASH_AFTER_ANSWER=N`
+does the same after the N-th recorded answer. The fault-injection tests use them to kill a
+real `sopctl run` at every point of the journal and check that `sopctl resume` recovers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import hashlib
+import json
+import os
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Iterator
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+from engine import __version__
+from engine.errors import JournalError
+from engine.models.types import StoredAnswer, is_secret_name
+from engine.run import events as _events
+from engine.run.events import ActionCompleted, RunEvent, RunStarted, event_type
+
+__all__ = ['SCHEMA_VERSION', 'JOURNAL_DIR', 'JOURNAL_FILE', 'CRASH_AFTER_EVENT_ENV', 'CRASH_AFTER_ANSWER_ENV', 'SYNC_ENV', 'EventRow', 'AnswerRow', 'Journal', 'ReplayStore', 'journal_path', 'writer_active', 'decode_event']
+
+
+SCHEMA_VERSION = 1
+
+
+JOURNAL_DIR = ".sopctl"
+
+
+JOURNAL_FILE = "journal.sqlite"
+
+
+CRASH_AFTER_EVENT_ENV = "SOPCTL_CRASH_AFTER_EVENT"
+
+
+CRASH_AFTER_ANSWER_ENV = "SOPCTL_CRASH_AFTER_ANSWER"
+
+
+_CRASH_EXIT = 137
+
+
+SYNC_ENV = "SOPCTL_JOURNAL_SYNC"
+
+
+_FSYNCED_EVENTS = frozenset({"RunEnded"})
+"""Events fsynced before `on_event` returns; answers always are (see the module docstring)."""
+
+
+_REDACTED = "[REDACTED]"
+
+
+_EVENT_TYPES: dict[str, type] = {
+    name: obj for name in _events.__all__
+    if isinstance(obj := getattr(_events, name), type) and dataclasses.is_dataclass(obj)
+}
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+    seq  INTEGER PRIMARY KEY AUTOINCREMENT,
+    ts   REAL NOT NULL,
+    type TEXT NOT NULL,
+    key  TEXT,
+    json TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_key ON events(key) WHERE key IS NOT NULL;
+CREATE TRIGGER IF NOT EXISTS events_no_update BEFORE UPDATE ON events
+BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS events_no_delete BEFORE DELETE ON events
+BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
+CREATE TABLE IF NOT EXISTS answers (
+    request_hash      TEXT PRIMARY KEY,
+    action            TEXT NOT NULL,
+    text              TEXT NOT NULL,
+    prompt_tokens     INTEGER NOT NULL,
+    completion_tokens INTEGER NOT NULL,
+    cost_usd          REAL NOT NULL,
+    model             TEXT NOT NULL,
+    seconds           REAL NOT NULL,
+    origin            TEXT NOT NULL,
+    seq               INTEGER NOT NULL
+);
+"""
+
+
+def journal_path(workspace: str | Path) -> Path:
+    """Where a run's journal lives inside its workspace."""
+    return Path(workspace) / JOURNAL_DIR / JOURNAL_FILE
+
+
+@dataclass(frozen=True)
+class EventRow:
+    """One stored event: its position, wall time, type name and JSON payload."""
+
+    seq: int
+    ts: float
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AnswerRow:
+    """One stored answer; `origin` is `model` (paid for) or `replay` (copied from a journal)."""
+
+    request_hash: str
+    action: str
+    answer: StoredAnswer
+    origin: str
+    seq: int
+
+
+def decode_event(row: EventRow) -> RunEvent:
+    """Turn a stored row back into its event dataclass (unknown fields are a JournalError)."""
+    cls = _EVENT_TYPES.get(row.type)
+    if cls is None:
+        raise JournalError(f"journal event {row.seq} has an unknown type {row.type!r}",
+                           "the journal was written by a newer sopctl; upgrade sopctl")
+    try:
+        event: RunEvent = cls(**row.data)
+    except TypeError as exc:
+        raise JournalError(f"journal event {row.seq} ({row.type}) does not match this sopctl: {exc}",
+                           "the journal was written by another sopctl version") from None
+    return event
+
+
+# --- sqlite errors -> JournalError ------------------------------------------------------
+
+
+_PROBLEMS: dict[str, tuple[str, str]] = {
+    "full": ("the disk is full", "free some space, then continue with `sopctl resume`; "
+             "nothing already journaled is lost"),
+    "readonly": ("the workspace is read-only",
+                 "choose a writable workspace (--out) or fix its permissions"),
+    "corrupt": ("the file is torn or corrupted", "the journal was damaged outside sopctl; "
+                "start a new run, or restore the file from a backup"),
+    "cantopen": ("the file cannot be opened", "check that the folder exists and is writable"),
+    "busy": ("another process holds it", "wait for the other sopctl process to finish"),
+}
+
+
+_SQLITE_KINDS = {"SQLITE_FULL": "full", "SQLITE_READONLY": "readonly", "SQLITE_PERM": "readonly",
+                 "SQLITE_NOTADB": "corrupt", "SQLITE_CORRUPT": "corrupt",
+                 "SQLITE_CANTOPEN": "cantopen", "SQLITE_BUSY": "busy", "SQLITE_LOCKED": "busy"}
+
+
+_ERRNO_KINDS = {errno.ENOSPC: "full", errno.EDQUOT: "full", errno.EROFS: "readonly",
+                errno.EACCES: "readonly", errno.EPERM: "readonly"}
+
+
+_TEXT_KINDS = (("full", "full"), ("readonly", "readonly"), ("not a database", "corrupt"),
+               ("malformed", "corrupt"), ("unable to open", "cantopen"), ("locked", "busy"))
+
+
+def _kind(exc: BaseException) -> str:
+    """What went wrong, from the errno, SQLite's error name, or (older Pythons) the text."""
+    if isinstance(exc, OSError):
+        return _ERRNO_KINDS.get(exc.errno or 0, "")
+    name = str(getattr(exc, "sqlite_errorname", ""))
+    for prefix, kind in _SQLITE_KINDS.items():
+        if name.startswith(prefix):
+            return kind
+    text = str(exc).lower()
+    return next((kind for needle, kind in _TEXT_KINDS if needle in text), "")
+
+
+def _explain(exc: BaseException, path: Path, doing: str) -> JournalError:
+    """One place that turns sqlite/OS failures into a message a user can act on."""
+    kind = _kind(exc)
+    if kind not in _PROBLEMS:
+        return JournalError(f"cannot {doing} journal {path}: {exc}")
+    what, hint = _PROBLEMS[kind]
+    detail = f" ({exc})" if kind in ("corrupt", "cantopen", "busy") else ""
+    return JournalError(f"cannot {doing} journal {path}: {what}{detail}", hint)
+
+
+@contextmanager
+def _guard(path: Path, doing: str) -> Iterator[None]:
+    try:
+        yield
+    except JournalError:
+        raise
+    except (sqlite3.Error, OSError) as exc:
+        raise _explain(exc, path, doing) from None
+
+
+# --- secrets --------------------------------------------------------------------------
+
+
+def _secret_values(environ: dict[str, str] | None = None) -> tuple[str, ...]:
+    """Values of secret-looking environment variables, longest first (never written)."""
+    env = os.environ if environ is None else environ
+    found = {v for k, v in env.items() if is_secret_name(k) and len(v) >= 8}
+    # also as it appears inside JSON text (quotes, backslashes, control characters escaped)
+    found |= {json.dumps(v, ensure_ascii=False)[1:-1] for v in found}
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def _scrub(text: str, secrets: tuple[str, ...]) -> str:
+    for value in secrets:
+        if value in text:
+            text = text.replace(value, _REDACTED)
+    return text
+
+
+def _crash_point(name: str) -> int:
+    raw = os.environ.get(name, "").strip()
+    return int(raw) if raw.isdigit() else 0
+
+
+# --- the journal ----------------------------------------------------------------------
+
+
+class Journal:
+    """A run's durable record: observer, completed-actions lookup and answer store in one.
+
+    Open it with `Journal.create` (a run or a resume writes to it) or `Journal.open`
+    (`show`, `runs`, `replay` read it). Use it as a context manager or call `close()`.
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, *, writable: bool) -> None:
+        self.path = path
+        self._conn = conn
+        self._writable = writable
+        self._secrets = _secret_values()
+        self._events_written = 0
+        self._answers_written = 0
+        self._crash_event = _crash_point(CRASH_AFTER_EVENT_ENV)
+        self._crash_answer = _crash_point(CRASH_AFTER_ANSWER_ENV)
+        self._completed: dict[str, ActionCompleted] | None = None
+        self._final_hashes: dict[str, str] = {}
+        self.workspace: Path | None = None
+        self._lock: IO[str] | None = None
+        self._mutex = threading.RLock()       # writers may be called from worker threads
+        self._fsync_all = os.environ.get(SYNC_ENV, "full").strip().lower() != "tiered"
+        self._full = True                     # _connect starts every connection at FULL
+        """Set for a writable journal: `completed` then checks the action's artifacts there."""
+
+    # opening ---------------------------------------------------------------------------
+
+    @classmethod
+    def for_run(cls, workspace: str | Path, compiled: Any, *, force: bool = False) -> Journal:
+        """The journal of a run (or a resume) of a compiled SOP, in its workspace.
+
+        Also remembers the SOP file's absolute path, so `resume` and `replay` find it from
+        any folder. Attach it with `**journal.run_options()` to `engine.api.run`.
+        """
+        file = str(getattr(compiled, "file", ""))
+        sop_path = str(Path(file).resolve()) if file and not file.startswith("<") else ""
+        return cls.create(workspace, sop_name=compiled.spec.name, sop_hash=compiled.source_hash,
+                          force=force, sop_path=sop_path)
+
+    def run_options(self) -> dict[str, Any]:
+        """The runner options that make a run durable: observer, completed actions, answers."""
+        return {"observers": [self], "completed": self, "store": self}
+
+    @classmethod
+    def create(cls, workspace: str | Path, *, sop_name: str, sop_hash: str,
+               force: bool = False, sop_path: str = "") -> Journal:
+        """Open the workspace's journal for writing, creating it if needed.
+
+        An existing journal must come from this schema version and this SOP (same hash);
+        otherwise JournalError, unless `force` (then the new hash is recorded).
+        """
+        path = journal_path(workspace)
+        with _guard(path, "create"):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = _connect(path, readonly=False)
+        journal = cls(path, conn, writable=True)
+        journal.workspace = Path(workspace)
+        try:
+            journal._init_schema()
+            journal._check_meta(sop_hash=sop_hash, force=force)
+            journal._lock = _take_writer_lock(path)
+            journal._write_meta(sop_name=sop_name, sop_hash=sop_hash, sop_path=sop_path)
+        except BaseException:
+            journal.close()
+            raise
+        return journal
+
+    @classmethod
+    def open(cls, workspace: str | Path, *, writable: bool = False) -> Journal:
+        """Open an existing journal (read-only by default); a missing one is a JournalError."""
+        path = journal_path(workspace)
+        if not Path(workspace).is_dir():
+            what = "is not a folder" if Path(workspace).exists() else "does not exist"
+            raise JournalError(f"run folder {workspace} {what}",
+                               "give the workspace of a run (`sopctl runs` lists them)")
+        if not path.is_file():
+            raise JournalError(f"{workspace} has no journal ({JOURNAL_DIR}/{JOURNAL_FILE})",
+                               "give the workspace of a run made by `sopctl run`")
+        with _guard(path, "open"):
+            conn = _connect(path, readonly=not writable)
+        journal = cls(path, conn, writable=writable)
+        try:
+            journal._check_meta(sop_hash=None, force=False)
+        except BaseException:
+            journal.close()
+            raise
+        return journal
+
+    def _init_schema(self) -> None:
+        with _guard(self.path, "initialise"):
+            self._conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+
+    def _check_meta(self, *, sop_hash: str | None, force: bool) -> None:
+        meta = self.meta()
+        version = int(meta.get("schema_version", SCHEMA_VERSION))
+        if version > SCHEMA_VERSION:
+            raise JournalError(f"journal {self.path} has schema version {version}; this sopctl "
+                               f"reads up to {SCHEMA_VERSION}", "upgrade sopctl to read it")
+        old_hash = meta.get("sop_hash")
+        if sop_hash and old_hash and old_hash != sop_hash and not force:
+            raise JournalError(
+                f"journal {self.path} belongs to another SOP "
+                f"({meta.get('sop_name', '?')}, sha256 {old_hash[:12]}) than this one "
+                f"(sha256 {sop_hash[:12]})",
+                "use a fresh workspace (--out), or --force to continue with the changed file")
+
+    def _write_meta(self, *, sop_name: str, sop_hash: str, sop_path: str) -> None:
+        rows = {"sop_path": sop_path} if sop_path else {}
+        rows |= {"schema_version": str(SCHEMA_VERSION), "sop_name": sop_name,
+                "sop_hash": sop_hash, "engine_version": __version__}
+        with _guard(self.path, "write"):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_at', ?)",
+                                   (repr(time.time()),))
+                self._conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows.items())
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def close(self) -> None:
+        """Close the database and drop the writer lock (idempotent)."""
+        try:
+            self._conn.close()
+        except sqlite3.Error:
+            pass
+        if self._lock is not None:
+            self._lock.close()           # closing the file releases the flock
+            self._lock = None
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # reading ---------------------------------------------------------------------------
+
+    def meta(self) -> dict[str, str]:
+        """The meta rows; a file without them was never initialised (a JournalError)."""
+        with _guard(self.path, "read"):
+            tables = {r[0] for r in self._conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()}
+            if "meta" not in tables:
+                raise JournalError(f"journal {self.path} is empty or not a sopctl journal",
+                                   "the run died while creating it; start the run again")
+            return dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
+
+    def events(self) -> list[EventRow]:
+        """Every event in order, payloads decoded from JSON."""
+        with _guard(self.path, "read"):
+            rows = self._conn.execute("SELECT seq, ts, type, json FROM events ORDER BY seq").fetchall()
+        return [EventRow(seq, ts, typ, _loads(data, seq)) for seq, ts, typ, data in rows]
+
+    def answers(self) -> list[AnswerRow]:
+        """Every journaled model answer, in the order they were recorded."""
+        with _guard(self.path, "read"):
+            rows = self._conn.execute(
+                "SELECT request_hash, action, text, prompt_tokens, completion_tokens, cost_usd, "
+                "model, seconds, origin, seq FROM answers ORDER BY rowid").fetchall()
+        return [AnswerRow(h, a, StoredAnswer(t, pt, ct, c, model=m, seconds=sec), o, s)
+                for h, a, t, pt, ct, c, m, sec, o, s in rows]
+
+    # CompletedActions --------------------------------------------------------------------
+
+    def completed(self, key: str) -> ActionCompleted | None:
+        """The recorded completion of the action with this idempotency key, if any.
+
+        An action whose artifacts are missing or changed in the workspace counts as not
+        completed, so a resume runs it again (its answers come from the journal, at no
+        cost) and the workspace rewrites exactly those files. "Changed" is measured against
+        the last content the journal recorded for the path when it was opened (a later
+        action may rewrite a file, as a review rewrites a draft), not this action's own.
+        """
+        if self._completed is None:
+            self._completed = self._load_completed()
+        record = self._completed.get(key)
+        if record is None or self.workspace is None:
+            return record
+        final = self._final_hashes
+        intact = all(_artifact_intact(self.workspace, {**a, "sha256": final.get(a["path"], a["sha256"])})
+                     for a in record.artifacts)
+        return record if intact else None
+
+    def _load_completed(self) -> dict[str, ActionCompleted]:
+        with _guard(self.path, "read"):
+            rows = self._conn.execute("SELECT seq, ts, type, json FROM events WHERE type = "
+                                      "'ActionCompleted' ORDER BY seq").fetchall()
+        done: dict[str, ActionCompleted] = {}
+        for seq, ts, typ, data in rows:
+            event = decode_event(EventRow(seq, ts, typ, _loads(data, seq)))
+            assert isinstance(event, ActionCompleted)
+            done.setdefault(event.key, event)
+            # Frozen at load: what this resume writes must not move the target it checks against.
+            self._final_hashes.update({a["path"]: a["sha256"] for a in event.artifacts})
+        return done
+
+    # RunObserver -------------------------------------------------------------------------
+
+    def on_event(self, event: RunEvent) -> None:
+        """Append one event, committed before returning (the crash hook fires after it)."""
+        with self._mutex:
+            self._append(event)
+
+    def _append(self, event: RunEvent) -> None:
+        self._require_writable()
+        if isinstance(event, RunStarted):
+            self._check_same_run(event.run_id)
+            self._remember_sop_path(event.sop_file)
+        key = getattr(event, "key", None)
+        text = _scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
+        with _guard(self.path, "write an event to"):
+            self._sync(full=event_type(event) in _FSYNCED_EVENTS)
+            self._conn.execute("INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)",
+                               (time.time(), event_type(event), key, text))
+        if isinstance(event, ActionCompleted) and self._completed is not None:
+            self._completed.setdefault(event.key, event)
+        self._events_written += 1
+        if self._crash_event and self._events_written == self._crash_event:
+            os._exit(_CRASH_EXIT)
+
+    def _check_same_run(self, run_id: str) -> None:
+        """One journal, one run: a new run into a used workspace would mix two runs' work."""
+        with _guard(self.path, "read"):
+            row = self._conn.execute("SELECT json FROM events WHERE type = 'RunStarted' "
+                                     "ORDER BY seq LIMIT 1").fetchone()
+        other = _loads(row[0], 0).get("run_id") if row else None
+        if other and other != run_id:
+            raise JournalError(f"workspace {self.path.parent.parent} already holds run {other}",
+                               f"continue it with `sopctl resume {self.path.parent.parent}`, "
+                               "or give the new run another --out")
+
+    def is_fsynced(self, event: RunEvent) -> bool:
+        """Whether `on_event` fsyncs this event before returning (the durability tier)."""
+        return self._fsync_all or event_type(event) in _FSYNCED_EVENTS
+
+    def _sync(self, *, full: bool) -> None:
+        """Set the connection's synchronous level for the next commit (only when it changes)."""
+        full = full or self._fsync_all
+        if full != self._full:
+            self._conn.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
+            self._full = full
+
+    def _remember_sop_path(self, sop_file: str) -> None:
+        """The SOP file's absolute path, resolved in the process that runs it (for resume)."""
+        path = Path(sop_file)
+        if not sop_file or sop_file.startswith("<") or not path.is_file():
+            return
+        with _guard(self.path, "write"):
+            self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('sop_path', ?)",
+                               (str(path.resolve()),))
+
+    # AnswerStore -------------------------------------------------------------------------
+
+    def lookup(self, request_hash: str) -> StoredAnswer | None:
+        with _guard(self.path, "read"):
+            row = self._conn.execute(
+                "SELECT text, prompt_tokens, completion_tokens, cost_usd, model, seconds "
+                "FROM answers WHERE request_hash = ?", (request_hash,)).fetchone()
+        if row is None:
+            return None
+        text, prompt_tokens, completion_tokens, cost, model, seconds = row
+        return StoredAnswer(text, prompt_tokens, completion_tokens, cost, model=model, seconds=seconds)
+
+    def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
+        """Store a model answer (the first answer for a request wins), durably."""
+        self.record_as(request_hash, action, answer, origin="model")
+
+    def record_as(self, request_hash: str, action: str, answer: StoredAnswer, *, origin: str) -> None:
+        """Store an answer with its origin (`model`, or `replay` when copied from a journal)."""
+        with self._mutex:
+            self._store_answer(request_hash, action, answer, origin)
+
+    def _store_answer(self, request_hash: str, action: str, answer: StoredAnswer, origin: str) -> None:
+        self._require_writable()
+        text = _scrub(answer.text, self._secrets)
+        with _guard(self.path, "write an answer to"):
+            self._sync(full=True)
+            self._conn.execute(
+                "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                "(SELECT COALESCE(MAX(seq), 0) FROM events))",
+                (request_hash, action, text, int(answer.prompt_tokens),
+                 int(answer.completion_tokens), float(answer.cost_usd),
+                 str(getattr(answer, "model", "")), float(getattr(answer, "seconds", 0.0)), origin))
+        self._answers_written += 1
+        if self._crash_answer and self._answers_written == self._crash_answer:
+            os._exit(_CRASH_EXIT)
+
+    def _require_writable(self) -> None:
+        if not self._writable:
+            raise JournalError(f"journal {self.path} is open read-only")
+
+
+class ReplayStore:
+    """The answer store of a replay: answers come from the old journal, never from a model.
+
+    Every answer used is also copied into the replay's own journal (origin `replay`), so
+    that the replay's workspace is itself a complete, replayable run. `record` only happens
+    if the gateway called a model, which it must not do in replay mode; it is kept for the
+    protocol and stores into the new journal.
+    """
+
+    def __init__(self, source: Journal, target: Journal) -> None:
+        self.source = source
+        self.target = target
+        self.misses: list[str] = []
+        """Request hashes the run asked for that the old journal lacks (a divergence)."""
+
+    def lookup(self, request_hash: str) -> StoredAnswer | None:
+        answer = self.source.lookup(request_hash)
+        if answer is None:
+            self.misses.append(request_hash)
+        else:
+            action = self._action_of(request_hash)
+            self.target.record_as(request_hash, action, answer, origin="replay")
+        return answer
+
+    def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
+        self.target.record(request_hash, action, answer)
+
+    def _action_of(self, request_hash: str) -> str:
+        with _guard(self.source.path, "read"):
+            row = self.source._conn.execute("SELECT action FROM answers WHERE request_hash = ?",
+                                            (request_hash,)).fetchone()
+        return row[0] if row else "?"
+
+
+def _artifact_intact(workspace: Path, artifact: dict[str, str]) -> bool:
+    """True when the file is there with the recorded sha256 (unreadable counts as changed)."""
+    path = workspace / str(artifact.get("path", ""))
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() == artifact.get("sha256")
+    except OSError:
+        return False
+
+
+def _lock_file(path: Path) -> Path:
+    return path.with_name("writer.lock")
+
+
+def _take_writer_lock(path: Path) -> IO[str] | None:
+    """An exclusive advisory lock held while a process writes the journal.
+
+    The kernel drops it when the process dies, however it dies, so a crashed run never
+    blocks its resume, while two live processes can never write one journal at once.
+    """
+    if fcntl is None:            # no advisory locks on this platform: best effort
+        return None
+    with _guard(path, "lock"):
+        handle = open(_lock_file(path), "a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        owner = handle.read().strip() or "?"
+        handle.close()
+        raise JournalError(f"journal {path} is being written by another process (pid {owner})",
+                           "wait for that run to finish (or stop it) before resuming") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle
+
+
+def writer_active(workspace: str | Path) -> bool:
+    """True while some live process holds the journal's writer lock (the run is going on)."""
+    lock = _lock_file(journal_path(workspace))
+    if fcntl is None or not lock.is_file():
+        return False
+    try:
+        with open(lock, encoding="utf-8") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except OSError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    except OSError:
+        return False
+    return False
+
+
+def _connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
+    """A connection in autocommit mode: each statement is its own committed transaction."""
+    if readonly:
+        return _connect_readonly(path)
+    conn = sqlite3.connect(str(path), isolation_level=None, timeout=10, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = FULL")
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()   # fails fast on a torn file
+    return conn
+
+
+def _connect_readonly(path: Path) -> sqlite3.Connection:
+    """Read-only; on a read-only medium (no -shm can be made) fall back to `immutable`."""
+    uri = path.resolve().as_uri()
+    try:
+        return _open_uri(f"{uri}?mode=ro")
+    except sqlite3.OperationalError as exc:
+        if _kind(exc) not in ("cantopen", "readonly"):
+            raise
+        return _open_uri(f"{uri}?immutable=1")
+
+
+def _open_uri(uri: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(uri, uri=True, isolation_level=None, timeout=10, check_same_thread=False)
+    conn.execute("PRAGMA query_only = ON")
+    conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    return conn
+
+
+def _loads(text: str, seq: int) -> dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise JournalError(f"journal event {seq} is not valid JSON ({exc})",
+                           "the journal was damaged outside sopctl") from None
+    if not isinstance(data, dict):
+        raise JournalError(f"journal event {seq} is not a JSON object")
+    return data

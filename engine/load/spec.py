@@ -1,0 +1,170 @@
+"""The pydantic models of an SOP file (`apiVersion: sop/v1`).
+
+These models and `sop.schema.json` describe the same language; a test feeds every valid and
+invalid case through both. Models are frozen and forbid unknown keys. Trusted run-time
+switches (allow-exec, budget overrides...) are deliberately *not* fields here, so that a
+shared file can never set them.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+
+__all__ = ['ACTION_ID', 'ROLE_ID', 'USER_REQUIREMENT', 'SPECIAL_ADDRESSES', 'InputSpec', 'LLMSpec', 'TeamSpec', 'OutputNode', 'CodeOutput', 'Output', 'ArtifactSpec', 'ActionSpec', 'PlannerSpec', 'RoleSpec', 'Sop']
+
+
+ACTION_ID = r"^[A-Z][A-Za-z0-9_]*$"
+
+
+ROLE_ID = r"^[A-Z][A-Za-z0-9_]*$"
+
+
+SOP_NAME = r"^[a-z][a-z0-9_-]*$"
+
+
+USER_REQUIREMENT = "UserRequirement"
+"""Built-in action id of the run's first message (the idea)."""
+
+
+SPECIAL_ADDRESSES = ("<all>", "<self>", "<none>")
+
+
+ActionId = Annotated[str, StringConstraints(pattern=ACTION_ID)]
+
+
+RoleId = Annotated[str, StringConstraints(pattern=ROLE_ID)]
+
+
+class _Model(BaseModel):
+    """Base of every model: unknown keys are errors, instances are immutable, and types are
+    strict (no "2" -> 2 coercion) so that the models accept what `sop.schema.json` accepts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
+
+
+class InputSpec(_Model):
+    """A run parameter, set with `--idea` (for `idea`) or `--input key=value`."""
+
+    type: Literal["str", "int", "float", "bool"] = "str"
+    required: bool = False
+    default: Any = None
+    description: str = ""
+
+
+class LLMSpec(_Model):
+    """Defaults for LLM calls; a role's and an action's `llm` override the file's."""
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, ge=1)
+    timeout_s: float | None = Field(default=None, gt=0)
+
+
+class TeamSpec(_Model):
+    """MetaGPT's Team: rounds, investment and the environment description."""
+
+    max_rounds: int = Field(default=12, ge=1)
+    budget_usd: float = Field(default=0.0, ge=0)
+    env_desc: str = ""
+
+
+class OutputNode(_Model):
+    """One ActionNode: a typed leaf, an object (`children`), or a list of objects."""
+
+    type: str | None = None
+    instruction: str = ""
+    example: Any = None
+    pattern: str | None = None
+    """A regular expression every string of the node must match (each item of a list[str])."""
+    children: dict[str, OutputNode] | None = None
+
+
+class CodeOutput(_Model):
+    """`output: {code: python}`: the answer's first fenced code block."""
+
+    code: str = Field(pattern=r"^[a-z][a-z0-9_+-]*$")
+
+
+Output = Union[Literal["text"], CodeOutput, dict[str, OutputNode]]
+
+
+class ArtifactSpec(_Model):
+    """A file written into the workspace when the action succeeds (path and content are templates)."""
+
+    path: str = Field(min_length=1)
+    content: str
+
+
+class ActionSpec(_Model):
+    """What a role can do: one LLM call filling an output tree, or (`kind: exec`) a command."""
+
+    description: str = ""
+    kind: Literal["llm", "exec"] = "llm"
+    prompt: str = ""
+    context: list[str] | Literal["all", "none"] = "all"
+    output: Output = "text"
+    format: Literal["json", "markdown"] = "json"
+    retries: int = Field(default=2, ge=0, le=10)
+    send_to: list[str] = Field(default_factory=lambda: ["<all>"])
+    artifacts: list[ArtifactSpec] = Field(default_factory=list)
+    for_each: str | None = None
+    when: str | None = None
+    """A condition (jinja expression, same variables as the prompt): the action runs only when it
+    is true; otherwise it is skipped without a model call or a message. Lets a loop end on a
+    result (e.g. tests passing) instead of only on its `max_runs` counter."""
+    as_: str = Field(default="item", alias="as", pattern=r"^[a-z_][a-z0-9_]*$")
+    max_concurrency: int = Field(default=8, ge=1, le=64)
+    max_runs: int | None = Field(default=None, ge=1)
+    publish: Literal["last", "each"] = "last"
+    command: list[str] | None = None
+    timeout_s: float = Field(default=60, gt=0, le=3600)
+    llm: LLMSpec | None = None
+
+    @model_validator(mode="after")
+    def _exec_needs_command(self) -> ActionSpec:
+        if self.kind == "exec" and not self.command:
+            raise ValueError("an action of kind exec needs a non-empty `command`")
+        return self
+
+
+class PlannerSpec(_Model):
+    """`plan_and_act`: the action that writes the plan, the one that runs each task."""
+
+    action: ActionId
+    task_action: ActionId
+    max_tasks: int = Field(default=10, ge=1, le=100)
+
+
+class RoleSpec(_Model):
+    """A MetaGPT Role: its prefix fields, its actions (states), what it watches, how it reacts."""
+
+    name: str | None = None
+    profile: str = ""
+    goal: str = ""
+    constraints: str = ""
+    actions: list[ActionId] = Field(min_length=1)
+    watch: list[str] = Field(default_factory=list)
+    react_mode: Literal["react", "by_order", "plan_and_act"] = "react"
+    max_react_loop: int = Field(default=1, ge=1, le=100)
+    memory: bool = True
+    llm: LLMSpec | None = None
+    planner: PlannerSpec | None = None
+
+
+class Sop(_Model):
+    """A whole SOP file."""
+
+    schema_: str | None = Field(default=None, alias="$schema")
+    apiVersion: Literal["sop/v1"]
+    name: Annotated[str, StringConstraints(pattern=SOP_NAME)]
+    description: str = ""
+    inputs: dict[str, InputSpec] = Field(default_factory=dict)
+    llm: LLMSpec = Field(default_factory=LLMSpec)
+    team: TeamSpec = Field(default_factory=TeamSpec)
+    actions: dict[ActionId, ActionSpec]
+    roles: dict[RoleId, RoleSpec] = Field(min_length=1)
+
+    def role_name(self, role_id: str) -> str:
+        return self.roles[role_id].name or role_id

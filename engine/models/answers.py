@@ -1,0 +1,418 @@
+"""How the gateway asks a model for an answer, and how it reads the answer back.
+
+Kept apart from `llm.py` so that the wording of our prompts and the tolerant parsers can be
+read, tested and changed without touching transport, retries or the journal. Nothing here
+calls a model or imports litellm.
+
+Four kinds of answer (`CallSpec.kind`):
+
+- `json`: an object that must validate against the action's JSON Schema. With a model that
+  supports structured output the schema travels as `response_format` and the prompt only
+  lists the fields; otherwise the prompt asks for JSON (`format: json`) or for `## Key`
+  sections (`format: markdown`), and `read` parses either, tolerating code fences, leading
+  prose and MetaGPT's `[CONTENT]` wrapper. Validation is strict: an invalid answer raises
+  `InvalidAnswer`, whose message is shown to the model when it is asked again.
+- `text`: the answer, stripped; an empty answer is invalid.
+- `code`: the first fenced code block (one left open at the end of a cut-off answer counts);
+  an answer without one is invalid.
+- `choice`: the first integer in the answer if it is a valid state, else -1. Never invalid.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from engine.models.types import CallSpec
+
+__all__ = ['InvalidAnswer', 'first_messages', 'reask_messages', 'response_format', 'read', 'parse_json_object', 'parse_markdown', 'extract_code', 'parse_choice', 'schema_errors']
+
+
+MAX_ECHO_CHARS = 6000
+"""A previous answer shown back to the model in a re-ask is cut to this many characters."""
+
+
+_MAX_ERRORS = 5
+
+
+_SCHEMA_CACHE: dict[tuple[int, str], tuple[Any, Any]] = {}
+
+
+_CODE_BLOCK = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.S)
+
+
+_OPEN_BLOCK = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*)\Z", re.S)
+
+
+_INTEGER = re.compile(r"-?\d+")
+
+
+_HEADING = re.compile(r"^[ \t]{0,3}#{1,4}[ \t]+(.+?)[ \t]*:?[ \t]*#*[ \t]*$", re.M)
+
+
+_BULLET = re.compile(r"^\s*(?:[-*+]|\d+[.)])\s+(.*)$")
+
+
+class InvalidAnswer(ValueError):
+    """The model's answer cannot be accepted; the message says why, for the model to fix."""
+
+
+# --------------------------------------------------------------------------- asking
+
+
+def response_format(spec: CallSpec) -> dict[str, Any]:
+    """The OpenAI-style `response_format` carrying the action's schema (structured output)."""
+    schema = spec.schema or {}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": _schema_name(spec.action), "schema": schema, "strict": _strict_ok(schema)},
+    }
+
+
+def first_messages(spec: CallSpec, schema_mode: bool) -> list[dict[str, str]]:
+    """System prompt (the role's prefix) and the action's prompt with our answer instructions."""
+    messages = [{"role": "system", "content": spec.system}] if spec.system else []
+    tail = _instructions(spec, schema_mode)
+    content = f"{spec.prompt.rstrip()}\n\n{tail}" if tail else spec.prompt
+    return [*messages, {"role": "user", "content": content}]
+
+
+def reask_messages(
+    messages: list[dict[str, str]], answer: str, error: str, spec: CallSpec, schema_mode: bool
+) -> list[dict[str, str]]:
+    """The conversation so far, the rejected answer, and a request to fix the named error."""
+    shown = answer if len(answer) <= MAX_ECHO_CHARS else answer[:MAX_ECHO_CHARS] + "\n[... cut ...]"
+    fix = (
+        f"Your previous answer could not be accepted: {error}\n"
+        "Answer again, completely, and fix this problem.\n\n" + _instructions(spec, schema_mode)
+    )
+    return [*messages, {"role": "assistant", "content": shown}, {"role": "user", "content": fix.rstrip()}]
+
+
+def _instructions(spec: CallSpec, schema_mode: bool) -> str:
+    if spec.kind == "json":
+        return _json_instructions(spec, schema_mode)
+    if spec.kind == "code":
+        lang = spec.code_lang or ""
+        return (f"## Answer format\nWrite the complete {lang or 'source'} code in one fenced code "
+                f"block, starting with a line ```{lang} and ending with a line ```.")
+    if spec.kind == "choice":
+        top = max(spec.n_choices - 1, 0)
+        return (f"Answer with a single number: the stage to do next, from 0 to {top}, or -1 if "
+                "the goal is reached and nothing is left to do. Write nothing else.")
+    return ""
+
+
+def _json_instructions(spec: CallSpec, schema_mode: bool) -> str:
+    schema = spec.schema or {}
+    mode = "schema" if schema_mode else spec.format
+    text: str = _per_schema(schema, f"instructions:{mode}", lambda: _build_json_instructions(schema, mode))
+    return text
+
+
+def _per_schema(schema: dict[str, Any], purpose: str, build: Callable[[], Any]) -> Any:
+    """Memoize work derived from an output schema (the same dict object for every call of
+    an action). The entry keeps the schema alive, so an `id` is never confused with another's."""
+    key = (id(schema), purpose)
+    hit = _SCHEMA_CACHE.get(key)
+    if hit is not None and hit[0] is schema:
+        return hit[1]
+    value = build()
+    if len(_SCHEMA_CACHE) >= 1024:
+        _SCHEMA_CACHE.clear()
+    _SCHEMA_CACHE[key] = (schema, value)
+    return value
+
+
+def _build_json_instructions(schema: dict[str, Any], mode: str) -> str:
+    fields = "\n".join(_field_lines(schema, "")) or "- (no fields)"
+    if mode == "schema":
+        return f"## Answer format\nAnswer with one JSON object that fills these fields:\n{fields}"
+    if mode == "markdown":
+        return (
+            "## Answer format\nWrite one section per field, in this order. Start each section "
+            "with a line `## <field name>`, the name written exactly as below, then the value. "
+            "Write text as plain text; write lists, numbers, booleans and objects as JSON, "
+            'e.g. ["first", "second"]. Write nothing before the first section.\n'
+            f"Fields:\n{fields}"
+        )
+    compact = json.dumps(_without_descriptions(schema), separators=(",", ":"), ensure_ascii=False)
+    return (
+        "## Answer format\nAnswer with one JSON object and nothing else (no prose before or after). "
+        f"It must validate against this JSON Schema:\n{compact}\nFields:\n{fields}"
+    )
+
+
+def _field_lines(schema: dict[str, Any], path: str) -> list[str]:
+    """`- "Key" (type): instruction` for every property, nested ones as `Parent[].child`."""
+    lines: list[str] = []
+    required = set(schema.get("required", []))
+    for key, sub in (schema.get("properties") or {}).items():
+        name = f"{path}.{key}" if path else key
+        note = "" if key in required else ", optional"
+        desc = f": {sub['description']}" if sub.get("description") else ""
+        lines.append(f'- "{name}" ({_type_name(sub)}{note}){desc}')
+        obj, suffix = _object_of(sub)
+        if obj is not None:
+            lines.extend(_field_lines(obj, name + suffix))
+    return lines
+
+
+def _object_of(schema: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
+    if schema.get("properties"):
+        return schema, ""
+    items = schema.get("items")
+    if isinstance(items, dict) and items.get("properties"):
+        return items, "[]"
+    return None, ""
+
+
+def _type_name(schema: dict[str, Any]) -> str:
+    """A short human reading of a schema: `list of string`, `one of a|b`, `string or null`."""
+    if "enum" in schema:
+        return "one of " + "|".join(str(v) for v in schema["enum"])
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            return " or ".join(_type_name(s) for s in schema[key])
+    kind = schema.get("type", "any")
+    if kind == "array":
+        return "list of " + _type_name(schema.get("items") or {})
+    if kind == "object" and isinstance(schema.get("additionalProperties"), dict):
+        return "object of " + _type_name(schema["additionalProperties"])
+    return kind if isinstance(kind, str) else " or ".join(kind)
+
+
+def _without_descriptions(schema: Any) -> Any:
+    if isinstance(schema, dict):
+        return {k: _without_descriptions(v) for k, v in schema.items() if k != "description"}
+    if isinstance(schema, list):
+        return [_without_descriptions(v) for v in schema]
+    return schema
+
+
+def _schema_name(action: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_-]", "_", action)[:64] or "output"
+
+
+def _strict_ok(schema: Any) -> bool:
+    """OpenAI strict mode needs every object closed with all its properties required."""
+    if isinstance(schema, list):
+        return all(_strict_ok(s) for s in schema)
+    if not isinstance(schema, dict):
+        return True
+    if schema.get("type") == "object":
+        props = schema.get("properties") or {}
+        if schema.get("additionalProperties") is not False or set(schema.get("required", [])) != set(props):
+            return False
+    children = [*(schema.get("properties") or {}).values(), *schema.get("anyOf", [])]
+    if isinstance(schema.get("items"), dict):
+        children.append(schema["items"])
+    return all(_strict_ok(child) for child in children)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read(spec: CallSpec, text: str) -> Any:
+    """The accepted value of an answer, or InvalidAnswer saying what is wrong with it."""
+    if spec.kind == "choice":
+        return parse_choice(text, spec.n_choices)
+    if spec.kind == "code":
+        return extract_code(text)
+    if spec.kind == "text":
+        if not text.strip():
+            raise InvalidAnswer("the answer is empty")
+        return text.strip()
+    schema = spec.schema or {}
+    value = _markdown_or_json(text, schema) if spec.format == "markdown" else parse_json_object(text)
+    errors = schema_errors(value, schema)
+    if errors:
+        raise InvalidAnswer("the object does not match the schema: " + "; ".join(errors))
+    return value
+
+
+def _markdown_or_json(text: str, schema: dict[str, Any]) -> Any:
+    """`format: markdown` answers are sections; a model that answers JSON anyway is read too."""
+    try:
+        return parse_markdown(text, schema)
+    except InvalidAnswer as markdown_error:
+        try:
+            return parse_json_object(text)
+        except InvalidAnswer:
+            raise markdown_error from None
+
+
+def parse_json_object(text: str) -> dict[str, Any]:
+    """The first JSON object in `text`, after a fence or [CONTENT] wrapper and any prose."""
+    body = _unwrap(text)
+    whole = _loads_or_none(body)
+    if whole is not None and not isinstance(whole, dict):
+        raise InvalidAnswer(f"expected one JSON object, got a JSON {_json_type(whole)}")
+    if isinstance(whole, dict):
+        return whole
+    decoder = json.JSONDecoder()
+    starts = [m.start() for m in re.finditer(r"\{", body)][:20]
+    if not starts:
+        raise InvalidAnswer("the answer holds no JSON object: expected one object starting with '{'")
+    first_error: json.JSONDecodeError | None = None
+    for start in starts:
+        try:
+            value, _ = decoder.raw_decode(body, start)
+            if isinstance(value, dict):
+                return value
+        except json.JSONDecodeError as exc:
+            first_error = first_error or exc
+    assert first_error is not None
+    raise InvalidAnswer(f"the JSON object does not parse: {first_error.msg} "
+                        f"(line {first_error.lineno}, column {first_error.colno})")
+
+
+def _loads_or_none(body: str) -> Any:
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError:
+        return None
+
+
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(type(value), "value")
+
+
+def _unwrap(text: str) -> str:
+    content = re.search(r"\[CONTENT\](.*?)(\[/CONTENT\]|$)", text, re.S)
+    if content:
+        text = content.group(1)
+    for match in _CODE_BLOCK.finditer(text):
+        if match.group(2).lstrip().startswith("{"):
+            return match.group(2)
+    return text
+
+
+def parse_markdown(text: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """`## Key` sections → {key: value}, each value read as the key's schema says."""
+    props: dict[str, Any] = schema.get("properties") or {}
+    by_norm = {_norm(k): k for k in props}
+    found = [(m, by_norm[_norm(m.group(1))]) for m in _HEADING.finditer(text) if _norm(m.group(1)) in by_norm]
+    if not found:
+        names = ", ".join(f"## {k}" for k in props) or "none"
+        raise InvalidAnswer(f"no `## <field>` sections found; expected sections: {names}")
+    out: dict[str, Any] = {}
+    for i, (match, key) in enumerate(found):
+        end = found[i + 1][0].start() if i + 1 < len(found) else len(text)
+        if key not in out:
+            out[key] = _section_value(key, text[match.end():end], props[key])
+    return out
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[\s_*`'\"]+", " ", name).strip().lower()
+
+
+def _section_value(key: str, raw: str, schema: dict[str, Any]) -> Any:
+    body = raw.strip()
+    fenced = _CODE_BLOCK.fullmatch(body)
+    if fenced:
+        body = fenced.group(2).strip()
+    if body.lower() in ("null", "none", "") and _allows(schema, "null"):
+        return None
+    if _allows(schema, "string") and not _allows_structured(schema):
+        return _plain_string(body)
+    try:
+        return json.loads(body)
+    except json.JSONDecodeError as exc:
+        bullets = _bullets(body)
+        if bullets is not None and _allows(schema, "array"):
+            return bullets
+        if _allows(schema, "string"):
+            return _plain_string(body)
+        if _allows(schema, "boolean") and body.lower() in ("true", "yes", "false", "no"):
+            return body.lower() in ("true", "yes")
+        raise InvalidAnswer(f"section '## {key}': expected {_type_name(schema)} written as JSON "
+                            f"({exc.msg})") from None
+
+
+def _allows(schema: dict[str, Any], kind: str) -> bool:
+    if "enum" in schema and kind == "string":
+        return True
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            return any(_allows(s, kind) for s in schema[key])
+    declared = schema.get("type")
+    return declared == kind or (isinstance(declared, list) and kind in declared)
+
+
+def _allows_structured(schema: dict[str, Any]) -> bool:
+    return any(_allows(schema, k) for k in ("array", "object", "integer", "number", "boolean"))
+
+
+def _plain_string(body: str) -> str:
+    if len(body) >= 2 and body[0] == body[-1] == '"':
+        try:
+            decoded = json.loads(body)
+            if isinstance(decoded, str):
+                return decoded
+        except json.JSONDecodeError:
+            pass
+    return body
+
+
+def _bullets(body: str) -> list[str] | None:
+    lines = [line for line in body.splitlines() if line.strip()]
+    items = [_BULLET.match(line) for line in lines]
+    if not lines or not all(items):
+        return None
+    return [_plain_string(m.group(1).strip()) for m in items if m]
+
+
+@lru_cache(maxsize=256)
+def _validator(schema_json: str) -> Any:
+    from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
+    from referencing import Registry
+
+    schema = json.loads(schema_json)
+    Draft202012Validator.check_schema(schema)
+    return Draft202012Validator(schema, registry=Registry())
+
+
+def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:
+    """Up to five readable validation errors (`at /Key/0: ...`); empty when `value` is valid."""
+    from jsonschema.exceptions import relevance  # type: ignore[import-untyped]
+
+    validator = _per_schema(schema, "validator", lambda: _validator(json.dumps(schema, sort_keys=True)))
+    if validator.is_valid(value):
+        return []
+    errors = sorted(validator.iter_errors(value), key=relevance)
+    return [_error_line(e) for e in errors[:_MAX_ERRORS]]
+
+
+def _error_line(error: Any) -> str:
+    where = "/" + "/".join(str(p) for p in error.absolute_path) if error.absolute_path else "the top level"
+    message = error.message if len(error.message) <= 240 else error.message[:240] + "..."
+    return f"at {where}: {message}"
+
+
+def extract_code(text: str) -> str:
+    """The first fenced code block's body (any language tag).
+
+    A block left open at the very end of the answer (cut off by `max_tokens`) is taken as it
+    is: asking again with the same limit would be cut at the same place.
+    """
+    match = _CODE_BLOCK.search(text) or _OPEN_BLOCK.search(text)
+    if not match:
+        raise InvalidAnswer("the answer holds no fenced code block: expected ```lang ... ```")
+    code = match.group(2)
+    if not code.strip():
+        raise InvalidAnswer("the fenced code block is empty")
+    return code if code.endswith("\n") else code + "\n"
+
+
+def parse_choice(text: str, n_choices: int) -> int:
+    """The first integer of the answer if it names a state (0..n-1), else -1 (stop)."""
+    match = _INTEGER.search(text)
+    if not match:
+        return -1
+    number = int(match.group(0))
+    return number if 0 <= number < n_choices else -1

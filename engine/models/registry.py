@@ -1,0 +1,103 @@
+"""Which provider answers a model name, and which model an action uses.
+
+The model-choice rule lives here and only here: `--model` > $SOPCTL_MODEL > the action's
+`llm.model` > the role's > the file's > `local`. Providers are found in this order: an
+active `override_model(...)` (tests), the gateway's own `providers`, the registry
+(`register_model`; the built-ins `fake` and `local` are imported on first use), else
+litellm (`engine.models.hosted`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Iterator, Mapping
+
+from engine.check.compiler import CompiledSop
+from engine.models.types import CallSpec, Provider, RealModelBlocked
+
+__all__ = ['resolve_llm', 'default_model', 'register_model', 'unregister_model', 'override_model', 'real_models_blocked']
+
+
+DEFAULT_MODEL = "local"
+
+
+def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str,
+                override: str | None) -> dict[str, Any]:
+    """Model and sampling settings: `--model` > $SOPCTL_MODEL > action > role > file > local."""
+    spec = compiled.spec
+    layers = [spec.actions[action_id].llm, spec.roles[role_id].llm, spec.llm]
+    picked: dict[str, Any] = {}
+    for key in ("model", "temperature", "max_tokens", "timeout_s"):
+        picked[key] = next((getattr(layer, key) for layer in layers
+                            if layer and getattr(layer, key) is not None), None)
+    picked["model"] = override or os.environ.get("SOPCTL_MODEL") or picked["model"] or DEFAULT_MODEL
+    return picked
+
+
+def default_model(compiled: CompiledSop) -> str:
+    """The run's model where no role or action names one: $SOPCTL_MODEL > file > local."""
+    return os.environ.get("SOPCTL_MODEL") or compiled.spec.llm.model or DEFAULT_MODEL
+
+
+# --------------------------------------------------------------------------- model registry
+
+_REGISTRY: dict[str, Provider] = {}
+
+
+_BUILTINS = {"fake": ("engine.models.fake", "FakeModel"), "local": ("engine.models.local", "LocalModel")}
+
+
+_OVERRIDES: list[Provider] = []
+
+
+_BLOCKED = [0]
+
+
+def register_model(name: str, provider: Provider) -> Provider | None:
+    """Make `--model NAME` use `provider`; returns the provider it replaces, if any."""
+    previous = _REGISTRY.get(name)
+    _REGISTRY[name] = provider
+    return previous
+
+
+def unregister_model(name: str) -> None:
+    """Forget a registered model (a built-in comes back on its next use)."""
+    _REGISTRY.pop(name, None)
+
+
+@contextlib.contextmanager
+def override_model(provider: Provider) -> Iterator[Provider]:
+    """Inside the block every call goes to `provider`, whatever model the SOP names."""
+    _OVERRIDES.append(provider)
+    try:
+        yield provider
+    finally:
+        _OVERRIDES.remove(provider)
+
+
+def real_models_blocked() -> bool:
+    """True while `engine.testing.block_real_models()` is active."""
+    return _BLOCKED[0] > 0
+
+
+def check_real_model_allowed(spec: CallSpec) -> None:
+    """Raise RealModelBlocked inside a guarded test suite (called by real providers)."""
+    if real_models_blocked():
+        raise RealModelBlocked(
+            f"real model call blocked in tests: action {spec.action} asked model '{spec.model}'",
+            hint="use --model fake or engine.testing.ScriptedModel, or wrap the test in "
+                 "engine.testing.allow_real_models()",
+        )
+
+
+def _resolve(model: str, own: Mapping[str, Provider], fallback: Callable[[], Provider]) -> Provider:
+    if _OVERRIDES:
+        return _OVERRIDES[-1]
+    if model in own:
+        return own[model]
+    if model not in _REGISTRY and model in _BUILTINS:
+        import importlib
+
+        module, cls = _BUILTINS[model]
+        _REGISTRY[model] = getattr(importlib.import_module(module), cls)()
+    return _REGISTRY[model] if model in _REGISTRY else fallback()

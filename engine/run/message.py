@@ -1,0 +1,120 @@
+"""Messages and addresses: what roles publish and the environment routes (MetaGPT `Message`).
+
+Message ids are deterministic (round, sender, sequence), never random: re-executing a run
+with the same answers must give the identical history, and resume/replay depend on that.
+Ids are never shown to a model, so they cannot change a request hash either.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from engine.load.spec import USER_REQUIREMENT
+
+__all__ = ['ALL', 'NONE', 'SELF', 'HUMAN', 'Message', 'message_id', 'resolve_send_to', 'content_of', 'user_requirement']
+
+
+ALL = "<all>"
+
+
+NONE = "<none>"
+
+
+SELF = "<self>"
+
+
+HUMAN = "Human"
+"""`sent_from` of the run's first message (the idea)."""
+
+
+def message_id(round_: int, sender: str, seq: int) -> str:
+    """The deterministic id of the `seq`-th message `sender` made in round `round_`."""
+    return f"{round_}-{sender}-{seq}"
+
+
+@dataclass(frozen=True)
+class Message:
+    """One published or remembered message; `out` is the parsed output (or None)."""
+
+    id: str
+    content: str
+    cause_by: str
+    sent_from: str
+    send_to: frozenset[str] = field(default_factory=lambda: frozenset({ALL}))
+    round: int = 0
+    out: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-friendly form (send_to sorted so that the journal's bytes are stable)."""
+        return {
+            "id": self.id,
+            "round": self.round,
+            "content": self.content,
+            "out": self.out,
+            "cause_by": self.cause_by,
+            "sent_from": self.sent_from,
+            "send_to": sorted(self.send_to),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Message:
+        """Rebuild a message recorded by `to_json` (journal, resume)."""
+        return cls(
+            id=str(data["id"]),
+            content=str(data.get("content", "")),
+            cause_by=str(data["cause_by"]),
+            sent_from=str(data["sent_from"]),
+            send_to=frozenset(data.get("send_to") or [ALL]),
+            round=int(data.get("round", 0)),
+            out=data.get("out"),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        """The contract's history entry: `{id, round, cause_by, sent_from, send_to, chars}`."""
+        return {
+            "id": self.id,
+            "round": self.round,
+            "cause_by": self.cause_by,
+            "sent_from": self.sent_from,
+            "send_to": sorted(self.send_to),
+            "chars": len(self.content),
+        }
+
+    def template_view(self) -> dict[str, Any]:
+        """What templates see (`msgs.X[i]`, `news[i]`): no id, so ids never reach a prompt."""
+        return {
+            "content": self.content,
+            "out": self.out,
+            "sent_from": self.sent_from,
+            "cause_by": self.cause_by,
+            "round": self.round,
+        }
+
+
+def resolve_send_to(send_to: Iterable[str], sender: str) -> frozenset[str]:
+    """The sender step: `<self>` becomes the sender's id; an empty list means `<all>`."""
+    targets = [sender if t == SELF else t for t in send_to]
+    return frozenset(targets) if targets else frozenset({ALL})
+
+
+def content_of(kind: str, value: Any, code_lang: str | None = None) -> str:
+    """A readable message content for an output: JSON text, the text, or a fenced block."""
+    if kind == "json" or not isinstance(value, str):
+        return json.dumps(value, indent=2, ensure_ascii=False)
+    if kind == "code":
+        return f"```{code_lang or ''}\n{value.rstrip()}\n```"
+    return value
+
+
+def user_requirement(idea: str) -> Message:
+    """The run's first message: the idea, from the human, to everyone, in round 0."""
+    return Message(
+        id=message_id(0, HUMAN, 0),
+        content=idea,
+        cause_by=USER_REQUIREMENT,
+        sent_from=HUMAN,
+        send_to=frozenset({ALL}),
+        round=0,
+    )

@@ -1,0 +1,247 @@
+"""The team: rounds over the environment until the run ends (MetaGPT `Team.run`).
+
+A round runs every non-idle role once, concurrently; what the roles publish is collected and
+published at the end of the round in file order, so the history is the same for the same
+answers however the calls interleave. The run ends `idle` (the normal end), at
+`max_rounds`, on `budget`, `failed` (an action failed after its retries), or `interrupted`;
+`RunEnded` is emitted in every case, so an observer (the journal) can always close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from engine import __version__
+from engine.check.compiler import CompiledSop
+from engine.errors import BudgetExceeded, RunError, SopError
+from engine.models.gateway import Gateway
+from engine.models.registry import default_model, resolve_llm
+from engine.models.types import AnswerStore
+from engine.run.actions import RunContext, used_actions
+from engine.run.environment import Environment
+from engine.run.events import (
+    ActionCompleted,
+    CompletedActions,
+    RoundStarted,
+    RunEnded,
+    RunEvent,
+    RunObserver,
+    RunStarted,
+)
+from engine.run.message import Message, user_requirement
+from engine.run.role import Role
+from engine.run.workspace import Workspace
+
+__all__ = ['RunOptions', 'RunResult', 'Team', 'new_run_id', 'exec_actions']
+
+
+def new_run_id() -> str:
+    """`YYYYMMDD-HHMMSS-<6 hex>` in UTC: sortable, and unique without coordination."""
+    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
+
+
+@dataclass
+class RunOptions:
+    """Trusted run-time switches (command line / API), never read from the SOP file."""
+
+    model: str | None = None
+    max_rounds: int | None = None
+    budget_usd: float | None = None
+    workspace: str | Path | None = None
+    allow_exec: bool = False
+    run_id: str | None = None
+    observers: Sequence[RunObserver] = ()
+    completed: CompletedActions | None = None
+    store: AnswerStore | None = None
+    replay: bool = False
+    gateway: Gateway | None = None
+
+
+@dataclass
+class RunResult:
+    """How a run ended, what it cost, and what it made (contract §6, plus the messages)."""
+
+    run_id: str
+    status: str
+    rounds: int
+    llm_calls: int
+    reused_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    workspace: str
+    artifacts: list[str]
+    messages: list[Message] = field(default_factory=list)
+    error: str = ""
+
+    @property
+    def history(self) -> list[dict[str, Any]]:
+        return [m.summary() for m in self.messages]
+
+    def to_json(self) -> dict[str, Any]:
+        """The one object `sopctl run --format json` prints."""
+        data = {
+            "status": self.status, "rounds": self.rounds, "llm_calls": self.llm_calls,
+            "reused_calls": self.reused_calls, "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens, "cost_usd": round(self.cost_usd, 6),
+            "workspace": self.workspace, "artifacts": self.artifacts, "history": self.history,
+            "run_id": self.run_id,
+        }
+        if self.error:
+            data["error"] = self.error
+        return data
+
+
+def exec_actions(compiled: CompiledSop) -> list[str]:
+    """Actions of kind exec that some role can run (what `--allow-exec` unlocks)."""
+    used = used_actions(compiled)
+    return [a for a, spec in compiled.spec.actions.items() if spec.kind == "exec" and a in used]
+
+
+class Team:
+    """One run of a compiled SOP; `await Team(...).run()` returns its RunResult."""
+
+    def __init__(self, compiled: CompiledSop, inputs: dict[str, Any], options: RunOptions) -> None:
+        self.compiled = compiled
+        self.inputs = dict(inputs)
+        self.options = options
+        self.run_id = options.run_id or new_run_id()
+        self.max_rounds = options.max_rounds or compiled.spec.team.max_rounds
+        budget = options.budget_usd
+        self.budget = compiled.spec.team.budget_usd if budget is None else budget
+        root = options.workspace or Path("runs") / self.run_id
+        self.workspace = Workspace(root)
+        self._artifacts: dict[str, str] = {}
+        gateway = options.gateway or Gateway(store=options.store, replay=options.replay)
+        gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
+        self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
+                              workspace=self.workspace, gateway=gateway, emit=self._emit,
+                              model_override=options.model, allow_exec=options.allow_exec)
+        self.roles = [Role(rid, self.ctx, options.completed) for rid in compiled.spec.roles]
+        self.env = Environment(self.roles, self._emit)
+        self.rounds = 0
+        self._checked = False
+
+    def check(self) -> None:
+        """Refuse to start (before any model call or file): exec not allowed, a model that
+        cannot work (e.g. `local` without its extra), a workspace that cannot be made.
+        Front ends call it early to fail fast; `run` calls it again, which is then a no-op."""
+        if self._checked:
+            return
+        needing = exec_actions(self.compiled)
+        if needing and not self.options.allow_exec:
+            raise RunError(f"this SOP runs commands; actions of kind exec need --allow-exec: "
+                           f"{', '.join(needing)}",
+                           hint="read what they run first; then pass --allow-exec")
+        preflight = getattr(self.ctx.gateway, "preflight", None)
+        if preflight is not None and not self.options.replay:
+            for model in self.models():
+                preflight(model)
+        self.workspace.create()
+        self._checked = True
+
+    def attach(self, journal: Any) -> None:
+        """Plug a journal in: it observes every event and stores every model answer."""
+        self.options.observers = [journal, *self.options.observers]
+        if self.ctx.gateway.store is None:
+            self.ctx.gateway.store = journal
+        if self.options.completed is None and hasattr(journal, "completed"):
+            self.options.completed = journal
+            for role in self.roles:
+                role.completed = journal
+
+    def models(self) -> list[str]:
+        """Every model this run may call, resolved (`--model` > env > action > role > file)."""
+        found = {resolve_llm(self.compiled, rid, aid, self.options.model)["model"]
+                 for rid, role in self.compiled.spec.roles.items()
+                 for aid in [*role.actions, *((role.planner.action, role.planner.task_action)
+                                              if role.planner else ())]}
+        return sorted(found)
+
+    async def run(self) -> RunResult:
+        """Run until the end; every way of ending gives a result and emits RunEnded."""
+        self.check()
+        self._emit(self._started())
+        # Anything that escapes below (KeyboardInterrupt, SystemExit) ends the run as interrupted.
+        status, error = "interrupted", "interrupted"
+        try:
+            self.env.publish(user_requirement(str(self.inputs.get("idea", ""))))
+            status, error = await self._loop(), ""
+        except BudgetExceeded as exc:
+            status, error = "budget", str(exc)
+        except SopError as exc:
+            status, error = "failed", str(exc)
+        except asyncio.CancelledError:
+            status, error = "interrupted", "interrupted"
+        except Exception as exc:  # noqa: BLE001 - a bug must still end the run as failed
+            status, error = "failed", f"internal error: {type(exc).__name__}: {exc}"
+        finally:
+            self._end(status, error)
+        return self._result(status, error)
+
+    async def _loop(self) -> str:
+        while True:
+            active = self.env.active_roles()
+            if not active:
+                return "idle"
+            if self.rounds >= self.max_rounds:
+                return "max_rounds"
+            self.rounds += 1
+            self._emit(RoundStarted(round=self.rounds, active_roles=[r.id for r in active]))
+            await self._round(active)
+
+    async def _round(self, active: list[Role]) -> None:
+        """Run the active roles concurrently; publish in file order; the first failure wins."""
+        tasks = [asyncio.ensure_future(role.run(self.rounds)) for role in active]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        finally:
+            pending = [t for t in tasks if not t.done()]
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            for task in tasks:  # finished roles' work is published even if another failed
+                if not task.cancelled() and task.exception() is None:
+                    for message in task.result():
+                        self.env.publish(message)
+        failure = next((t.exception() for t in tasks if not t.cancelled() and t.exception()), None)
+        if failure is not None:
+            raise failure
+        if any(t.cancelled() for t in tasks):
+            raise asyncio.CancelledError()
+
+    def _emit(self, event: RunEvent) -> None:
+        if isinstance(event, ActionCompleted):
+            for artifact in event.artifacts:
+                self._artifacts[artifact["path"]] = artifact["sha256"]
+        for observer in self.options.observers:
+            observer.on_event(event)
+
+    def _started(self) -> RunStarted:
+        spec = self.compiled.spec
+        model = self.options.model or default_model(self.compiled)
+        return RunStarted(run_id=self.run_id, sop_file=self.compiled.file, sop_name=spec.name,
+                          sop_hash=self.compiled.source_hash, inputs=dict(self.inputs),
+                          model=model, engine_version=__version__,
+                          workspace=str(self.workspace.root), max_rounds=self.max_rounds,
+                          budget_usd=self.budget)
+
+    def _end(self, status: str, error: str) -> None:
+        try:
+            self._emit(RunEnded(status=status, rounds=self.rounds, error=error))
+        except Exception:  # noqa: BLE001 - a broken observer must not hide how the run ended
+            pass
+
+    def _result(self, status: str, error: str) -> RunResult:
+        usage = self.ctx.gateway.usage  # the gateway counts failed attempts too: they were paid
+        return RunResult(run_id=self.run_id, status=status, rounds=self.rounds,
+                         llm_calls=usage.llm_calls, reused_calls=usage.reused_calls,
+                         prompt_tokens=usage.prompt_tokens,
+                         completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd,
+                         workspace=str(self.workspace.root), artifacts=sorted(self._artifacts),
+                         messages=list(self.env.history), error=error)
