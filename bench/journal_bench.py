@@ -19,7 +19,6 @@ pays. Figures are medians over the repetitions; ratios are to `none` in the same
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import statistics
@@ -38,29 +37,36 @@ VARIANTS = ("none", "journal", "tiered")
 LATENCIES_MS = (0, 200)
 
 
+class _Clock:
+    """Counts the run's events and notes when it starts (after its journal is created)."""
+
+    def __init__(self) -> None:
+        self.started = 0.0
+        self.events = 0
+
+    def on_event(self, event: Any) -> None:
+        self.events += 1
+        if type(event).__name__ == "RunStarted":
+            self.started = time.perf_counter()
+
+
 def _one_run(compiled: Any, variant: str, root: Path) -> tuple[float, int]:
-    """Wall seconds of one whole run (team.run), and the journal's event count."""
-    from engine.api import prepare
-    from engine.journal.store import SYNC_ENV, Journal
+    """Wall seconds of one whole run from its start (journal creation excluded: a one-time
+    cost per run, reported by `bench.compare`), and the events it journaled."""
+    from engine import api
+    from engine.journal.store import SYNC_ENV
 
     ws = Path(tempfile.mkdtemp(dir=root))
     os.environ[SYNC_ENV] = "tiered" if variant == "tiered" else "full"
-    team = prepare(compiled, {"idea": "a command-line 2048 game"}, model="fake",
-                   workspace=str(ws), allow_exec=True)
-    team.check()
-    journal = Journal.for_run(team.workspace.root, compiled) if variant != "none" else None
-    if journal is not None:
-        team.attach(journal)
-    start = time.perf_counter()
-    result = asyncio.run(team.run())
-    seconds = time.perf_counter() - start
-    events = len(journal.events()) if journal is not None else 0
-    if journal is not None:
-        journal.close()
+    clock = _Clock()
+    result = api.run(compiled, {"idea": "a command-line 2048 game"}, model="fake",
+                     workspace=str(ws), allow_exec=True, observers=[clock],
+                     journal=variant != "none")
+    seconds = time.perf_counter() - clock.started
     shutil.rmtree(ws, ignore_errors=True)
     if result.status != "idle":
         raise RuntimeError(f"bench run ended {result.status}: {result.error}")
-    return seconds, events
+    return seconds, clock.events if variant != "none" else 0
 
 
 def _measure(compiled: Any, latency_ms: int, reps: int, root: Path) -> dict[str, Any]:

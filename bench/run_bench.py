@@ -119,7 +119,7 @@ def _run(compiled: Any, latency_ms: int, gateway: Any = None) -> tuple[float, An
         options: dict[str, Any] = {"gateway": gateway} if gateway is not None else {}
         start = time.perf_counter()
         result = api.run(compiled, {"idea": "a command-line 2048 game"}, model="fake",
-                         workspace=tmp, observers=[clock], **options)
+                         workspace=tmp, observers=[clock], journal=False, **options)
         wall = time.perf_counter() - start
     if result.status != "idle":
         raise RuntimeError(f"bench run ended {result.status}: {result.error}")

@@ -1,27 +1,37 @@
-"""The Python API: load an SOP, run it, or iterate over its events (for embedding and tests).
+"""The Python API, and the one way a run starts: `run`, `iter_run`, `resume`, `replay`.
 
     sop = engine.api.load("sops/review.sop.yaml")
     result = engine.api.run(sop, {"idea": "a todo CLI"}, model="fake", workspace="out/")
     async for event in engine.api.iter_run(sop, {"idea": "..."}, model="fake"): ...
+    result = engine.api.resume("out/", budget=2.0)
+    replayed = engine.api.replay("out/", "replayed/")
 
-Inputs are checked here (unknown keys, missing required ones, types), so every front end
-(CLI, API) refuses a bad run the same way, before anything starts.
+Every run is journaled by default (`<workspace>/.sopctl/journal.sqlite`), so whatever starts
+it — the CLI, a benchmark, a user's script — can resume it after a crash without paying
+twice; pass `journal=False` for a throwaway run. Inputs and limits are checked before
+anything starts, so every front end refuses a bad run the same way. The CLI and the
+benchmarks call these functions and hold no copy of them.
 """
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, AsyncIterator, Mapping
 
 from engine.check.compiler import CompiledSop, compile_path
 from engine.errors import UsageError
+from engine.journal.resume import (RunFolder, earlier_artifacts, open_for_replay, open_for_resume,
+                                   remove_orphan_temp_files, replay_options, resume_options)
+from engine.journal.store import Journal, ReplayStore
 from engine.run.events import RunEnded, RunEvent
 from engine.run.inputs import check_limits, parse_input_flags, resolve_inputs
 from engine.run.team import RunOptions, RunResult, Team, new_run_id
 
-__all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "check_limits", "run", "run_async",
-           "iter_run", "RunResult", "RunOptions", "new_run_id"]
+__all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "check_limits", "run",
+           "run_async", "iter_run", "resume", "replay", "Replayed", "open_for_resume",
+           "open_for_replay", "RunFolder", "RunResult", "RunOptions", "new_run_id"]
 
 
 def load(path: str | Path) -> CompiledSop:
@@ -31,7 +41,8 @@ def load(path: str | Path) -> CompiledSop:
 
 def prepare(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
             **options: Any) -> Team:
-    """A Team ready to run (inputs checked); call `check()`, `attach(journal)`, `await run()`."""
+    """A Team ready to run (inputs and limits checked), without a journal: for tools that
+    drive the interpreter themselves. `run`, `iter_run`, `resume` and `replay` use it."""
     return Team(compiled, resolve_inputs(compiled, inputs or {}), _options(**options))
 
 
@@ -43,18 +54,45 @@ def _options(**kwargs: Any) -> RunOptions:
         raise UsageError(f"bad run option: {exc}") from None
 
 
-async def run_async(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
-                    **options: Any) -> RunResult:
-    """Run to the end (options: model, max_rounds, budget_usd, workspace, allow_exec, run_id,
-    observers, completed, store, replay, gateway)."""
-    values = resolve_inputs(compiled, inputs or {})
-    return await Team(compiled, values, _options(**options)).run()
+# --- a new run --------------------------------------------------------------------------
 
 
-def run(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
-        **options: Any) -> RunResult:
+def run(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None, *,
+        journal: bool = True, **options: Any) -> RunResult:
     """The synchronous `run_async` (not from inside a running event loop)."""
-    return asyncio.run(run_async(compiled, inputs, **options))
+    return asyncio.run(run_async(compiled, inputs, journal=journal, **options))
+
+
+async def run_async(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None, *,
+                    journal: bool = True, **options: Any) -> RunResult:
+    """Run to the end, journaled in the workspace unless `journal=False`.
+
+    Options: model, max_rounds, budget_usd, workspace (default runs/<run-id>), allow_exec,
+    run_id, observers, completed, store, gateway. A run cannot start (UsageError, RunError)
+    before any model call or file write: bad inputs, exec not allowed, an unusable model.
+    """
+    team = prepare(compiled, inputs, **options)
+    return await _drive(team, _journal_of(team, journal))
+
+
+async def iter_run(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None, *,
+                   journal: bool = True, **options: Any) -> AsyncIterator[RunEvent]:
+    """Every event of a run, in order, ending with RunEnded; leaving early cancels the run."""
+    sink = _Queue()
+    options["observers"] = [*options.get("observers", ()), sink]
+    team = prepare(compiled, inputs, **options)
+    task = asyncio.ensure_future(_drive(team, _journal_of(team, journal)))
+    try:
+        while True:
+            event = await sink.queue.get()
+            yield event
+            if isinstance(event, RunEnded):
+                break
+        await task
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 class _Queue:
@@ -67,24 +105,75 @@ class _Queue:
         self.queue.put_nowait(event)
 
 
-async def iter_run(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
-                   **options: Any) -> AsyncIterator[RunEvent]:
-    """Every event of a run, in order, ending with RunEnded; leaving early cancels the run."""
-    values = resolve_inputs(compiled, inputs or {})
-    sink = _Queue()
-    opts = _options(**options)
-    opts.observers = [*opts.observers, sink]
-    team = Team(compiled, values, opts)
+def _journal_of(team: Team, wanted: bool) -> Journal | None:
+    """The run's journal in its workspace, opened after the run's own checks passed."""
     team.check()
-    task = asyncio.ensure_future(team.run())
+    return Journal.for_run(team.workspace.root, team.compiled) if wanted else None
+
+
+async def _drive(team: Team, journal: Journal | None, store: ReplayStore | None = None) -> RunResult:
+    """Run a checked team to its end with its journal attached; the journal is closed after."""
     try:
-        while True:
-            event = await sink.queue.get()
-            yield event
-            if isinstance(event, RunEnded):
-                break
-        await task
+        if journal is not None:
+            team.attach(journal)
+        if store is not None:
+            team.ctx.gateway.store = store
+        return await team.run()
     finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        if journal is not None:
+            journal.close()
+
+
+# --- resume and replay ------------------------------------------------------------------
+
+
+def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: int | None = None,
+           model: str | None = None, allow_exec: bool = False, force: bool = False,
+           observers: tuple[Any, ...] = ()) -> RunResult:
+    """Continue an interrupted (or ended) run in its own workspace: same run id, completed
+    actions and journaled answers reused, so nothing is paid twice.
+
+    `run` is a run folder, or one opened by `open_for_resume` (the CLI opens it first to say
+    what it resumes). Refuses (JournalError) when the SOP file changed since the run (last)
+    started, unless `force`. Returns this invocation's RunResult, with the artifacts that
+    earlier invocations wrote.
+    """
+    check_limits(rounds, budget)
+    folder = run if isinstance(run, RunFolder) else open_for_resume(run, force=force)
+    with folder:
+        options = resume_options(folder, budget=budget, rounds=rounds, model=model,
+                                 allow_exec=allow_exec)
+        team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers, **options)
+        team.check()
+        folder.journal.begin(folder.compiled, force=force)
+        remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock
+        team.attach(folder.journal)
+        result = asyncio.run(team.run())
+        result.artifacts = sorted(set(result.artifacts) | earlier_artifacts(folder))
+    return result
+
+
+@dataclass
+class Replayed:
+    """A replay's result, and whether it asked for a request the recorded journal lacks."""
+
+    result: RunResult
+    diverged: bool
+
+
+def replay(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = False,
+           observers: tuple[Any, ...] = ()) -> Replayed:
+    """Run the SOP again in `out` with every answer from the run's journal; no model is called.
+
+    A divergence (the SOP, its inputs or the engine changed) ends the replay `failed` with
+    the divergence as its error, and `diverged` is True.
+    """
+    folder = run if isinstance(run, RunFolder) else open_for_replay(run)
+    with folder:
+        options = replay_options(folder, out, allow_exec=allow_exec)
+        team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers, **options)
+        target = _journal_of(team, True)
+        assert target is not None
+        store = ReplayStore(folder.journal, target)
+        result = asyncio.run(_drive(team, target, store))
+    return Replayed(result, bool(store.misses))

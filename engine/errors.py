@@ -97,11 +97,34 @@ class RunError(SopError):
 
 
 class ActionFailed(SopError):
-    """An action failed after its retries; ends the run with status `failed`."""
+    """An action failed after its retries; ends the run with status `failed`.
 
-    def __init__(self, action: str, message: str, hint: str = "") -> None:
+    A failure that comes from something written in the SOP file (a template, an artifact
+    path, a command, a `for_each`) names that place as the checker's diagnostics do: a code
+    and a JSON pointer, plus the line inside a template. The run locates it (`file:line:col`)
+    where it ends, in the one place that turns pointers into positions."""
+
+    def __init__(self, action: str, message: str, hint: str = "", *, code: str = "",
+                 pointer: str = "", template_line: int = 0) -> None:
         super().__init__(f"action {action} failed: {message}", hint)
         self.action = action
+        self.code = code
+        self.pointer = pointer
+        self.template_line = template_line
+
+    def at(self, code: str, pointer: str) -> ActionFailed:
+        """Name the place in the SOP file, unless the raiser already named a more precise one."""
+        if not self.pointer:
+            self.code, self.pointer = code, pointer
+        return self
+
+    @property
+    def diagnostic(self) -> Diagnostic | None:
+        """The failure as a diagnostic (not yet located), or None when it names no place."""
+        if not self.pointer:
+            return None
+        return Diagnostic(code=self.code, severity="error", message=self.message,
+                          pointer=self.pointer, hint=self.hint, line=self.template_line)
 
 
 class LLMError(SopError):

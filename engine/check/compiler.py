@@ -8,6 +8,8 @@ the one place where JSON pointers become `file:line:col`.
 `check_path`/`check_text` never raise for a bad file: they return every diagnostic (what
 `sopctl validate` shows). `compile_path`/`compile_text` are for the interpreter: they return
 a CompiledSop carrying its warnings, or raise `LoadError`/`CompileError` with the diagnostics.
+The CompiledSop keeps its source (text and source map), so that a failure at run time
+(`locate_failure`) is located here too, exactly as the checker's diagnostics are.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from typing import Any
 from engine.check.graph import build as build_graph
 from engine.check.phases import PHASES
 from engine.check.rules import Context, run_rules
-from engine.errors import CompileError, Diagnostic, LoadError, Related
+from engine.errors import ActionFailed, CompileError, Diagnostic, LoadError, Related, SopError
+from engine.load.source import Source
 from engine.load.spec import Sop
 
-__all__ = ['CheckResult', 'CompiledSop', 'check_path', 'check_text', 'compile_path', 'compile_text']
+__all__ = ['CheckResult', 'CompiledSop', 'check_path', 'check_text', 'compile_path', 'compile_text',
+           'locate_failure', 'source_lines']
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class CompiledSop:
     output_schemas: Mapping[str, dict | None]   # action id -> JSON Schema (None: text/code)
     graph: Any = None                           # networkx.DiGraph (the watch graph), frozen
     warnings: tuple[Diagnostic, ...] = field(default_factory=tuple)
+    source: Source | None = field(default=None, compare=False, repr=False)
+    """The loaded file (text and source map): run-time failures are located with it. Not
+    compared: two compilations of the same file are equal whatever object holds the text."""
 
 
 @dataclass(frozen=True)
@@ -66,12 +73,12 @@ def check_path(path: str | Path) -> CheckResult:
     try:
         source = load_path(path)
     except LoadError as exc:
-        return CheckResult(file=str(path), diagnostics=tuple(exc.diagnostics), lines=_lines_of(path))
+        return CheckResult(file=str(path), diagnostics=tuple(exc.diagnostics), lines=source_lines(path))
     return _check_source(source)
 
 
-def _lines_of(path: str | Path) -> tuple[str, ...]:
-    """The lines of a file that failed to load, if it is readable text (for the excerpt)."""
+def source_lines(path: str | Path) -> tuple[str, ...]:
+    """The lines of a file, if it is readable text (for the excerpt under a diagnostic)."""
     from engine.load.source import MAX_FILE_BYTES
 
     try:
@@ -189,15 +196,27 @@ def _make(spec: Sop, source: Any, graph: Any) -> CompiledSop:
 
     schemas = {aid: output_schema(action.output) for aid, action in spec.actions.items()}
     return CompiledSop(spec=spec, file=source.file, source_hash=hashlib.sha256(source.raw).hexdigest(),
-                       output_schemas=MappingProxyType(schemas), graph=graph)
+                       output_schemas=MappingProxyType(schemas), graph=graph, source=source)
+
+
+def locate_failure(compiled: CompiledSop, failure: SopError) -> Diagnostic | None:
+    """A run-time failure at its place in the SOP file, located as the checker's diagnostics
+    are; None when it names no place (or the SOP was built without its source)."""
+    diagnostic = failure.diagnostic if isinstance(failure, ActionFailed) else None
+    if diagnostic is None or compiled.source is None:
+        return None
+    return _locate(diagnostic, compiled.source)
 
 
 _AT_KEY = frozenset({"SOP101", "SOP106"})
 """Codes about a key itself (unknown, badly named): the caret goes under the key."""
 
 
-def _locate(diag: Diagnostic, source: Any) -> Diagnostic:
-    """Fill file:line:col from the pointer (template lines are offset into the file)."""
+def _locate(diag: Diagnostic, source: Source) -> Diagnostic:
+    """Fill file:line:col from the pointer (template lines are offset into the file).
+
+    The one place where pointers become positions: the checker's diagnostics and run-time
+    failures alike."""
     smap = source.map
     line, col = smap.locate(diag.pointer, prefer_key=diag.code in _AT_KEY)
     if diag.line and diag.pointer in smap.literals:

@@ -21,7 +21,7 @@ from typing import Any
 
 from engine.errors import Diagnostic
 
-__all__ = ['CODES', 'format_json', 'format_diagnostic', 'format_report', 'strict', 'summary']
+__all__ = ['CODES', 'format_json', 'format_diagnostic', 'format_failure', 'format_report', 'strict', 'summary']
 
 
 CODES: dict[str, str] = {
@@ -75,6 +75,12 @@ CODES: dict[str, str] = {
     "SOP406": "a template uses an unknown filter or test",
     "SOP407": "`msgs.X` names an unknown action",
     "SOP408": "warning: `msgs.X` or `context: [X]` read messages that never reach the reading role",
+    # run time (engine/run/): a failed run names the place in the file that failed
+    "SOP501": "a template failed while running (prompt, command item, artifact path or content)",
+    "SOP502": "the workspace refused an artifact (outside it, through a symlink, a folder) or could not write it",
+    "SOP503": "an exec action's command could not start",
+    "SOP504": "a `for_each` or `when` expression failed, or `for_each` gave no list or too many items",
+    "SOP505": "no valid answer (or plan) from the model after the action's retries, or the model failed",
 }
 
 
@@ -88,8 +94,7 @@ def strict(diagnostics: Iterable[Diagnostic]) -> tuple[Diagnostic, ...]:
 
 def format_diagnostic(diagnostic: Diagnostic, lines: Sequence[str] = ()) -> str:
     """One diagnostic: header, the offending line with a caret, its pointer, hint and notes."""
-    where = f"{diagnostic.file}:{diagnostic.line}:{diagnostic.col}" if diagnostic.line else diagnostic.file
-    out = [f"{where}: {diagnostic.severity}[{diagnostic.code}]: {diagnostic.message}"]
+    out = [_header(diagnostic)]
     out += _excerpt(lines, diagnostic.line, diagnostic.col)
     if diagnostic.pointer:
         out.append(f"  at {diagnostic.pointer}")
@@ -99,6 +104,19 @@ def format_diagnostic(diagnostic: Diagnostic, lines: Sequence[str] = ()) -> str:
         place = f"{diagnostic.file}:{rel.line}:{rel.col}" if rel.line else rel.pointer
         out.append(f"  note: {rel.message} ({place})")
     return "\n".join(out)
+
+
+def format_failure(diagnostic: Diagnostic) -> str:
+    """A failed run's error: the diagnostic's header line (and its hint, as SopError says it).
+
+    What the journal keeps and `sopctl show` prints; `format_diagnostic` adds the excerpt."""
+    return _header(diagnostic) + (f"\n  hint: {diagnostic.hint}" if diagnostic.hint else "")
+
+
+def _header(diagnostic: Diagnostic) -> str:
+    """`file:line:col: severity[code]: message`, the line compilers and editors recognise."""
+    where = f"{diagnostic.file}:{diagnostic.line}:{diagnostic.col}" if diagnostic.line else diagnostic.file
+    return f"{where}: {diagnostic.severity}[{diagnostic.code}]: {diagnostic.message}"
 
 
 def _excerpt(lines: Sequence[str], line: int, col: int) -> list[str]:

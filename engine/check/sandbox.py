@@ -29,7 +29,12 @@ _MAX_REPEAT = 100_000
 
 
 class TemplateFailure(Exception):
-    """A template could not be parsed or rendered; the message is user-facing."""
+    """A template could not be parsed or rendered; the message is user-facing, `line` the
+    template line it failed on (0 when no line is to blame, e.g. the output limit)."""
+
+    def __init__(self, message: str, line: int = 0) -> None:
+        super().__init__(message)
+        self.line = line
 
 
 def _check_size(value: Any) -> Any:
@@ -191,7 +196,19 @@ def render_template(source: str, variables: dict[str, Any], limit: int = MAX_REN
     except TemplateFailure:
         raise
     except SecurityError as exc:
-        raise TemplateFailure(f"template refused by the sandbox: {exc}") from None
+        raise TemplateFailure(f"template refused by the sandbox: {exc}", _failing_line(exc)) from None
     except (TemplateError, TypeError, ValueError, KeyError, IndexError, AttributeError,
             ZeroDivisionError, OverflowError, RecursionError, MemoryError) as exc:
-        raise TemplateFailure(f"template failed: {type(exc).__name__}: {exc}") from None
+        raise TemplateFailure(f"template failed: {type(exc).__name__}: {exc}", _failing_line(exc)) from None
+
+
+def _failing_line(exc: BaseException) -> int:
+    """The template line an error comes from: jinja rewrites a render's traceback so that
+    template code appears as frames of the file `<template>` at template lines (as Python
+    shows source lines); the innermost one is where it failed."""
+    line, trace = getattr(exc, "lineno", None) or 0, exc.__traceback__
+    while trace is not None:
+        if trace.tb_frame.f_code.co_filename == "<template>":
+            line = trace.tb_lineno
+        trace = trace.tb_next
+    return line

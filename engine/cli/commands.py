@@ -9,17 +9,20 @@ Heavy modules (litellm, the interpreter) are imported inside the handlers that n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from engine import __version__
 from engine.errors import SopError
 
 if TYPE_CHECKING:
-    from engine.journal.resume import Origin
+    from engine.check.compiler import CompiledSop
+    from engine.run.events import RunObserver
+    from engine.run.team import RunResult
 
-__all__ = ['main', 'build_parser', 'progress_display']
+__all__ = ["main", "build_parser"]
 
 
 Handler = Callable[[argparse.Namespace], int]
@@ -62,14 +65,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     invalid file, or a run that cannot start. Progress goes to stderr; the summary (or the
     one JSON object of `--format json`) to stdout.
     """
-    import asyncio
-
-    from engine.api import prepare
+    from engine import api
     from engine.check.compiler import check_path
     from engine.check.diagnostics import format_report
-    from engine.cli.live import make_display
-    from engine.cli.report import print_result
-    from engine.run.inputs import parse_input_flags
 
     checked = check_path(args.file)
     if checked.compiled is None or not checked.ok:
@@ -77,66 +75,64 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     if checked.diagnostics:  # warnings only: say them, then run
         print(format_report([checked], "text", False)[0], file=sys.stderr)
-    compiled = checked.compiled
-    team = prepare(compiled, parse_input_flags(args.input, args.idea), model=args.model,
-                   max_rounds=args.rounds, budget_usd=args.budget, workspace=args.out,
-                   allow_exec=args.allow_exec)
-    team.check()
-    from engine.journal.store import Journal
-
-    journal = Journal.create(team.workspace.root, sop_name=compiled.spec.name,
-                             sop_hash=compiled.source_hash)
-    display = make_display(list(compiled.spec.roles))
-    team.options.observers = [display]
-    team.attach(journal)
-    try:
-        result = asyncio.run(team.run())
-    finally:
-        getattr(display, "close", lambda: None)()
-        journal.close()
-    return print_result(result, args.format)
+    inputs = api.parse_input_flags(args.input, args.idea)
+    with _display(checked.compiled) as display:
+        result = api.run(checked.compiled, inputs, model=args.model, max_rounds=args.rounds,
+                         budget_usd=args.budget, workspace=args.out, allow_exec=args.allow_exec,
+                         observers=[display])
+    return _print_result(result, args.format)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Continue an interrupted run from its journal; output and exit code as `sopctl run`."""
-    from engine.cli.report import print_result
-    from engine.journal.resume import read_origin, resume_run
+    from engine import api
 
-    origin = read_origin(args.run_dir)
+    folder = api.open_for_resume(args.run_dir, force=args.force)
+    origin = folder.origin
     print(f"sopctl: resuming run {origin.first.run_id} of {origin.first.sop_name} "
           f"({origin.ended_status or 'interrupted'})", file=sys.stderr)
     if args.model and args.model != origin.last.model:
         print(f"sopctl: note: the run used model '{origin.last.model}'; answers journaled for "
               f"it are not reused for '{args.model}'", file=sys.stderr)
-    display = progress_display(origin)
-    try:
-        result = resume_run(args.run_dir, budget=args.budget, rounds=args.rounds,
-                            model=args.model, allow_exec=args.allow_exec, force=args.force,
-                            observers=(display,))
-    finally:
-        getattr(display, "close", lambda: None)()
-    return print_result(result, args.format)
+    with _display(folder.compiled) as display:
+        result = api.resume(folder, budget=args.budget, rounds=args.rounds, model=args.model,
+                            allow_exec=args.allow_exec, force=args.force, observers=(display,))
+    return _print_result(result, args.format)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     """Re-run a recorded run in --out with every answer from its journal; exit 1 on divergence."""
-    from engine.cli.report import print_result
-    from engine.journal.resume import read_origin, replay_run
+    from engine import api
 
-    origin = read_origin(args.run_dir)
-    display = progress_display(origin)
-    try:
-        result, diverged = replay_run(args.run_dir, args.out, allow_exec=args.allow_exec,
-                                      observers=(display,))
-    finally:
-        getattr(display, "close", lambda: None)()
-    code = print_result(result, args.format)
-    if diverged:
-        note = "" if origin.ended_status else (" (the recorded run was interrupted: its journal "
-                                               "has answers only up to where it stopped)")
+    folder = api.open_for_replay(args.run_dir)
+    interrupted = not folder.origin.ended_status
+    with _display(folder.compiled) as display:
+        replayed = api.replay(folder, args.out, allow_exec=args.allow_exec, observers=(display,))
+    code = _print_result(replayed.result, args.format)
+    if replayed.diverged:
+        note = (" (the recorded run was interrupted: its journal has answers only up to where "
+                "it stopped)") if interrupted else ""
         print(f"sopctl: replay diverged from {args.run_dir}{note}", file=sys.stderr)
         return 1
     return code
+
+
+@contextlib.contextmanager
+def _display(compiled: CompiledSop) -> Iterator[RunObserver]:
+    """The progress display of a run on stderr (a live table on a terminal), closed after."""
+    from engine.cli.live import make_display
+
+    display = make_display(list(compiled.spec.roles))
+    try:
+        yield display
+    finally:
+        getattr(display, "close", lambda: None)()
+
+
+def _print_result(result: RunResult, fmt: str) -> int:
+    from engine.cli.report import print_result
+
+    return print_result(result, fmt)
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
@@ -259,14 +255,3 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 1
 
-
-def progress_display(origin: Origin) -> Any:
-    """The progress display of `sopctl run` (stderr), for a resume or a replay."""
-    from engine.check.compiler import compile_path
-    from engine.cli.live import make_display
-
-    try:
-        roles = list(compile_path(origin.sop_path).spec.roles)
-    except (SopError, OSError):
-        roles = []
-    return make_display(roles)

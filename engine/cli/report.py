@@ -7,6 +7,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine.check.compiler import source_lines
+from engine.check.diagnostics import format_diagnostic
 from engine.errors import JournalError
 from engine.journal.history import ActionRecord, ActionStats, RunState
 
@@ -179,7 +181,9 @@ def print_result(result: Any, fmt: str) -> int:
         print(json.dumps(result.to_json(), ensure_ascii=False))
     else:
         print(summary(result))
-    if result.error:
+    if result.diagnostic is not None:  # a run-time failure, shown as the checker shows one
+        print(format_diagnostic(result.diagnostic, source_lines(result.diagnostic.file)), file=sys.stderr)
+    elif result.error:
         print(f"sopctl: {result.status}: {result.error}", file=sys.stderr)
     return EXIT_CODES.get(result.status, 1)
 

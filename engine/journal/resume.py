@@ -1,9 +1,11 @@
-"""Resume and replay: a run started again from what its journal says.
+"""Resume and replay: a run folder opened again from what its journal says.
 
-Resume continues a run in its own workspace (same run id; completed actions and journaled
-answers are reused, so nothing is paid twice). Replay runs the SOP again in a new folder
-with every answer from the journal, and reports a divergence when the run asks for a
-request the journal does not hold."""
+A `RunFolder` is a run's workspace with its journal opened once, the run's origin (its
+first and latest `RunStarted`) read from it, and its SOP file compiled once. `engine.api`
+resumes or replays from it: resume continues the run in its own workspace (same run id;
+completed actions and journaled answers are reused, so nothing is paid twice); replay runs
+the SOP again in a new folder with every answer from the journal.
+"""
 
 from __future__ import annotations
 
@@ -11,26 +13,17 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
-from engine.errors import JournalError, UsageError
-from engine.journal.history import read_run, rebuild
-from engine.journal.store import (
-    JOURNAL_DIR,
-    JOURNAL_FILE,
-    Journal,
-    ReplayStore,
-    decode_event,
-)
+from engine.check.compiler import CompiledSop, compile_path
+from engine.errors import JournalError, LoadError, UsageError
+from engine.journal.history import rebuild
+from engine.journal.store import JOURNAL_DIR, JOURNAL_FILE, Journal, decode_event
 from engine.models.registry import default_model
 from engine.run.events import RunStarted
-from engine.run.inputs import check_limits
 
-if TYPE_CHECKING:
-    from engine.check.compiler import CompiledSop
-    from engine.run.team import RunResult
-
-__all__ = ['Origin', 'read_origin', 'resume_run', 'replay_run', 'remove_orphan_temp_files']
+__all__ = ["Origin", "RunFolder", "read_origin", "open_for_resume", "open_for_replay",
+           "resume_options", "replay_options", "earlier_artifacts", "remove_orphan_temp_files"]
 
 
 # --- resume and replay --------------------------------------------------------------------
@@ -46,11 +39,9 @@ class Origin:
     ended_status: str              # "" when the last invocation has no RunEnded
 
 
-def read_origin(run_dir: str | Path) -> Origin:
+def read_origin(journal: Journal, run_dir: str | Path) -> Origin:
     """The first and latest RunStarted of a run and where its SOP file is now."""
-    with Journal.open(run_dir) as journal:
-        rows = journal.events()
-        meta = journal.meta()
+    rows = journal.events()
     starts = [decode_event(r) for r in rows if r.type == "RunStarted"]
     if not starts:
         raise JournalError(f"the journal of {run_dir} has no RunStarted event",
@@ -58,7 +49,49 @@ def read_origin(run_dir: str | Path) -> Origin:
     state = rebuild(rows, run_dir=str(run_dir))
     first, last = starts[0], starts[-1]
     assert isinstance(first, RunStarted) and isinstance(last, RunStarted)
-    return Origin(first, last, _sop_path(meta, last), state.status if state.ended else "")
+    return Origin(first, last, _sop_path(journal.meta(), last), state.status if state.ended else "")
+
+
+@dataclass
+class RunFolder:
+    """A run's workspace opened again: its journal (opened once), origin and compiled SOP."""
+
+    path: Path
+    journal: Journal
+    origin: Origin
+    compiled: CompiledSop
+
+    def close(self) -> None:
+        self.journal.close()
+
+    def __enter__(self) -> RunFolder:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_for_resume(run_dir: str | Path, *, force: bool = False) -> RunFolder:
+    """A run folder to continue, the SOP unchanged since the run (last) started unless
+    `force`. Its journal is read-only until the resume begins (`Journal.begin`)."""
+    return _open(run_dir, force=force)
+
+
+def open_for_replay(run_dir: str | Path) -> RunFolder:
+    """A run folder to replay from (its journal stays read-only)."""
+    return _open(run_dir, force=True)
+
+
+def _open(run_dir: str | Path, *, force: bool) -> RunFolder:
+    journal = Journal.open(run_dir)
+    try:
+        origin = read_origin(journal, run_dir)
+        if not force:
+            _check_unchanged(origin)
+        return RunFolder(Path(run_dir), journal, origin, _compile(origin.sop_path))
+    except BaseException:
+        journal.close()
+        raise
 
 
 def _sop_path(meta: dict[str, str], last: RunStarted) -> Path:
@@ -72,9 +105,6 @@ def _sop_path(meta: dict[str, str], last: RunStarted) -> Path:
 
 def _compile(path: Path) -> CompiledSop:
     """The run's SOP compiled again; an unreadable or now-invalid file is a usage error (2)."""
-    from engine.check.compiler import compile_path
-    from engine.errors import LoadError
-
     try:
         return compile_path(path)
     except OSError as exc:
@@ -86,13 +116,13 @@ def _compile(path: Path) -> CompiledSop:
                          f"see every problem with `sopctl validate {path}`") from None
 
 
-def _check_unchanged(origin: Origin, force: bool) -> None:
+def _check_unchanged(origin: Origin) -> None:
     """Refuse to resume with an SOP file other than the one the run (last) started with."""
     try:
         digest = hashlib.sha256(origin.sop_path.read_bytes()).hexdigest()
     except OSError as exc:
         raise UsageError(f"cannot read {origin.sop_path}: {exc.strerror or exc}") from None
-    if digest != origin.last.sop_hash and not force:
+    if digest != origin.last.sop_hash:
         raise JournalError(f"the SOP file {origin.sop_path} changed since the run started "
                            f"(sha256 {origin.last.sop_hash[:12]} -> {digest[:12]})",
                            "resuming with a different SOP may mix two pipelines; pass --force "
@@ -110,33 +140,18 @@ def _model_override(compiled: CompiledSop, recorded: str, explicit: str | None) 
     return None if recorded == default_model(compiled) else recorded
 
 
-def resume_run(run_dir: str | Path, *, budget: float | None = None, rounds: int | None = None,
-               model: str | None = None, allow_exec: bool = False, force: bool = False,
-               observers: tuple[Any, ...] = ()) -> RunResult:
-    """Continue a run in its own workspace: same run id, completed actions and answers reused.
-
-    Refuses (JournalError) when the SOP file changed since the run (last) started, unless
-    `force`. Returns the interpreter's RunResult of this invocation.
-    """
-    check_limits(rounds, budget)
-    origin = read_origin(run_dir)
-    _check_unchanged(origin, force)
-    compiled = _compile(origin.sop_path)
-    options: dict[str, Any] = {
-        "model": _model_override(compiled, origin.last.model, model),
-        "max_rounds": rounds or origin.last.max_rounds,
-        "budget_usd": origin.last.budget_usd if budget is None else budget,
-        "workspace": str(Path(run_dir).resolve()), "allow_exec": allow_exec,
-        "run_id": origin.first.run_id,
+def resume_options(folder: RunFolder, *, budget: float | None, rounds: int | None,
+                   model: str | None, allow_exec: bool) -> dict[str, Any]:
+    """The run options of a resume: the run's own id, inputs' workspace and limits, unless
+    overridden (`--budget`, `--rounds`, `--model`)."""
+    last = folder.origin.last
+    return {
+        "model": _model_override(folder.compiled, last.model, model),
+        "max_rounds": rounds or last.max_rounds,
+        "budget_usd": last.budget_usd if budget is None else budget,
+        "workspace": str(folder.path.resolve()), "allow_exec": allow_exec,
+        "run_id": folder.origin.first.run_id,
     }
-    def journal_for(ws: Path) -> Journal:
-        journal = Journal.for_run(ws, compiled, force=force)
-        remove_orphan_temp_files(ws)      # safe now: we hold the writer lock
-        return journal
-
-    result = _run(compiled, origin.first.inputs, options, journal_for, observers)
-    _add_earlier_artifacts(result, run_dir)
-    return result
 
 
 def remove_orphan_temp_files(workspace: Path) -> list[str]:
@@ -157,61 +172,24 @@ def remove_orphan_temp_files(workspace: Path) -> list[str]:
     return removed
 
 
-def _add_earlier_artifacts(result: RunResult, run_dir: str | Path) -> None:
-    """Actions reused from the journal wrote their files earlier: list those too."""
-    root = Path(run_dir)
-    earlier = {p for p in read_run(root).artifacts if (root / p).is_file()}
-    result.artifacts = sorted(set(result.artifacts) | earlier)
+def earlier_artifacts(folder: RunFolder) -> set[str]:
+    """Files that earlier invocations wrote and that are still there (actions reused from the
+    journal do not write them again)."""
+    state = rebuild(folder.journal.events(), run_dir=str(folder.path))
+    return {p for p in state.artifacts if (folder.path / p).is_file()}
 
 
-def replay_run(run_dir: str | Path, out: str | Path, *, allow_exec: bool = False,
-               observers: tuple[Any, ...] = ()) -> tuple[RunResult, bool]:
-    """Run the SOP again in `out` with every answer from `run_dir`'s journal; no model called.
-
-    Returns (RunResult, diverged): diverged is True when the run asked for a request the
-    journal lacks (the run then ends `failed` with the divergence as its error).
-    """
-    origin = read_origin(run_dir)
+def replay_options(folder: RunFolder, out: str | Path, *, allow_exec: bool) -> dict[str, Any]:
+    """The run options of a replay into `out` (a new folder): the recorded run's own."""
     target = Path(out)
-    if target.resolve() == Path(run_dir).resolve():
+    if target.resolve() == folder.path.resolve():
         raise UsageError("--out must be another folder than the run being replayed")
     if (target / JOURNAL_DIR / JOURNAL_FILE).exists():
         raise UsageError(f"{out} already holds a run", "replay into a new or empty folder")
-    compiled = _compile(origin.sop_path)
-    options: dict[str, Any] = {
-        "model": _model_override(compiled, origin.last.model, None),
-        "max_rounds": origin.last.max_rounds, "budget_usd": origin.last.budget_usd,
-        "workspace": str(target), "allow_exec": allow_exec, "run_id": origin.first.run_id,
+    last = folder.origin.last
+    return {
+        "model": _model_override(folder.compiled, last.model, None),
+        "max_rounds": last.max_rounds, "budget_usd": last.budget_usd,
+        "workspace": str(target), "allow_exec": allow_exec, "run_id": folder.origin.first.run_id,
         "replay": True,
     }
-    with Journal.open(run_dir) as source:
-        stores: list[ReplayStore] = []
-
-        def journal_for(ws: Path) -> Journal:
-            journal = Journal.for_run(ws, compiled)
-            stores.append(ReplayStore(source, journal))
-            return journal
-
-        result = _run(compiled, origin.first.inputs, options, journal_for, observers, stores)
-    return result, bool(stores and stores[0].misses)
-
-
-def _run(compiled: CompiledSop, inputs: dict[str, Any], options: dict[str, Any],
-         journal_for: Callable[[Path], Journal], observers: tuple[Any, ...],
-         stores: list[ReplayStore] | None = None) -> RunResult:
-    """Prepare the team, open its journal, attach it (and a replay store), run to the end."""
-    import asyncio
-
-    from engine.api import prepare
-
-    team = prepare(compiled, inputs, **options)
-    team.check()
-    journal = journal_for(team.workspace.root)
-    try:
-        if stores:
-            team.ctx.gateway.store = stores[0]
-        team.options.observers = [*observers]
-        team.attach(journal)
-        return asyncio.run(team.run())
-    finally:
-        journal.close()

@@ -285,43 +285,63 @@ class Journal:
 
     @classmethod
     def for_run(cls, workspace: str | Path, compiled: Any, *, force: bool = False) -> Journal:
-        """The journal of a run (or a resume) of a compiled SOP, in its workspace.
+        """The journal of a new run of a compiled SOP, in its workspace, ready to write.
+
+        `engine.api` opens every run's journal here (a resume opens the existing one with
+        `open`, reads it, and calls `begin` once every check has passed)."""
+        journal = cls._writer(workspace)
+        journal.begin(compiled, force=force)
+        return journal
+
+    def begin(self, compiled: Any, *, force: bool = False) -> None:
+        """Make this journal the writer of a run of `compiled`: schema, the SOP check (same
+        hash unless `force`), the writer lock, the meta rows. Closes the journal on failure.
+
+        A journal opened read-only becomes writable here, so a resume refused by an earlier
+        check leaves the file byte for byte as it was.
 
         Also remembers the SOP file's absolute path, so `resume` and `replay` find it from
-        any folder. Attach it with `**journal.run_options()` to `engine.api.run`.
-        """
+        any folder."""
         file = str(getattr(compiled, "file", ""))
         sop_path = str(Path(file).resolve()) if file and not file.startswith("<") else ""
-        return cls.create(workspace, sop_name=compiled.spec.name, sop_hash=compiled.source_hash,
-                          force=force, sop_path=sop_path)
-
-    def run_options(self) -> dict[str, Any]:
-        """The runner options that make a run durable: observer, completed actions, answers."""
-        return {"observers": [self], "completed": self, "store": self}
+        if not self._writable:  # opened to read (a resume's checks): write from here on
+            self._conn.close()
+            with _guard(self.path, "open"):
+                self._conn = _connect(self.path, readonly=False)
+            self._writable, self._full = True, True
+        self._start(sop_name=compiled.spec.name, sop_hash=compiled.source_hash, force=force,
+                    sop_path=sop_path)
 
     @classmethod
     def create(cls, workspace: str | Path, *, sop_name: str, sop_hash: str,
                force: bool = False, sop_path: str = "") -> Journal:
-        """Open the workspace's journal for writing, creating it if needed.
+        """A journal for writing from bare meta values (tests and tools; runs use `for_run`).
 
         An existing journal must come from this schema version and this SOP (same hash);
         otherwise JournalError, unless `force` (then the new hash is recorded).
         """
+        journal = cls._writer(workspace)
+        journal._start(sop_name=sop_name, sop_hash=sop_hash, force=force, sop_path=sop_path)
+        return journal
+
+    @classmethod
+    def _writer(cls, workspace: str | Path) -> Journal:
         path = journal_path(workspace)
         with _guard(path, "create"):
             path.parent.mkdir(parents=True, exist_ok=True)
             conn = _connect(path, readonly=False)
-        journal = cls(path, conn, writable=True)
-        journal.workspace = Path(workspace)
+        return cls(path, conn, writable=True)
+
+    def _start(self, *, sop_name: str, sop_hash: str, force: bool, sop_path: str) -> None:
+        self.workspace = self.path.parent.parent
         try:
-            journal._init_schema()
-            journal._check_meta(sop_hash=sop_hash, force=force)
-            journal._lock = _take_writer_lock(path)
-            journal._write_meta(sop_name=sop_name, sop_hash=sop_hash, sop_path=sop_path)
+            self._init_schema()
+            self._check_meta(sop_hash=sop_hash, force=force)
+            self._lock = _take_writer_lock(self.path)
+            self._write_meta(sop_name=sop_name, sop_hash=sop_hash, sop_path=sop_path)
         except BaseException:
-            journal.close()
+            self.close()
             raise
-        return journal
 
     @classmethod
     def open(cls, workspace: str | Path, *, writable: bool = False) -> Journal:

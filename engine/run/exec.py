@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.check.sandbox import TemplateFailure, render_template
 from engine.errors import ActionFailed
+from engine.load.source import join_pointer
 from engine.load.spec import ActionSpec
 from engine.models.types import is_secret_name
 from engine.run.workspace import Workspace
@@ -28,12 +29,10 @@ MAX_STREAM_BYTES = 64 * 1024
 async def run_command(action_id: str, action: ActionSpec, variables: dict[str, Any], *,
                       workspace: Workspace, allow_exec: bool) -> dict[str, Any]:
     """`kind: exec`: no shell, cwd = workspace, timeout kills the process group, bounded output."""
+    command = join_pointer("/actions", action_id, "command")
     if not allow_exec:  # the run refuses to start before this; a second lock, never a bypass
-        raise ActionFailed(action_id, "kind exec needs --allow-exec")
-    try:
-        argv = [render_template(part, variables, limit=64 * 1024) for part in action.command or []]
-    except TemplateFailure as exc:
-        raise ActionFailed(action_id, f"command template: {exc}") from None
+        raise ActionFailed(action_id, "kind exec needs --allow-exec", code="SOP503", pointer=command)
+    argv = _argv(action_id, action, variables, command)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable  # "python" means the interpreter running sopctl
     try:
@@ -41,8 +40,21 @@ async def run_command(action_id: str, action: ActionSpec, variables: dict[str, A
             *argv, cwd=workspace.root, stdin=asyncio.subprocess.DEVNULL, env=_child_env(),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
     except OSError as exc:
-        raise ActionFailed(action_id, f"cannot start {argv[0]!r}: {exc.strerror or exc}") from None
+        raise ActionFailed(action_id, f"cannot start {argv[0]!r}: {exc.strerror or exc}",
+                           code="SOP503", pointer=f"{command}/0") from None
     return await _collect(proc, action.timeout_s)
+
+
+def _argv(action_id: str, action: ActionSpec, variables: dict[str, Any], command: str) -> list[str]:
+    """The command's items rendered in the sandbox; a failure names the item that failed."""
+    argv = []
+    for index, part in enumerate(action.command or []):
+        try:
+            argv.append(render_template(part, variables, limit=64 * 1024))
+        except TemplateFailure as exc:
+            raise ActionFailed(action_id, f"command template: {exc}", code="SOP501",
+                               pointer=f"{command}/{index}") from None
+    return argv
 
 
 def _child_env() -> dict[str, str]:

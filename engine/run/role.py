@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any
 
 from engine.errors import ActionFailed
+from engine.load.source import join_pointer
 from engine.load.spec import RoleSpec
 from engine.models.registry import resolve_llm
 from engine.models.types import CallSpec
@@ -187,7 +188,8 @@ class Role:
             for warning in warnings:
                 self._log("warning", warning, action_id)
             return tasks
-        raise ActionFailed(action_id, f"the plan is still invalid after {attempts} attempt(s): {problem}")
+        raise ActionFailed(action_id, f"the plan is still invalid after {attempts} attempt(s): {problem}",
+                           code="SOP505", pointer=join_pointer("/actions", action_id, "output"))
 
     # -- act ----------------------------------------------------------------------------------
     async def _act(self, action_id: str, news: list[Message], made: list[Message],

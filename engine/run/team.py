@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from engine import __version__
-from engine.check.compiler import CompiledSop
-from engine.errors import BudgetExceeded, RunError, SopError
+from engine.check.compiler import CompiledSop, locate_failure
+from engine.check.diagnostics import format_failure
+from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError
 from engine.models.gateway import Gateway
 from engine.models.registry import default_model, resolve_llm
 from engine.models.types import AnswerStore
@@ -78,6 +79,8 @@ class RunResult:
     artifacts: list[str]
     messages: list[Message] = field(default_factory=list)
     error: str = ""
+    diagnostic: Diagnostic | None = None
+    """Where a failed run failed in the SOP file (`file:line:col`), when the failure names a place."""
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -126,6 +129,7 @@ class Team:
         self.env = Environment(self.roles, self._emit)
         self.rounds = 0
         self._checked = False
+        self.failure: Diagnostic | None = None
 
     def check(self) -> None:
         """Refuse to start (before any model call or file): exec not allowed, a model that
@@ -174,8 +178,9 @@ class Team:
             status, error = await self._loop(), ""
         except BudgetExceeded as exc:
             status, error = "budget", str(exc)
-        except SopError as exc:
-            status, error = "failed", str(exc)
+        except SopError as exc:  # located like a checker diagnostic when it names its place
+            self.failure = locate_failure(self.compiled, exc)
+            status, error = "failed", format_failure(self.failure) if self.failure else str(exc)
         except asyncio.CancelledError:
             status, error = "interrupted", "interrupted"
         except Exception as exc:  # noqa: BLE001 - a bug must still end the run as failed
@@ -244,4 +249,4 @@ class Team:
                          prompt_tokens=usage.prompt_tokens,
                          completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd,
                          workspace=str(self.workspace.root), artifacts=sorted(self._artifacts),
-                         messages=list(self.env.history), error=error)
+                         messages=list(self.env.history), error=error, diagnostic=self.failure)
