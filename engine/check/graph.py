@@ -20,11 +20,15 @@ import itertools
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.load.spec import USER_REQUIREMENT, Sop
 
-__all__ = ['Cycle', 'action_node', 'build', 'cycles', 'delivered', 'reachable_roles', 'role_node', 'runners', 'to_dot', 'to_json', 'to_mermaid', 'unbounded_cycles', 'format_graph']
+if TYPE_CHECKING:
+    import networkx as nx
+
+__all__ = ["Cycle", "action_node", "build", "cycles", "delivered", "reachable_roles", "role_node", "runners",
+           "to_dot", "to_json", "to_mermaid", "unbounded_cycles", "format_graph"]
 
 
 def action_node(action_id: str) -> str:
@@ -122,7 +126,7 @@ def _senders(spec: Sop) -> Iterator[tuple[str, list[str]]]:
         yield aid, list(action.send_to)
 
 
-def unbounded_cycles(graph: Any) -> list[Cycle]:
+def unbounded_cycles(graph: nx.DiGraph) -> list[Cycle]:
     """One named cycle per group of loops that no `max_runs` bounds."""
     import networkx as nx
 
@@ -143,7 +147,7 @@ def _rotate(nodes: list[str]) -> tuple[str, ...]:
     return tuple(nodes[start:] + nodes[:start])
 
 
-def cycles(graph: Any, limit: int = 50) -> list[Cycle]:
+def cycles(graph: nx.DiGraph, limit: int = 50) -> list[Cycle]:
     """Simple cycles (at most `limit`) with the max_runs of the actions that bound them."""
     import networkx as nx
 
@@ -155,7 +159,7 @@ def cycles(graph: Any, limit: int = 50) -> list[Cycle]:
     return sorted(result, key=lambda c: c.nodes)
 
 
-def reachable_roles(graph: Any) -> set[str]:
+def reachable_roles(graph: nx.DiGraph) -> set[str]:
     """Role ids some chain of messages starting at UserRequirement can activate."""
     import networkx as nx
 
@@ -184,7 +188,7 @@ def _mermaid_id(node: str) -> str:
     return ("A_" if kind == "action" else "R_") + name
 
 
-def to_mermaid(graph: Any) -> str:
+def to_mermaid(graph: nx.DiGraph) -> str:
     """A mermaid flowchart: roles as boxes, actions as stadiums, loops as thick edges."""
     on_cycle = _cycle_edges(cycles(graph))
     lines = ["flowchart LR"]
@@ -205,7 +209,7 @@ def to_mermaid(graph: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_dot(graph: Any) -> str:
+def to_dot(graph: nx.DiGraph) -> str:
     """Graphviz dot: loops in red (unbounded) or orange (bounded), labelled with their bounds."""
     on_cycle = _cycle_edges(cycles(graph))
     lines = [f"digraph {json.dumps(graph.graph.get('name', 'sop'))} {{", "  rankdir=LR;"]
@@ -225,7 +229,7 @@ def to_dot(graph: Any) -> str:
     return "\n".join(lines) + "\n"
 
 
-def to_json(graph: Any) -> dict[str, Any]:
+def to_json(graph: nx.DiGraph) -> dict[str, Any]:
     """Nodes, edges (each marked when on a loop) and the loops with their bounds."""
     found = cycles(graph)
     on_cycle = _cycle_edges(found)
@@ -238,10 +242,8 @@ def to_json(graph: Any) -> dict[str, Any]:
     }
 
 
-def format_graph(graph: Any, fmt: str) -> str:
+def format_graph(graph: nx.DiGraph, fmt: str) -> str:
     """The watch graph as mermaid, dot or JSON text."""
-    from engine.check import graph as graphs
-
     if fmt == "json":
-        return json.dumps(graphs.to_json(graph), indent=2, ensure_ascii=False) + "\n"
-    return graphs.to_dot(graph) if fmt == "dot" else graphs.to_mermaid(graph)
+        return json.dumps(to_json(graph), indent=2, ensure_ascii=False) + "\n"
+    return to_dot(graph) if fmt == "dot" else to_mermaid(graph)

@@ -18,6 +18,7 @@ from typing import Any
 # The template phase lives in template_checks.py; importing it registers its checks.
 from engine.check.rules import Context, error, rule, unknown, warning
 from engine.errors import Diagnostic
+from engine.load.outputs import TypeSyntaxError, parse_type
 from engine.load.schema import did_you_mean
 from engine.load.source import join_pointer
 from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, Sop
@@ -28,8 +29,6 @@ from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, So
 @rule("SOP107", "SOP109")
 def node_types(ctx: Context) -> Iterator[Diagnostic]:
     """Every output node's `type` must parse (and `children` only go with no type or `list`)."""
-    from engine.load.outputs import TypeSyntaxError, parse_type
-
     for aid, action in ctx.spec.actions.items():
         if not isinstance(action.output, dict):
             continue

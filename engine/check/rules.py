@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.errors import Diagnostic
 from engine.load.schema import did_you_mean
 from engine.load.spec import Sop
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["Context", "Rule", "rule", "run_rules", "error", "warning", "unknown"]
 
@@ -18,7 +21,7 @@ class Context:
     """What rules read: the spec, and the watch graph once the graph phase has built it."""
 
     spec: Sop
-    graph: Any = None
+    graph: nx.DiGraph | None = None
     cache: dict[str, Any] = field(default_factory=dict)
 
 

@@ -13,7 +13,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from jinja2 import nodes
+
+from engine.check.graph import delivered, runners
 from engine.check.rules import Context, error, rule, warning
+from engine.check.sandbox import TemplateFailure, environment, parse
 from engine.errors import Diagnostic
 from engine.load.schema import did_you_mean
 from engine.load.spec import USER_REQUIREMENT, ActionSpec, OutputNode, Sop
@@ -84,8 +88,6 @@ _JINJA_IMPLICIT = frozenset({"loop", "caller", "varargs", "kwargs", "self"})
 
 
 def _analyse(ast: Any) -> _Analysis:
-    from jinja2 import nodes
-
     found = _Analysis()
     stack = [ast]
     while stack:
@@ -112,8 +114,6 @@ def _analyse(ast: Any) -> _Analysis:
 
 
 def _chain(node: Any) -> tuple[str, list[Any], int] | None:
-    from jinja2 import nodes
-
     path: list[Any] = []
     current = node
     while isinstance(current, (nodes.Getattr, nodes.Getitem)):
@@ -124,8 +124,6 @@ def _chain(node: Any) -> tuple[str, list[Any], int] | None:
 
 def _beside_chain(node: Any) -> list[Any]:
     """The chain's root and its subscript expressions, still to be walked (not the links)."""
-    from jinja2 import nodes
-
     rest = []
     while isinstance(node, (nodes.Getattr, nodes.Getitem)):
         if isinstance(node, nodes.Getitem):
@@ -137,8 +135,6 @@ def _beside_chain(node: Any) -> list[Any]:
 def _parsed(ctx: Context) -> list[tuple[_Template, Any]]:
     """Each template with its analysis, or the TemplateFailure when it does not parse."""
     if "templates" not in ctx.cache:
-        from engine.check.sandbox import TemplateFailure, parse
-
         result: list[tuple[_Template, Any]] = []
         for template in _templates(ctx.spec):
             try:
@@ -152,8 +148,6 @@ def _parsed(ctx: Context) -> list[tuple[_Template, Any]]:
 @rule("SOP401", "SOP406")
 def template_syntax(ctx: Context) -> Iterator[Diagnostic]:
     """Templates must parse, and use only filters and tests the sandbox has."""
-    from engine.check.sandbox import environment
-
     env = environment()
     for template, found in _parsed(ctx):
         if isinstance(found, Exception):
@@ -178,8 +172,6 @@ def _template_line(message: str) -> int:
 @rule("SOP402")
 def template_variables(ctx: Context) -> Iterator[Diagnostic]:
     """A template reads only the variables its place provides (anything else fails at run time)."""
-    from engine.check.sandbox import environment
-
     globals_ = set(environment().globals)
     for template, found in _parsed(ctx):
         if isinstance(found, Exception):
@@ -205,8 +197,6 @@ def template_references(ctx: Context) -> Iterator[Diagnostic]:
 
 
 def _constant(arg: Any) -> Any:
-    from jinja2 import nodes
-
     if isinstance(arg, nodes.Const) and isinstance(arg.value, (str, int)):
         return arg.value
     if isinstance(arg, nodes.Neg) and isinstance(arg.node, nodes.Const) and isinstance(arg.node.value, int):
@@ -255,8 +245,6 @@ def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what:
 
     A role remembers every message delivered to it (watched or not) and its own; so
     `msgs.X` or `context: [X]` stays empty for a role that X's `send_to` never reaches."""
-    from engine.check.graph import delivered, runners
-
     if "runners" not in ctx.cache:
         ctx.cache["runners"] = runners(ctx.spec)
     ran_by = ctx.cache["runners"]

@@ -5,6 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 # The template phase lives in template_checks.py; importing it registers its checks.
+from engine.check.graph import (
+    action_node,
+    delivered,
+    reachable_roles,
+    runners,
+    unbounded_cycles,
+)
 from engine.check.rules import Context, error, rule, warning
 from engine.errors import Diagnostic, Related
 from engine.load.spec import Sop
@@ -15,8 +22,6 @@ from engine.load.spec import Sop
 @rule("SOP301")
 def bounded_loops(ctx: Context) -> Iterator[Diagnostic]:
     """Every loop of activations must pass an action with `max_runs`."""
-    from engine.check.graph import unbounded_cycles
-
     for cycle in unbounded_cycles(ctx.graph):
         actions = [n.split(":", 1)[1] for n in cycle.nodes if n.startswith("action:")]
         related = tuple(Related(message=f"action '{a}' is on the loop", pointer=f"/actions/{a}")
@@ -28,8 +33,6 @@ def bounded_loops(ctx: Context) -> Iterator[Diagnostic]:
 @rule("SOP302")
 def reachable(ctx: Context) -> Iterator[Diagnostic]:
     """A role no message can reach never runs."""
-    from engine.check.graph import reachable_roles
-
     live = reachable_roles(ctx.graph)
     for rid in ctx.spec.roles:
         if rid not in live:
@@ -41,8 +44,6 @@ def reachable(ctx: Context) -> Iterator[Diagnostic]:
 @rule("SOP303")
 def consumed(ctx: Context) -> Iterator[Diagnostic]:
     """An output nobody keeps, nobody later reads and no artifact writes is wasted work."""
-    from engine.check.graph import action_node, runners
-
     ran_by = runners(ctx.spec)
     for aid, action in ctx.spec.actions.items():
         if not ran_by[aid] or action.artifacts or ctx.graph.out_degree(action_node(aid)):
@@ -71,8 +72,6 @@ def _read_later(spec: Sop, rid: str, aid: str) -> bool:
 @rule("SOP304")
 def watched_but_not_sent(ctx: Context) -> Iterator[Diagnostic]:
     """A watch that the producer's `send_to` never delivers is a silent dead end."""
-    from engine.check.graph import delivered, runners
-
     ran_by = runners(ctx.spec)
     for rid, role in ctx.spec.roles.items():
         for i, aid in enumerate(role.watch):

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from engine.errors import Diagnostic, LoadError
+from engine.errors import Diagnostic, LoadError, Related
 
 __all__ = ['MAX_ALIASES', 'MAX_DEPTH', 'MAX_EXPANDED_NODES', 'MAX_FILE_BYTES', 'Source', 'SourceMap', 'escape_pointer', 'iter_pointers', 'join_pointer', 'load_bytes', 'load_path', 'load_text']
 
@@ -211,8 +211,6 @@ def _compose(text: str, file: str) -> Any:
         error = _fail(file, "SOP005", f"not valid YAML: {problem or exc}", _yaml_hint(problem), line=line, col=col)
         start = exc.context_mark
         if start is not None and mark is not None and (start.line, start.column) != (mark.line, mark.column):
-            from engine.errors import Related
-
             note = Related(message=str(exc.context or "started here"), line=start.line + 1, col=start.column + 1)
             error.diagnostics[0] = replace(error.diagnostics[0], related=(note,))
         raise error from None
@@ -349,8 +347,6 @@ class _Converter:
         return result
 
     def _duplicate(self, key_node: Any, key: str, earlier: Any, pointer: str) -> None:
-        from engine.errors import Related
-
         line, col = _pos(earlier)
         mark = key_node.start_mark
         self.diagnostics.append(Diagnostic(

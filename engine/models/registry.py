@@ -9,34 +9,43 @@ litellm (`engine.models.hosted`)."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from typing import Any, Callable, Iterator, Mapping
 
 from engine.check.compiler import CompiledSop
 from engine.models.types import CallSpec, Provider, RealModelBlocked
 
-__all__ = ['resolve_llm', 'default_model', 'register_model', 'unregister_model', 'override_model', 'real_models_blocked']
+__all__ = ["DEFAULT_MODEL", "MODEL_ENV", "choose_model", "resolve_llm", "default_model", "register_model",
+           "unregister_model", "override_model", "real_models_blocked", "check_real_model_allowed"]
 
 
 DEFAULT_MODEL = "local"
+MODEL_ENV = "SOPCTL_MODEL"
+
+
+def choose_model(override: str | None, declared: str | None) -> str:
+    """The rule: `--model` > $SOPCTL_MODEL > what the file declares (nearest layer) > local."""
+    return override or os.environ.get(MODEL_ENV) or declared or DEFAULT_MODEL
 
 
 def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str,
                 override: str | None) -> dict[str, Any]:
-    """Model and sampling settings: `--model` > $SOPCTL_MODEL > action > role > file > local."""
+    """Model and sampling settings of one action: each from the action, else its role, else
+    the file; the model by `choose_model`."""
     spec = compiled.spec
     layers = [spec.actions[action_id].llm, spec.roles[role_id].llm, spec.llm]
     picked: dict[str, Any] = {}
     for key in ("model", "temperature", "max_tokens", "timeout_s"):
         picked[key] = next((getattr(layer, key) for layer in layers
                             if layer and getattr(layer, key) is not None), None)
-    picked["model"] = override or os.environ.get("SOPCTL_MODEL") or picked["model"] or DEFAULT_MODEL
+    picked["model"] = choose_model(override, picked["model"])
     return picked
 
 
-def default_model(compiled: CompiledSop) -> str:
-    """The run's model where no role or action names one: $SOPCTL_MODEL > file > local."""
-    return os.environ.get("SOPCTL_MODEL") or compiled.spec.llm.model or DEFAULT_MODEL
+def default_model(compiled: CompiledSop, override: str | None = None) -> str:
+    """The run's model where no role or action names one (what RunStarted records)."""
+    return choose_model(override, compiled.spec.llm.model)
 
 
 # --------------------------------------------------------------------------- model registry
@@ -96,8 +105,6 @@ def _resolve(model: str, own: Mapping[str, Provider], fallback: Callable[[], Pro
     if model in own:
         return own[model]
     if model not in _REGISTRY and model in _BUILTINS:
-        import importlib
-
         module, cls = _BUILTINS[model]
         _REGISTRY[model] = getattr(importlib.import_module(module), cls)()
     return _REGISTRY[model] if model in _REGISTRY else fallback()
