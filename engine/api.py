@@ -22,8 +22,15 @@ from typing import Any, AsyncIterator, Mapping
 
 from engine.check.compiler import CompiledSop, compile_path
 from engine.errors import UsageError
-from engine.journal.resume import (RunFolder, earlier_artifacts, open_for_replay, open_for_resume,
-                                   remove_orphan_temp_files, replay_options, resume_options)
+from engine.journal.resume import (
+    RunFolder,
+    open_for_replay,
+    open_for_resume,
+    recorded_artifacts,
+    remove_orphan_temp_files,
+    replay_options,
+    resume_options,
+)
 from engine.journal.store import Journal, ReplayStore
 from engine.run.events import RunEnded, RunEvent
 from engine.run.inputs import check_limits, parse_input_flags, resolve_inputs
@@ -147,9 +154,10 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
         team.check()
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock
-        team.attach(folder.journal)
-        result = asyncio.run(team.run())
-        result.artifacts = sorted(set(result.artifacts) | earlier_artifacts(folder))
+        earlier = recorded_artifacts(folder)
+        result = asyncio.run(_drive(team, folder.journal))
+    # Actions reused from the journal do not write their files again: list those still there.
+    result.artifacts = sorted(set(result.artifacts) | {p for p in earlier if (folder.path / p).is_file()})
     return result
 
 

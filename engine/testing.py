@@ -1,9 +1,12 @@
 """Helpers for testing SOPs (and sopctl itself) without a real model.
 
-- `ScriptedModel`: answers from a list, in order, or from a function `(spec, attempt) -> str`;
-  it records every request so a test can assert on what the model was shown. A list item
-  that is an exception is raised instead of answered (e.g. `TransientModelError` to test
-  backoff). Its answers are TEXT: the gateway parses and validates them like any other.
+- `ScriptedModel`: answers from a list, in order, or from a function `(spec, attempt) -> answer`;
+  it records every request so a test can assert on what the model was shown (`prompts()`,
+  `asked()`), and the most requests it answered at once (`max_in_flight`). An answer that is
+  an exception is raised instead of answered (e.g. `TransientModelError` to test backoff).
+  Its answers are TEXT: the gateway parses and validates them like any other; an answer
+  that is not text (a dict for a json action, a number for a state choice) is sent as its
+  JSON. With `gate` set, every answer waits for that event (a call kept in flight).
 - `use_model(model)`: inside the block every call goes to `model`, whatever model the SOP
   or the command line names; `use_model(model, name="scripted")` instead registers it under
   a name for `--model scripted`.
@@ -17,7 +20,9 @@ This module imports neither pytest nor litellm.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence, Union
 
@@ -34,7 +39,10 @@ from engine.models.types import (
 __all__ = ['ScriptedModel', 'MemoryAnswerStore', 'use_model', 'block_real_models', 'allow_real_models', 'pytest_configure', 'pytest_unconfigure']
 
 
-Script = Union[Sequence[Union[str, BaseException]], Callable[[CallSpec, int], str]]
+Answer = Any
+"""Text; an exception (raised); anything else is sent as its JSON."""
+
+Script = Union[Sequence[Answer], Callable[[CallSpec, int], Answer]]
 
 
 @dataclass
@@ -47,31 +55,47 @@ class ScriptedModel:
     tokens_per_char: float = 0.25
     cost_per_call: float = 0.0
     """Pretend price of each answer (for budget tests)."""
+    gate: asyncio.Event | None = None
+    """Set: every answer waits until the event is set (to test a call in flight, cancellation)."""
     requests: list[ModelRequest] = field(default_factory=list)
     """Every request received, in order (re-asks included)."""
+    in_flight: int = 0
+    max_in_flight: int = 0
+    """The most requests answered at once (a fan-out's concurrency, observed without timing)."""
 
     def supports_schema(self, model: str) -> bool:
         return self.schema_support
 
     async def complete(self, request: ModelRequest) -> ModelAnswer:
+        index = len(self.requests)        # taken now: concurrent requests append while we wait
         self.requests.append(request)
-        text = self._next(request)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(0)        # yield like a real model: concurrent requests overlap
+            if self.gate is not None:
+                await self.gate.wait()
+            text = self._text(self._next(request, index))
+        finally:
+            self.in_flight -= 1
         prompt_chars = sum(len(m.get("content", "")) for m in request.messages)
         return ModelAnswer(text=text, prompt_tokens=int(prompt_chars * self.tokens_per_char),
                            completion_tokens=int(len(text) * self.tokens_per_char),
                            cost_usd=self.cost_per_call)
 
-    def _next(self, request: ModelRequest) -> str:
+    def _next(self, request: ModelRequest, index: int) -> Answer:
         if callable(self.answers):
-            return str(self.answers(request.spec, request.attempt))
-        index = len(self.requests) - 1
+            return self.answers(request.spec, request.attempt)
         if index >= len(self.answers):
             raise LLMError(f"ScriptedModel ran out of answers: request {index + 1} (action "
                            f"{request.spec.action}) but only {len(self.answers)} scripted")
-        item = self.answers[index]
-        if isinstance(item, BaseException):
-            raise item
-        return item
+        return self.answers[index]
+
+    @staticmethod
+    def _text(answer: Answer) -> str:
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer if isinstance(answer, str) else json.dumps(answer, ensure_ascii=False)
 
     @property
     def calls(self) -> int:
@@ -82,6 +106,11 @@ class ScriptedModel:
         """The last user message of every request (what the model was asked each time)."""
         return [next((m["content"] for m in reversed(r.messages) if m["role"] == "user"), "")
                 for r in self.requests]
+
+    def asked(self, kind: str | None = None) -> list[str]:
+        """The action of every request, in order; with `kind` ("json", "text", "code",
+        "choice"), only the requests of that kind of call."""
+        return [r.spec.action for r in self.requests if kind is None or r.spec.kind == kind]
 
 
 @dataclass

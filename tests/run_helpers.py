@@ -1,24 +1,31 @@
-"""Test doubles for the interpreter's tests: a scripted Gateway and a SOP loader.
+"""Helpers for the interpreter's tests: scripted answers, runs, and crash runs.
 
-`ScriptedGateway` has the gateway's shape (`call(CallSpec) -> CallResult`) and answers from
-a function of the request, so each test states exactly what the "model" says. It also
-records every request and the most calls in flight at once (concurrency without timing).
+The one model double is the public `engine.testing.ScriptedModel`: tests script what the
+model says (`default_answer` below answers every kind of call), and `run_sop` runs a SOP on
+it through the real gateway, so answers are parsed, validated, journaled and reported as in
+any run. `ForkedSopctl` runs `sopctl` commands that may die mid-way (the journal's crash
+hooks) as real processes, without paying Python's start-up for each one.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import IO, Any, Callable, Iterator, Mapping
 
 from engine.check.compiler import CompiledSop, compile_path, compile_text
-from engine.errors import LLMError
 from engine.models.gateway import Gateway
-from engine.models.types import CallResult, CallSpec
+from engine.models.types import CallSpec, Provider, StoredAnswer
 
 SOPS = Path(__file__).parent / "sops"
-
-Answer = Callable[[CallSpec], Any]
+ROOT = Path(__file__).parent.parent
 
 
 def instance(schema: dict | None, key: str = "value") -> Any:
@@ -41,61 +48,59 @@ def instance(schema: dict | None, key: str = "value") -> Any:
     return f"{key} text"
 
 
-def default_answer(spec: CallSpec) -> Any:
+def fenced(code: str) -> str:
+    """A code answer as a model writes it: in a fenced block (the gateway reads its body)."""
+    return f"```python\n{code}\n```"
+
+
+def default_answer(spec: CallSpec, attempt: int = 0) -> Any:
+    """A valid answer to any call: a small instance of a json action's schema, a line of
+    Python, the next state of a react choice (then -1), or a line of text."""
     if spec.kind == "json":
         return instance(spec.schema)
     if spec.kind == "code":
-        return "print('hello')"
+        return fenced("print('hello')")
     if spec.kind == "choice":
         nxt = spec.previous_choice + 1
         return nxt if nxt < spec.n_choices else -1
     return f"{spec.action} says hello"
 
 
-class ScriptedGateway(Gateway):
-    """Answers `answer(spec)`; an Exception instance as answer is raised (as LLMError etc.)."""
+class _EveryModel(Mapping[str, Provider]):
+    """Gateway providers in which one model answers every model name."""
 
-    def __init__(self, answer: Answer = default_answer, cost: float = 0.0,
-                 gate: asyncio.Event | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.answer = answer
-        self.cost = cost
-        self.gate = gate
-        self.requests: list[CallSpec] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
+    def __init__(self, model: Provider) -> None:
+        self.model = model
 
-    def preflight(self, model: str) -> None:
-        """The scripted gateway answers every model name itself."""
+    def __getitem__(self, name: str) -> Provider:
+        return self.model
 
-    async def call(self, spec: CallSpec) -> CallResult:
-        self.requests.append(spec)
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            await asyncio.sleep(0)
-            if self.gate is not None:
-                await self.gate.wait()
-            value = self.answer(spec)
-            if isinstance(value, BaseException):
-                raise value
-            if isinstance(value, tuple):  # (value, raw text) for choices given as text
-                value, text = value
-            else:
-                text = str(value)
-            for totals in (self.usage,):
-                totals.llm_calls += 1
-                totals.prompt_tokens += 10
-                totals.completion_tokens += 5
-                totals.cost_usd += self.cost
-            return CallResult(value=value, text=text, prompt_tokens=10, completion_tokens=5,
-                              cost_usd=self.cost, calls=1)
-        finally:
-            self.in_flight -= 1
+    def __contains__(self, name: object) -> bool:
+        return True
 
-    def actions(self, kind: str | None = None) -> list[str]:
-        """The action ids asked for, in call order (optionally of one kind)."""
-        return [r.action for r in self.requests if kind is None or r.kind == kind]
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+class _NoReuse:
+    """An answer store that keeps nothing. The journal, as a run's store, answers a request
+    it has seen before (say, the same prompt in a react loop) itself; with this one every
+    call the run makes reaches the model, so a test can count the calls."""
+
+    def lookup(self, request_hash: str) -> StoredAnswer | None:
+        return None
+
+    def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
+        pass
+
+
+def gateway_for(model: Provider, **options: Any) -> Gateway:
+    """A real gateway on which `model` answers whatever model the SOP, --model or
+    $SOPCTL_MODEL names (`local` included), every call (no answer is reused)."""
+    return Gateway(**{"providers": _EveryModel(model), "store": _NoReuse(), **options})
 
 
 def sop(name: str) -> CompiledSop:
@@ -106,14 +111,10 @@ def sop_text(text: str) -> CompiledSop:
     return compile_text(text)
 
 
-def llm_error(message: str) -> LLMError:
-    return LLMError(message)
-
-
-
-def run_sop(compiled: CompiledSop, gateway: Gateway, workspace: Path, idea: str = "an idea",
-            **options: Any) -> Any:
-    """Run to the end on `gateway`, collecting every event; returns (result, events)."""
+def run_sop(compiled: CompiledSop, provider: Provider | Gateway, workspace: Path,
+            idea: str = "an idea", **options: Any) -> Any:
+    """Run to the end on `provider` (a ScriptedModel; or a gateway of the test's own),
+    collecting every event in `result.events`. Options are `api.run`'s (`model=` included)."""
     from engine import api
 
     class Collect:
@@ -124,6 +125,7 @@ def run_sop(compiled: CompiledSop, gateway: Gateway, workspace: Path, idea: str 
             self.events.append(event)
 
     sink = Collect()
+    gateway = provider if isinstance(provider, Gateway) else gateway_for(provider)
     observers = [*options.pop("observers", []), sink]
     result = api.run(compiled, {"idea": idea, **options.pop("inputs", {})}, gateway=gateway,
                      workspace=workspace, observers=observers, **options)
@@ -137,3 +139,106 @@ def logs(result: Any, level: str | None = None) -> list[str]:
 
     return [e.message for e in result.events
             if isinstance(e, RunLog) and (level is None or e.level == level)]
+
+
+# --------------------------------------------------------------------------- crash runs
+
+
+def sopctl_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without any SOPCTL_ setting (no crash hook, no model
+    choice, no latency unless a test gives it)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SOPCTL_")}
+    return {**base, **(extra or {})}
+
+
+class ForkedSopctl:
+    """`sopctl` commands as real processes, each a fork of one helper process that imported
+    sopctl once: a crash test pays Python's start-up once, not once per run (most of the
+    time of a small run). A child is the whole process of its command: its `os._exit(137)`
+    at a crash hook leaves exactly what a kill -9 at that instant would."""
+
+    def __init__(self) -> None:
+        boot = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); "
+                "import run_helpers; run_helpers.serve_forks()")
+        self.proc = subprocess.Popen([sys.executable, "-c", boot], cwd=ROOT, env=sopctl_env(),
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def __call__(self, *argv: str, env: Mapping[str, str] | None = None
+                 ) -> subprocess.CompletedProcess[str]:
+        """`sopctl *argv` with `env` added; its exit code (137 after a crash hook) and output."""
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"argv": argv, "env": dict(env or {})}) + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the fork server died (exit code {self.proc.wait()})")
+        reply = json.loads(line)
+        return subprocess.CompletedProcess(["sopctl", *argv], reply["code"], reply["stdout"],
+                                           reply["stderr"])
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+CHILD_TIMEOUT_S = 120
+
+_PRELOAD = ("engine.api", "engine.models.fake", "engine.cli.live", "engine.cli.report",
+            "jsonschema", "networkx", "ruamel.yaml")
+"""What a command imports on first use: imported once by the server, not once per child
+(only a speed-up: a name that no longer imports is skipped)."""
+
+
+def serve_forks() -> None:
+    """The helper process of ForkedSopctl: one JSON job a line in, one JSON reply a line out."""
+    import importlib
+
+    from engine.cli.commands import main
+
+    for module in _PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    for line in sys.stdin:
+        job = json.loads(line)
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            pid = os.fork()
+            if pid == 0:
+                _forked_command(main, job, out, err)
+            _, status = os.waitpid(pid, 0)
+            out.seek(0)
+            err.seek(0)
+            reply = {"code": os.waitstatus_to_exitcode(status), "stdout": out.read(),
+                     "stderr": err.read()}
+        sys.stdout.write(json.dumps(reply) + "\n")
+        sys.stdout.flush()
+
+
+def _forked_command(main: Callable[[list[str]], int], job: dict[str, Any],
+                    out: IO[str], err: IO[str]) -> None:
+    """In the child: run the command with its own stdio and environment, then exit; never
+    return into the server's loop. A command still running after CHILD_TIMEOUT_S is ended by
+    SIGALRM (exit code -14) instead of hanging the suite."""
+    code = 70
+    try:
+        signal.alarm(CHILD_TIMEOUT_S)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        os.environ.update(job["env"])
+        code = main(list(job["argv"]))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - report it as the command's own crash would be
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

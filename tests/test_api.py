@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_helpers import SOPS, ScriptedGateway
+from run_helpers import SOPS, default_answer, gateway_for
 
 from engine import api
 from engine.cli.live import LiveDisplay, PlainProgress, make_display
@@ -17,12 +17,13 @@ from engine.errors import CompileError, UsageError
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
-    LLMCalled,
     MessagePublished,
+    ModelAnswered,
     RoundStarted,
     RunEnded,
     RunStarted,
 )
+from engine.testing import ScriptedModel
 
 
 def test_import_engine_does_not_import_litellm() -> None:
@@ -53,29 +54,30 @@ def test_run_returns_the_result_with_messages(tmp_path: Path) -> None:
 def test_iter_run_yields_every_event_in_order(tmp_path: Path) -> None:
     async def collect() -> list[Any]:
         compiled = api.load(SOPS / "pipeline.sop.yaml")
-        return [e async for e in api.iter_run(compiled, {"idea": "x"}, gateway=ScriptedGateway(),
+        gateway = gateway_for(ScriptedModel(default_answer))
+        return [e async for e in api.iter_run(compiled, {"idea": "x"}, gateway=gateway,
                                               workspace=tmp_path)]
     events = asyncio.run(collect())
     assert isinstance(events[0], RunStarted) and isinstance(events[-1], RunEnded)
     kinds = [type(e).__name__ for e in events]
     assert kinds[1] == "MessagePublished"  # the idea, before round 1
-    assert kinds.count("RoundStarted") == 3 and kinds.count("LLMCalled") == 3
-    # an action's events come in order: started, called, completed; then the round's publish
-    assert kinds[2:7] == ["RoundStarted", "ActionStarted", "LLMCalled", "ActionCompleted", "MessagePublished"]
+    assert kinds.count("RoundStarted") == 3 and kinds.count("ModelAnswered") == 3
+    # an action's events come in order: started, answered, completed; then the round's publish
+    assert kinds[2:7] == ["RoundStarted", "ActionStarted", "ModelAnswered", "ActionCompleted", "MessagePublished"]
     published = [e.message["id"] for e in events if isinstance(e, MessagePublished)]
     assert published == ["0-Human-0", "1-ProductManager-0", "2-Architect-0", "3-ProjectManager-0"]
 
 
 def test_leaving_iter_run_early_cancels_the_run(tmp_path: Path) -> None:
-    gateway = ScriptedGateway()
+    model = ScriptedModel(default_answer)
 
     async def first_round() -> None:
         async for event in api.iter_run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"},
-                                        gateway=gateway, workspace=tmp_path):
+                                        gateway=gateway_for(model), workspace=tmp_path):
             if isinstance(event, RoundStarted):
                 break
     asyncio.run(first_round())
-    assert len(gateway.requests) <= 1
+    assert len(model.requests) <= 1
 
 
 def test_resolve_inputs_defaults_and_coercion() -> None:
@@ -124,8 +126,8 @@ def _events() -> list[Any]:
                    engine_version="0", workspace="/w", max_rounds=5, budget_usd=0.0),
         RoundStarted(round=1, active_roles=["A"]),
         ActionStarted(round=1, role="A", action="Write", key="k"),
-        LLMCalled(round=1, role="A", action="Write", calls=1, reused=0, prompt_tokens=100,
-                  completion_tokens=20, cost_usd=0.01),
+        ModelAnswered(round=1, role="A", action="Write", attempt=0, request_hash="h",
+                      prompt_tokens=100, completion_tokens=20, cost_usd=0.01, seconds=0.2),
         ActionCompleted(round=1, role="A", action="Write", key="k", messages=[],
                         artifacts=[{"path": "a.txt", "sha256": "0"}]),
         RunEnded(status="idle", rounds=1),

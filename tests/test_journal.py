@@ -21,6 +21,7 @@ from engine.run.events import (
     ActionStarted,
     LLMCalled,
     MessagePublished,
+    ModelAnswered,
     RoundStarted,
     RunEnded,
     RunStarted,
@@ -41,12 +42,16 @@ def message(mid: str, rnd: int, cause: str, sender: str, content: str = "hello")
             "sent_from": sender, "send_to": ["<all>"]}
 
 
-def action_events(rnd: int, role: str, action: str, msg: dict, key: str, *, calls: int = 1,
-                  reused: int = 0) -> list:
+def answered(rnd: int, role: str, action: str, *, reused: bool = False) -> ModelAnswered:
+    return ModelAnswered(round=rnd, role=role, action=action, attempt=0, request_hash=HASH,
+                         prompt_tokens=10, completion_tokens=5, cost_usd=0.01, seconds=0.5,
+                         reused=reused)
+
+
+def action_events(rnd: int, role: str, action: str, msg: dict, key: str) -> list:
     return [
         ActionStarted(round=rnd, role=role, action=action, key=key),
-        LLMCalled(round=rnd, role=role, action=action, calls=calls, reused=reused,
-                  prompt_tokens=10 * calls, completion_tokens=5 * calls, cost_usd=0.01 * calls),
+        answered(rnd, role, action),
         ActionCompleted(round=rnd, role=role, action=action, key=key, messages=[msg],
                         artifacts=[{"path": f"docs/{action}.md", "sha256": SAME}]),
     ]
@@ -77,9 +82,9 @@ def test_events_roundtrip_and_state(tmp_path: Path) -> None:
     state = read_run(tmp_path)
     assert state.status == "idle" and state.rounds == 2 and state.run_id == "r1"
     assert [m["id"] for m in state.history] == ["0-Human-0", "1-Writer-0", "2-Reviewer-0"]
-    assert state.llm_calls == 2 and state.journaled_calls == 2
-    assert state.prompt_tokens == 20 and state.completion_tokens == 10
-    assert state.actions["Write"].calls == 1 and state.actions["Review"].roles == ["Reviewer"]
+    assert state.usage.llm_calls == 2 and state.journaled_calls == 2
+    assert state.usage.prompt_tokens == 20 and state.usage.completion_tokens == 10
+    assert state.actions["Write"].usage.llm_calls == 1 and state.actions["Review"].roles == ["Reviewer"]
     assert sorted(state.artifacts) == ["docs/Review.md", "docs/Write.md"]
     obj = result_object(state)
     assert obj["history"][1] == {"id": "1-Writer-0", "round": 1, "cause_by": "Write",
@@ -109,7 +114,7 @@ def test_durability_tiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         journal.record("h", "A", StoredAnswer("t", 1, 1, 0.0))
         assert journal._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
     assert tiers == {"RunStarted": False, "MessagePublished": False, "RoundStarted": False,
-                     "ActionStarted": False, "LLMCalled": False, "ActionCompleted": False,
+                     "ActionStarted": False, "ModelAnswered": False, "ActionCompleted": False,
                      "RunEnded": True}
 
 
@@ -259,12 +264,11 @@ def test_secrets_with_json_escapes_never_reach_the_file(tmp_path: Path, monkeypa
 def test_resumed_journal_state(tmp_path: Path) -> None:
     """A crash in round 2, then a resume: final history is the resumed invocation's."""
     events = full_run()
-    first = events[:10]                              # dies after k2's LLMCalled
+    first = events[:10]                              # dies after k2's ModelAnswered
     m2 = events[11].message
     resumed = [started(), events[1], events[2], events[6], events[7],
                ActionStarted(round=2, role="Reviewer", action="Review", key="k2"),
-               LLMCalled(round=2, role="Reviewer", action="Review", calls=0, reused=1,
-                         prompt_tokens=0, completion_tokens=0, cost_usd=0.0),
+               answered(2, "Reviewer", "Review", reused=True),
                ActionCompleted(round=2, role="Reviewer", action="Review", key="k2",
                                messages=[m2], artifacts=[]),
                MessagePublished(message=m2), RunEnded(status="idle", rounds=2)]
@@ -281,7 +285,7 @@ def test_resumed_journal_state(tmp_path: Path) -> None:
     state = read_run(tmp_path)
     assert state.status == "idle" and state.invocations == 2
     assert [m["id"] for m in state.history] == ["0-Human-0", "1-Writer-0", "2-Reviewer-0"]
-    assert state.completions == {"k1": 1, "k2": 1} and state.reused_calls == 1
+    assert state.completions == {"k1": 1, "k2": 1} and state.usage.reused_calls == 1
 
 
 def test_a_second_run_into_a_used_workspace_is_refused(tmp_path: Path) -> None:

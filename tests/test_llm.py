@@ -24,8 +24,10 @@ from engine.models.types import (
     CallSpec,
     ModelRequest,
     TransientModelError,
+    Usage,
     request_hash,
 )
+from engine.run.events import ModelAnswered, ModelRetried, usage_of
 from engine.testing import (
     MemoryAnswerStore,
     ScriptedModel,
@@ -82,7 +84,7 @@ def test_valid_json_is_accepted_first_time():
     gateway, model = scripted(json.dumps(VALID))
     result = run(gateway, spec())
     assert result.value == VALID
-    assert (result.calls, result.attempts, model.calls) == (1, 1, 1)
+    assert (result.usage.llm_calls, result.attempts, model.calls) == (1, 1, 1)
     assert gateway.usage.llm_calls == 1 and gateway.usage.reasks == 0
 
 
@@ -90,7 +92,7 @@ def test_invalid_answer_is_reasked_with_the_error_then_accepted():
     bad = json.dumps({**VALID, "Priority": "urgent"})
     gateway, model = scripted(bad, json.dumps(VALID))
     result = run(gateway, spec())
-    assert result.value == VALID and result.calls == 2
+    assert result.value == VALID and result.usage.llm_calls == 2
     second = model.requests[1]
     assert second.attempt == 1
     assert second.messages[-2] == {"role": "assistant", "content": bad}
@@ -250,8 +252,8 @@ def test_litellm_path_answers_counts_tokens_and_cost():
     gateway = Gateway(providers={"openai/gpt-4o-mini": provider})
     result = run(gateway, spec(model="openai/gpt-4o-mini", temperature=0, max_tokens=100))
     assert result.value == VALID
-    assert result.prompt_tokens > 0 and result.completion_tokens > 0
-    assert result.cost_usd > 0 and gateway.usage.cost_usd == result.cost_usd
+    assert result.usage.prompt_tokens > 0 and result.usage.completion_tokens > 0
+    assert result.usage.cost_usd > 0 and gateway.usage == result.usage
 
 
 def test_a_real_litellm_call_is_blocked_in_tests():
@@ -377,7 +379,7 @@ def test_answers_are_journaled_before_parsing_and_reused_without_calls():
     second.store = store
     result = run(second, spec())
     assert result.value == VALID and silent.calls == 0
-    assert (result.reused, result.calls, result.cost_usd) == (2, 0, 0.0)
+    assert (result.usage.reused_calls, result.usage.llm_calls, result.usage.cost_usd) == (2, 0, 0.0)
     assert second.usage.reused_calls == 2 and second.usage.llm_calls == 0
 
 
@@ -417,15 +419,31 @@ def test_replay_diverges_on_a_request_missing_from_the_journal():
 def test_events_tell_the_story_of_a_call():
     events = []
     gateway, _ = scripted("oops", json.dumps(VALID))
-    gateway.on_call, gateway.store = events.append, MemoryAnswerStore()
-    run(gateway, spec())
-    assert [(e.kind, e.attempt) for e in events] == [
-        ("start", 0), ("answer", 0), ("invalid", 0), ("start", 1), ("answer", 1)]
-    assert "no JSON object" in events[2].detail
-    again = Gateway(store=gateway.store, on_call=events.append, providers={"scripted": ScriptedModel([])})
+    gateway.emit, gateway.store = events.append, MemoryAnswerStore()
+    run(gateway, spec(round=3))
+    assert [(type(e).__name__, e.attempt) for e in events] == [
+        ("ModelAnswered", 0), ("AnswerRejected", 0), ("ModelAnswered", 1)]
+    assert "no JSON object" in events[1].error and events[1].reask
+    assert {(e.round, e.role, e.action) for e in events} == {(3, "PM", "WritePRD")}
+    assert sum((usage_of(e) for e in events), Usage()) == gateway.usage
+    again = Gateway(store=gateway.store, emit=events.append, providers={"scripted": ScriptedModel([])})
     events.clear()
-    run(again, spec())
-    assert [e.kind for e in events] == ["reused", "invalid", "reused"]
+    run(again, spec(round=3))
+    assert [type(e).__name__ for e in events] == ["ModelAnswered", "AnswerRejected", "ModelAnswered"]
+    assert events[0].reused and events[2].reused
+    assert again.usage == Usage(reused_calls=2, reasks=1)
+
+
+def test_a_transient_error_is_reported_with_its_cause_before_the_retry():
+    events = []
+    model = ScriptedModel([TransientModelError("rate limited (429)"), json.dumps(VALID)])
+    gateway = Gateway(providers={"scripted": model}, sleep=_no_sleep, emit=events.append)
+    run(gateway, spec())
+    retried, answered = events
+    assert isinstance(retried, ModelRetried) and retried.cause == "rate limited (429)"
+    assert (retried.attempt, retried.retry) == (0, 1) and retried.delay_s > 0
+    assert isinstance(answered, ModelAnswered) and not answered.reused
+    assert gateway.usage.retries == 1 and gateway.usage.llm_calls == 1
 
 
 def test_a_provider_crash_becomes_an_llm_error():

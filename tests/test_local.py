@@ -88,7 +88,7 @@ def test_local_calls_the_llama_directly_with_a_grammar(stand_in):
     with allow_real_models():
         result = asyncio.run(Gateway().call(spec(max_tokens=4096, temperature=0.2)))
     assert result.value == instance(SCHEMA)
-    assert (result.prompt_tokens, result.completion_tokens, result.cost_usd) == (42, 7, 0.0)
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens, result.usage.cost_usd) == (42, 7, 0.0)
     sent = stand_in.calls[0]
     assert sent["response_format"] == {"type": "json_object",
                                        "schema": local.tighten_schema(SCHEMA, local.MAX_JSON_TOKENS)}
@@ -167,7 +167,7 @@ def test_a_local_call_never_imports_litellm():
         gateway.preflight("local")
         result = asyncio.run(gateway.call(CallSpec(action="A", role="R", system="s", prompt="p",
                                                    kind="json", model="local", schema=schema)))
-        print(json.dumps({"value": result.value, "tokens": [result.prompt_tokens, result.completion_tokens],
+        print(json.dumps({"value": result.value, "tokens": [result.usage.prompt_tokens, result.usage.completion_tokens],
                           "litellm": sorted(m for m in sys.modules if m.split(".")[0] == "litellm")}))
     """)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -257,7 +257,7 @@ def test_real_local_model_writes_schema_valid_json(local_extra):
         code = asyncio.run(gateway.call(spec("code", code_lang="python", retries=3,
                                              prompt="Write a Python function add(a, b) that returns a + b.")))
     assert answers.schema_errors(result.value, SCHEMA) == []
-    assert result.calls >= 1 and result.completion_tokens > 0 and result.cost_usd == 0
+    assert result.usage.llm_calls >= 1 and result.usage.completion_tokens > 0 and result.usage.cost_usd == 0
     assert code.value.strip()
 
 

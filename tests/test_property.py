@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +23,8 @@ BASE = load_path(Path(__file__).parent / "cases" / "valid" / "company.sop.yaml")
 WORDS = ["WritePRD", "WriteCode", "Engineer", "UserRequirement", "<all>", "<self>", "text", "str",
          "list[str]", "{{ out['X'] }}", "{{ nope }}", "{% for %}", "../x", "/abs", "plan_and_act",
          "max_runs", "react", "", "sop/v1", "enum[a|b]", "kind", "exec"]
-EXAMPLES = int(os.environ.get("SOPCTL_FUZZ_EXAMPLES", "150"))  # raise it for a long fuzzing session
-SETTINGS = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# examples a property: the suite's profile (tests/conftest.py; SOPCTL_FUZZ_EXAMPLES for a long session)
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 100), st.floats(allow_nan=False),
                     st.sampled_from(WORDS), st.text(max_size=12))

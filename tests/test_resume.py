@@ -1,51 +1,37 @@
-"""`sopctl resume` and `sopctl replay`, in-process, with a model that counts its calls."""
+"""`sopctl resume` and `sopctl replay`, in-process, with a model that counts its calls
+(a ScriptedModel that answers as `fake` does)."""
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from run_helpers import ForkedSopctl
 
 from engine.cli.commands import main
 from engine.journal.history import read_run
-from engine.models.fake import FakeModel
-from engine.models.types import ModelAnswer, ModelRequest
-from engine.testing import use_model
+from engine.models.fake import answer_text
+from engine.models.types import CallSpec
+from engine.testing import ScriptedModel, use_model
 
 SOP = Path(__file__).parent / "sops" / "journal_small.sop.yaml"
 
 
-@dataclass
-class CountingModel:
-    """`fake`'s answers at a price, counting every call (the paid calls a test may not repeat)."""
-
-    cost_per_call: float = 0.0
-    calls: int = 0
-    inner: FakeModel = field(default_factory=FakeModel)
-
-    def supports_schema(self, model: str) -> bool:
-        return self.inner.supports_schema(model)
-
-    async def complete(self, request: ModelRequest) -> ModelAnswer:
-        self.calls += 1
-        answer = await self.inner.complete(request)
-        return ModelAnswer(answer.text, answer.prompt_tokens, answer.completion_tokens,
-                           self.cost_per_call)
+def fake_answers(spec: CallSpec, attempt: int) -> str:
+    """`fake`'s answers (its requests hash alike: no schema support, same text), so a
+    ScriptedModel counts the calls a test may not repeat, at the price the test sets."""
+    return answer_text(spec)
 
 
 @pytest.fixture()
-def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[CountingModel]:
+def model(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedModel]:
     monkeypatch.delenv("SOPCTL_MODEL", raising=False)
     monkeypatch.delenv("SOPCTL_CRASH_AFTER_EVENT", raising=False)
     monkeypatch.delenv("SOPCTL_CRASH_AFTER_ANSWER", raising=False)
-    counting = CountingModel()
+    counting = ScriptedModel(fake_answers)
     with use_model(counting, name="counting"):
         yield counting
 
@@ -72,7 +58,7 @@ def artifact_files(ws: Path) -> dict[str, bytes]:
 
 
 def test_resume_after_max_rounds_continues_without_repaying(
-        model: CountingModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        model: ScriptedModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, full, _ = run(capsys, tmp_path / "full")
     assert code == 0 and full["status"] == "idle"
     paid_full = model.calls
@@ -87,12 +73,12 @@ def test_resume_after_max_rounds_continues_without_repaying(
     assert resumed["artifacts"] == full["artifacts"]
     assert artifact_files(tmp_path / "short") == artifact_files(tmp_path / "full")
     state = read_run(tmp_path / "short")
-    assert state.invocations == 2 and state.llm_calls == paid_full
+    assert state.invocations == 2 and state.usage.llm_calls == paid_full
     assert set(state.completions.values()) == {1}
 
 
 def test_resume_after_budget_with_a_raised_budget(
-        model: CountingModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        model: ScriptedModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     model.cost_per_call = 0.01
     ws = tmp_path / "run"
     code, first, _ = run(capsys, ws, "--budget", "0.025")
@@ -103,25 +89,24 @@ def test_resume_after_budget_with_a_raised_budget(
     code, resumed, err = sopctl(capsys, "resume", str(ws), "--budget", "1", "--format", "json")
     assert code == 0 and resumed["status"] == "idle", err
     state = read_run(ws)
-    assert state.llm_calls == model.calls and model.calls > paid
-    assert state.cost_usd == pytest.approx(0.01 * model.calls)   # no answer paid twice
+    assert state.usage.llm_calls == model.calls and model.calls > paid
+    assert state.usage.cost_usd == pytest.approx(0.01 * model.calls)   # no answer paid twice
     assert len(state.history) == 5
 
 
 def test_resume_reuses_answers_of_an_unfinished_action(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        forked_sopctl: ForkedSopctl) -> None:
     """A real process dies right after its 3rd answer is journaled, before the action ends:
     the resume re-runs that action with the journaled answer and pays only for the rest."""
     monkeypatch.delenv("SOPCTL_MODEL", raising=False)
     args = ["run", str(SOP), "--idea", "a snake game", "--model", "fake", "--format", "json"]
-    full = subprocess.run([sys.executable, "-m", "engine.cli", *args, "--out", str(tmp_path / "full")],
-                          capture_output=True, text=True)
-    total = read_run(tmp_path / "full").llm_calls
-    env = {**os.environ, "SOPCTL_CRASH_AFTER_ANSWER": "3"}
-    crashed = subprocess.run([sys.executable, "-m", "engine.cli", *args, "--out",
-                              str(tmp_path / "run")], capture_output=True, text=True, env=env)
+    full = forked_sopctl(*args, "--out", str(tmp_path / "full"))
+    total = read_run(tmp_path / "full").usage.llm_calls
+    crashed = forked_sopctl(*args, "--out", str(tmp_path / "run"),
+                            env={"SOPCTL_CRASH_AFTER_ANSWER": "3"})
     assert crashed.returncode == 137
-    counting = CountingModel()
+    counting = ScriptedModel(fake_answers)
     with use_model(counting):                     # every call this process makes lands here
         code, resumed, err = sopctl(capsys, "resume", str(tmp_path / "run"), "--format", "json")
     assert code == 0, err
@@ -130,7 +115,7 @@ def test_resume_reuses_answers_of_an_unfinished_action(
 
 
 def test_resume_rewrites_only_missing_or_changed_artifacts(
-        model: CountingModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        model: ScriptedModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ws = tmp_path / "run"
     run(capsys, ws)
     before = artifact_files(ws)
@@ -148,7 +133,7 @@ def test_resume_rewrites_only_missing_or_changed_artifacts(
 
 
 def test_replay_calls_no_model_and_gives_the_same_run(
-        model: CountingModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        model: ScriptedModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, original, _ = run(capsys, tmp_path / "run")
     paid = model.calls
     code, replayed, err = sopctl(capsys, "replay", str(tmp_path / "run"), "--out",
@@ -160,14 +145,14 @@ def test_replay_calls_no_model_and_gives_the_same_run(
     assert replayed["history"] == original["history"]
     assert artifact_files(tmp_path / "replay") == artifact_files(tmp_path / "run")
     state = read_run(tmp_path / "replay")                      # its own, complete journal
-    assert state.status == "idle" and state.journaled_calls == paid and state.llm_calls == 0
+    assert state.status == "idle" and state.journaled_calls == paid and state.usage.llm_calls == 0
     code, again, err = sopctl(capsys, "replay", str(tmp_path / "replay"), "--out",
                               str(tmp_path / "replay2"), "--format", "json")
     assert code == 0 and again["history"] == original["history"], err
 
 
 def test_replay_of_a_changed_sop_diverges_clearly(
-        model: CountingModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        model: ScriptedModel, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     sop = tmp_path / "my.sop.yaml"
     shutil.copy(SOP, sop)
     run(capsys, tmp_path / "run", sop=sop)
@@ -182,7 +167,7 @@ def test_replay_of_a_changed_sop_diverges_clearly(
     assert read_run(tmp_path / "replay").status == "failed"
 
 
-def test_replay_refuses_a_used_folder(model: CountingModel, tmp_path: Path,
+def test_replay_refuses_a_used_folder(model: ScriptedModel, tmp_path: Path,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     run(capsys, tmp_path / "run")
     run(capsys, tmp_path / "other")
@@ -202,7 +187,7 @@ def test_missing_run_or_journal_is_exit_2(tmp_path: Path, capsys: pytest.Capture
     assert code == 2 and "has no journal" in err and "Traceback" not in err
 
 
-def test_resume_with_a_bad_flag_is_exit_2(model: CountingModel, tmp_path: Path,
+def test_resume_with_a_bad_flag_is_exit_2(model: ScriptedModel, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     run(capsys, tmp_path / "run")
     for flags in (["--rounds", "0"], ["--budget", "-1"]):
@@ -210,7 +195,7 @@ def test_resume_with_a_bad_flag_is_exit_2(model: CountingModel, tmp_path: Path,
         assert code == 2 and "must be" in err
 
 
-def test_resume_keeps_the_recorded_model(model: CountingModel, tmp_path: Path,
+def test_resume_keeps_the_recorded_model(model: ScriptedModel, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
     """No --model on resume: the run's own model is used again (not the default `local`)."""
     code, _, _ = run(capsys, tmp_path / "run", "--rounds", "1")
@@ -221,7 +206,7 @@ def test_resume_keeps_the_recorded_model(model: CountingModel, tmp_path: Path,
     assert model.calls > paid and resumed["status"] == "idle"
 
 
-def test_resume_when_the_sop_file_is_gone(model: CountingModel, tmp_path: Path,
+def test_resume_when_the_sop_file_is_gone(model: ScriptedModel, tmp_path: Path,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     sop = tmp_path / "my.sop.yaml"
     shutil.copy(SOP, sop)
@@ -231,13 +216,10 @@ def test_resume_when_the_sop_file_is_gone(model: CountingModel, tmp_path: Path,
     assert code == 2 and "is gone" in err and "put the file back" in err
 
 
-def test_replay_of_an_interrupted_run_says_so(tmp_path: Path,
-                                              capsys: pytest.CaptureFixture[str]) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SOPCTL_")}
-    env["SOPCTL_CRASH_AFTER_ANSWER"] = "2"
-    crashed = subprocess.run([sys.executable, "-m", "engine.cli", "run", str(SOP), "--idea", "x",
-                              "--model", "fake", "--out", str(tmp_path / "run")], env=env,
-                             capture_output=True, text=True)
+def test_replay_of_an_interrupted_run_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                              forked_sopctl: ForkedSopctl) -> None:
+    crashed = forked_sopctl("run", str(SOP), "--idea", "x", "--model", "fake", "--out",
+                            str(tmp_path / "run"), env={"SOPCTL_CRASH_AFTER_ANSWER": "2"})
     assert crashed.returncode == 137
     code, result, err = sopctl(capsys, "replay", str(tmp_path / "run"), "--out",
                                str(tmp_path / "replay"), "--format", "json")
@@ -245,7 +227,7 @@ def test_replay_of_an_interrupted_run_says_so(tmp_path: Path,
     assert result["reused_calls"] == 2 and result["llm_calls"] == 0
 
 
-def test_resume_with_an_sop_made_invalid_is_exit_2(model: CountingModel, tmp_path: Path,
+def test_resume_with_an_sop_made_invalid_is_exit_2(model: ScriptedModel, tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     sop = tmp_path / "my.sop.yaml"
     shutil.copy(SOP, sop)
@@ -258,7 +240,7 @@ def test_resume_with_an_sop_made_invalid_is_exit_2(model: CountingModel, tmp_pat
     assert "sopctl validate" in err
 
 
-def test_resume_removes_temp_files_of_a_killed_write(model: CountingModel, tmp_path: Path,
+def test_resume_removes_temp_files_of_a_killed_write(model: ScriptedModel, tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """kill -9 between writing an artifact's temp file and renaming it leaves the temp file."""
     ws = tmp_path / "run"
@@ -293,7 +275,7 @@ roles:
 
 
 def test_resume_of_a_finished_run_redoes_nothing_when_a_later_action_rewrote_a_file(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str], model: CountingModel) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], model: ScriptedModel) -> None:
     sop = tmp_path / "rewrite.sop.yaml"
     sop.write_text(REWRITE)
     ws = tmp_path / "ws"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from run_helpers import ScriptedGateway, sop_text
+from run_helpers import sop_text
 
 from engine.run.message import ALL, NONE, Message
 from engine.run.team import RunOptions, Team
@@ -29,7 +29,7 @@ roles:
 @pytest.fixture()
 def team(tmp_path: Path) -> Team:
     return Team(sop_text(SOP), {"idea": "x"},
-                RunOptions(gateway=ScriptedGateway(), workspace=tmp_path / "ws"))
+                RunOptions(workspace=tmp_path / "ws"))
 
 
 def _msg(i: int, cause_by: str, send_to: set[str], sent_from: str = "Alpha") -> Message:
@@ -123,7 +123,7 @@ def test_a_message_twice_in_one_inbox_is_news_once(team: Team) -> None:
 def test_a_role_without_watch_keeps_only_what_is_addressed_to_it(tmp_path: Path) -> None:
     text = SOP.replace("Delta: {actions: [C], watch: [UserRequirement]}", "Delta: {actions: [C]}")
     team = Team(sop_text(text), {"idea": "x"},
-                RunOptions(gateway=ScriptedGateway(), workspace=tmp_path / "ws"))
+                RunOptions(workspace=tmp_path / "ws"))
     delta = _roles(team)["Delta"]
     assert delta.watch == set()
     team.env.publish(_msg(1, "UserRequirement", {ALL}))
@@ -147,7 +147,7 @@ def test_idle_is_decided_by_what_the_role_would_keep(team: Team) -> None:
 def test_self_addressed_message_is_routed_back_to_the_sender(tmp_path: Path) -> None:
     text = SOP.replace("output: text, max_runs: 2}", 'output: text, max_runs: 2, send_to: ["<self>"]}')
     team = Team(sop_text(text), {"idea": "x"},
-                RunOptions(gateway=ScriptedGateway(), workspace=tmp_path / "ws"))
+                RunOptions(workspace=tmp_path / "ws"))
     gamma = _roles(team)["Gamma"]
     message = gamma._make_message("C", "hi", "hi")
     assert message.send_to == {"Gamma"}

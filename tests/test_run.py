@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_helpers import SOPS, ScriptedGateway, default_answer, run_sop, sop
+from run_helpers import SOPS, default_answer, gateway_for, run_sop, sop
 
 from engine import api
 from engine.cli.commands import main
 from engine.models.gateway import Gateway
 from engine.models.types import ModelAnswer, ModelRequest
-from engine.run.events import RunEnded
+from engine.run.events import ModelAnswered, RunEnded
+from engine.testing import ScriptedModel
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -63,13 +64,24 @@ def test_golden_history_on_fake(name: str, tmp_path: Path) -> None:
     assert got == json.loads(golden.read_text())
 
 
+class _Answers:
+    """An observer that keeps the request hash of every answer the run read."""
+
+    def __init__(self, hashes: list[str]) -> None:
+        self.hashes = hashes
+
+    def on_event(self, event: Any) -> None:
+        if isinstance(event, ModelAnswered):
+            self.hashes.append(event.request_hash)
+
+
 def test_same_answers_give_the_same_history_and_request_hashes(tmp_path: Path) -> None:
     """Ids are deterministic and no id reaches a prompt: what resume and replay rely on."""
     runs = []
     for name in ("a", "b"):
         hashes: list[str] = []
-        gateway = Gateway(on_call=lambda e, h=hashes: h.append(e.request_hash) if e.kind == "answer" else None)
-        result = _fake_run(SOPS / "fanout.sop.yaml", tmp_path / name, gateway=gateway)
+        answered = _Answers(hashes)
+        result = _fake_run(SOPS / "fanout.sop.yaml", tmp_path / name, observers=[answered])
         runs.append((result, sorted(hashes)))
     (first, h1), (second, h2) = runs
     assert first.run_id != second.run_id
@@ -86,7 +98,7 @@ def test_max_rounds_ends_the_run(tmp_path: Path) -> None:
 def test_idle_when_no_role_keeps_the_first_message(tmp_path: Path) -> None:
     text = (SOPS / "pipeline.sop.yaml").read_text().replace("watch: [UserRequirement]", "watch: [WriteTasks]")
     from run_helpers import sop_text
-    result = run_sop(sop_text(text), ScriptedGateway(), tmp_path)
+    result = run_sop(sop_text(text), ScriptedModel(default_answer), tmp_path)
     assert (result.status, result.rounds, len(result.messages)) == ("idle", 0, 1)
 
 
@@ -123,11 +135,11 @@ def test_the_runs_budget_stops_it_before_the_call_that_would_overspend(tmp_path:
 def test_failed_action_ends_the_run_and_keeps_earlier_work(tmp_path: Path) -> None:
     from engine.errors import ActionFailed
 
-    def answer(spec: Any) -> Any:
+    def answer(spec: Any, attempt: int) -> Any:
         if spec.action == "WriteDesign":
             return ActionFailed("WriteDesign", "no valid answer after 3 attempts")
         return default_answer(spec)
-    result = run_sop(sop("pipeline"), ScriptedGateway(answer), tmp_path)
+    result = run_sop(sop("pipeline"), ScriptedModel(answer), tmp_path)
     assert result.status == "failed" and "action WriteDesign failed" in result.error
     assert result.artifacts == ["docs/prd.json"] and (tmp_path / "docs/prd.json").is_file()
     assert isinstance(result.events[-1], RunEnded) and result.events[-1].status == "failed"
@@ -141,10 +153,11 @@ def test_cancelling_a_run_ends_it_interrupted_with_run_ended(tmp_path: Path) -> 
         class Sink:
             def on_event(self, event: Any) -> None:
                 events.append(event)
-        gateway = ScriptedGateway(gate=gate)
+        model = ScriptedModel(default_answer, gate=gate)
         task = asyncio.ensure_future(api.run_async(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"},
-                                                   gateway=gateway, workspace=tmp_path, observers=[Sink()]))
-        while not gateway.requests:
+                                                   gateway=gateway_for(model), workspace=tmp_path,
+                                                   observers=[Sink()]))
+        while not model.requests:
             await asyncio.sleep(0)
         task.cancel()
         return await task, events

@@ -129,4 +129,32 @@ def test_scripted_model_with_schema_support_and_a_price():
     gateway = Gateway(providers={"scripted": model})
     result = call(gateway, spec())
     assert model.requests[0].response_format is not None
-    assert result.cost_usd == 0.25 and gateway.usage.cost_usd == 0.25
+    assert result.usage.cost_usd == 0.25 and gateway.usage.cost_usd == 0.25
+
+
+def test_answers_that_are_not_text_are_sent_as_json_and_exceptions_are_raised():
+    model = ScriptedModel([{"ok": True}, 2, LLMError("the model is down")])
+    gateway = Gateway(providers={"scripted": model})
+    assert call(gateway, spec()).value == {"ok": True}
+    assert call(gateway, spec(kind="choice", n_choices=3)).value == 2
+    with pytest.raises(LLMError, match="the model is down"):
+        call(gateway, spec())
+    assert model.asked() == ["Check"] * 3 and model.asked("choice") == ["Check"]
+
+
+def test_concurrent_calls_are_counted_and_a_gate_holds_them_in_flight():
+    async def scenario():
+        gate = asyncio.Event()
+        model = ScriptedModel(lambda call_spec, attempt: {"ok": True}, gate=gate)
+        gateway = Gateway(providers={"scripted": model})
+        calls = [asyncio.ensure_future(gateway.call(spec())) for _ in range(3)]
+        while len(model.requests) < 3:
+            await asyncio.sleep(0)
+        held = model.in_flight, [c.done() for c in calls]
+        gate.set()
+        return model, held, await asyncio.gather(*calls)
+
+    model, held, results = asyncio.run(scenario())
+    assert held == (3, [False, False, False])
+    assert [r.value for r in results] == [{"ok": True}] * 3
+    assert model.max_in_flight == 3 and model.in_flight == 0

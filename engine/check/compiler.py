@@ -25,7 +25,14 @@ from typing import Any
 from engine.check.graph import build as build_graph
 from engine.check.phases import PHASES
 from engine.check.rules import Context, run_rules
-from engine.errors import ActionFailed, CompileError, Diagnostic, LoadError, Related, SopError
+from engine.errors import (
+    ActionFailed,
+    CompileError,
+    Diagnostic,
+    LoadError,
+    Related,
+    SopError,
+)
 from engine.load.source import Source
 from engine.load.spec import Sop
 

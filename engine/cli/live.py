@@ -1,8 +1,10 @@
 """What a person watching `sopctl run` sees: a live table on a terminal, plain lines otherwise.
 
 Both are `RunObserver`s fed by the same event stream as the journal, so the display can
-never disagree with what was recorded. Progress goes to stderr; stdout is kept for the
-result (the summary, or the one JSON object of `--format json`).
+never disagree with what was recorded: a retry after a transient model error and a re-ask
+after an invalid answer appear as they happen, and are counted in the headline. Progress
+goes to stderr; stdout is kept for the result (the summary, or the one JSON object of
+`--format json`).
 """
 
 from __future__ import annotations
@@ -11,18 +13,22 @@ import sys
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from engine.models.types import Usage
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
-    LLMCalled,
+    AnswerRejected,
+    ModelEvent,
+    ModelRetried,
     RoundStarted,
     RunEnded,
     RunEvent,
     RunLog,
     RunStarted,
+    usage_of,
 )
 
-__all__ = ['RunStats', 'PlainProgress', 'LiveDisplay', 'make_display']
+__all__ = ['RunStats', 'PlainProgress', 'LiveDisplay', 'make_display', 'trouble_line']
 
 
 @dataclass
@@ -33,13 +39,9 @@ class RunStats:
     model: str = ""
     round: int = 0
     max_rounds: int = 0
-    calls: int = 0
-    reused: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
+    usage: Usage = Usage()
     roles: dict[str, str] = field(default_factory=dict)
-    role_calls: dict[str, int] = field(default_factory=dict)
+    role_calls: dict[str, int] = field(default_factory=dict)   # answers read, paid or reused
 
     def fold(self, event: RunEvent) -> None:
         if isinstance(event, RunStarted):
@@ -52,21 +54,34 @@ class RunStats:
             self.roles[event.role] = f"running {event.action}"
         elif isinstance(event, ActionCompleted):
             self.roles[event.role] = f"done {event.action}"
-        elif isinstance(event, LLMCalled):
-            self._add_call(event)
+        elif isinstance(event, ModelEvent):
+            self._add_usage(event)
 
-    def _add_call(self, event: LLMCalled) -> None:
-        self.calls += event.calls
-        self.reused += event.reused
-        self.prompt_tokens += event.prompt_tokens
-        self.completion_tokens += event.completion_tokens
-        self.cost_usd += event.cost_usd
-        self.role_calls[event.role] = self.role_calls.get(event.role, 0) + event.calls + event.reused
+    def _add_usage(self, event: ModelEvent) -> None:
+        usage = usage_of(event)
+        self.usage += usage
+        answers = usage.llm_calls + usage.reused_calls
+        self.role_calls[event.role] = self.role_calls.get(event.role, 0) + answers
 
     def headline(self) -> str:
-        reused = f" (+{self.reused} reused)" if self.reused else ""
-        return (f"round {self.round}/{self.max_rounds} · {self.calls} calls{reused} · "
-                f"{self.prompt_tokens}+{self.completion_tokens} tokens · ${self.cost_usd:.4f}")
+        u = self.usage
+        reused = f" (+{u.reused_calls} reused)" if u.reused_calls else ""
+        trouble = "".join(f" · {n} {label}" for n, label in
+                          ((u.retries, "retries"), (u.reasks, "re-asks")) if n)
+        return (f"round {self.round}/{self.max_rounds} · {u.llm_calls} calls{reused}{trouble} · "
+                f"{u.prompt_tokens}+{u.completion_tokens} tokens · ${u.cost_usd:.4f}")
+
+
+def trouble_line(event: RunEvent) -> str:
+    """What a person should see of a retry or a re-ask, as it happens ('' for other events)."""
+    if isinstance(event, ModelRetried):
+        return (f"{event.role}: {event.action}: model error, retry {event.retry} in "
+                f"{event.delay_s:.1f} s: {event.cause}")
+    if isinstance(event, AnswerRejected):
+        then = "asking again" if event.reask else "no retries left"
+        return (f"{event.role}: {event.action}: invalid answer (attempt {event.attempt + 1}), "
+                f"{then}: {event.error}")
+    return ""
 
 
 class PlainProgress:
@@ -94,6 +109,8 @@ class PlainProgress:
             return f"  {event.role}: {event.action} done{files} [{self.stats.headline()}]"
         if isinstance(event, RunLog):
             return f"  {event.level}: {event.role + ': ' if event.role else ''}{event.message}"
+        if trouble := trouble_line(event):
+            return f"  warning: {trouble}"
         if isinstance(event, RunEnded):
             return f"run ended: {event.status} after {event.rounds} round(s)"
         return ""
@@ -114,6 +131,8 @@ class LiveDisplay:
         self.stats.fold(event)
         if isinstance(event, RunLog) and event.level == "warning":
             self.logs = (self.logs + [f"{event.role}: {event.message}"])[-3:]
+        elif trouble := trouble_line(event):
+            self.logs = (self.logs + [trouble])[-3:]
         if isinstance(event, RunStarted):
             self._start()
         elif self.live is not None:

@@ -3,18 +3,17 @@ as text for people or JSON for tools."""
 
 from __future__ import annotations
 
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.check.compiler import source_lines
 from engine.check.diagnostics import format_diagnostic
 from engine.errors import JournalError
 from engine.journal.history import ActionRecord, ActionStats, RunState
-
-if TYPE_CHECKING:
-    pass
-import sys
+from engine.models.types import Usage
+from engine.run.events import RunStatus
 
 __all__ = ['runs_json', 'result_object', 'format_show', 'format_runs', 'summary', 'print_result', 'EXIT_CODES']
 
@@ -26,9 +25,10 @@ def runs_json(rows: list[tuple[Path, RunState | JournalError]]) -> list[dict[str
         if isinstance(item, JournalError):
             out.append({"dir": str(path), "status": "unreadable", "error": str(item)})
             continue
+        usage = item.usage
         out.append({"id": item.run_id, "sop": item.sop_name, "status": item.status,
-                    "rounds": item.rounds, "calls": item.llm_calls, "reused": item.reused_calls,
-                    "cost_usd": round(item.cost_usd, 6), "started_at": _when(item.started_at),
+                    "rounds": item.rounds, "calls": usage.llm_calls, "reused": usage.reused_calls,
+                    "cost_usd": round(usage.cost_usd, 6), "started_at": _when(item.started_at),
                     "invocations": item.invocations, "dir": str(path)})
     return out
 
@@ -37,15 +37,17 @@ def runs_json(rows: list[tuple[Path, RunState | JournalError]]) -> list[dict[str
 
 
 def result_object(state: RunState) -> dict[str, Any]:
-    """The contract's result object for the run as the journal has it, plus `journaled_calls`."""
+    """The contract's result object for the run as the journal has it, plus `journaled_calls`,
+    the retries and re-asks, and usage per action."""
+    usage = state.usage
     return {
         "status": state.status,
         "rounds": state.rounds,
-        "llm_calls": state.llm_calls,
-        "reused_calls": state.reused_calls,
-        "prompt_tokens": state.prompt_tokens,
-        "completion_tokens": state.completion_tokens,
-        "cost_usd": round(state.cost_usd, 6),
+        "llm_calls": usage.llm_calls,
+        "reused_calls": usage.reused_calls,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cost_usd": round(usage.cost_usd, 6),
         "workspace": str(Path(state.run_dir).resolve()) if state.run_dir else state.workspace,
         "artifacts": sorted(state.artifacts),
         "history": [_summary(m) for m in state.history],
@@ -57,6 +59,8 @@ def result_object(state: RunState) -> dict[str, Any]:
         "invocations": state.invocations,
         "error": state.error,
         "actions": [_action_json(s) for s in state.actions.values()],
+        "retries": usage.retries,
+        "reasks": usage.reasks,
     }
 
 
@@ -72,10 +76,11 @@ def _summary(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def _action_json(stats: ActionStats) -> dict[str, Any]:
+    usage = stats.usage
     return {"action": stats.action, "roles": stats.roles, "runs": stats.runs,
-            "completed": stats.completed, "calls": stats.calls, "reused": stats.reused,
-            "prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.completion_tokens,
-            "cost_usd": round(stats.cost_usd, 6)}
+            "completed": stats.completed, "calls": usage.llm_calls, "reused": usage.reused_calls,
+            "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "cost_usd": round(usage.cost_usd, 6), "retries": usage.retries, "reasks": usage.reasks}
 
 
 def _when(ts: float) -> str:
@@ -85,11 +90,11 @@ def _when(ts: float) -> str:
 
 
 def _status_line(state: RunState) -> str:
-    if state.status == "interrupted" and not state.ended:
+    if state.status == RunStatus.INTERRUPTED and not state.ended:
         return "interrupted (no end recorded: the process was killed; `sopctl resume` continues it)"
-    if state.status == "running":
+    if state.status == RunStatus.RUNNING:
         return "running (its process is still alive)"
-    return state.status + (f" — {state.error}" if state.error else "")
+    return f"{state.status}" + (f" — {state.error}" if state.error else "")
 
 
 def format_show(state: RunState) -> str:
@@ -109,9 +114,11 @@ def format_show(state: RunState) -> str:
                   for g in state.logs if g.get("round") == rnd]
     lines += ["", "per action:", _stats_header()]
     lines += [_stats_line(s) for s in state.actions.values()]
-    lines.append(f"total: {state.llm_calls} model calls, {state.reused_calls} reused, "
-                 f"{state.journaled_calls} journaled, {state.prompt_tokens}+"
-                 f"{state.completion_tokens} tokens, ${state.cost_usd:.4f}")
+    usage = state.usage
+    lines.append(f"total: {usage.llm_calls} model calls, {usage.reused_calls} reused, "
+                 f"{usage.retries} retries, {usage.reasks} re-asks, "
+                 f"{state.journaled_calls} journaled, {usage.prompt_tokens}+"
+                 f"{usage.completion_tokens} tokens, ${usage.cost_usd:.4f}")
     if state.artifacts:
         lines.append("artifacts: " + ", ".join(sorted(state.artifacts)))
     return "\n".join(lines)
@@ -119,9 +126,12 @@ def format_show(state: RunState) -> str:
 
 def _action_line(record: ActionRecord) -> str:
     mark = "done" if record.completed else "NOT COMPLETED"
-    return (f"  {record.role}.{record.action}  [{mark}]  calls {record.calls}  reused "
-            f"{record.reused}  tokens {record.prompt_tokens}+{record.completion_tokens}  "
-            f"${record.cost_usd:.4f}")
+    usage = record.usage
+    trouble = "".join(f"  {label} {n}" for label, n in
+                      (("retries", usage.retries), ("re-asks", usage.reasks)) if n)
+    return (f"  {record.role}.{record.action}  [{mark}]  calls {usage.llm_calls}  reused "
+            f"{usage.reused_calls}  tokens {usage.prompt_tokens}+{usage.completion_tokens}  "
+            f"${usage.cost_usd:.4f}{trouble}")
 
 
 def _message_line(message: dict[str, Any]) -> str:
@@ -132,13 +142,15 @@ def _message_line(message: dict[str, Any]) -> str:
 
 
 def _stats_header() -> str:
-    return f"  {'action':<24} {'roles':<20} {'runs':>4} {'calls':>5} {'reused':>6} {'tokens':>13} {'cost':>9}"
+    return (f"  {'action':<24} {'roles':<20} {'runs':>4} {'calls':>5} {'reused':>6} "
+            f"{'retries':>7} {'re-asks':>7} {'tokens':>13} {'cost':>9}")
 
 
 def _stats_line(s: ActionStats) -> str:
-    tokens = f"{s.prompt_tokens}+{s.completion_tokens}"
-    return (f"  {s.action:<24} {','.join(s.roles):<20} {s.runs:>4} {s.calls:>5} {s.reused:>6} "
-            f"{tokens:>13} ${s.cost_usd:>8.4f}")
+    u = s.usage
+    tokens = f"{u.prompt_tokens}+{u.completion_tokens}"
+    return (f"  {s.action:<24} {','.join(s.roles):<20} {s.runs:>4} {u.llm_calls:>5} "
+            f"{u.reused_calls:>6} {u.retries:>7} {u.reasks:>7} {tokens:>13} ${u.cost_usd:>8.4f}")
 
 
 def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
@@ -151,7 +163,7 @@ def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
                          f"{'':<20} {path}  ({item.message})")
             continue
         lines.append(f"{item.run_id[:24]:<24} {item.sop_name[:20]:<20} {item.status:<12} "
-                     f"{item.rounds:>6} {item.llm_calls:>5} ${item.cost_usd:>8.4f}  "
+                     f"{item.rounds:>6} {item.usage.llm_calls:>5} ${item.usage.cost_usd:>8.4f}  "
                      f"{_when(item.started_at):<20} {path}")
     return "\n".join(lines)
 
@@ -161,7 +173,7 @@ def summary(result: Any) -> str:
     lines = [
         f"status:    {result.status}" + (f" ({result.error})" if result.error else ""),
         f"rounds:    {result.rounds}",
-        f"llm calls: {result.llm_calls}" + (f" (+{result.reused_calls} reused)" if result.reused_calls else ""),
+        f"llm calls: {result.llm_calls}" + _call_notes(result.usage),
         f"tokens:    {result.prompt_tokens} prompt + {result.completion_tokens} completion",
         f"cost:      ${result.cost_usd:.4f}",
         f"workspace: {result.workspace}",
@@ -171,6 +183,14 @@ def summary(result: Any) -> str:
         lines.append("artifacts:")
         lines += [f"  {path}" for path in result.artifacts]
     return "\n".join(lines)
+
+
+def _call_notes(usage: Usage) -> str:
+    """` (+2 reused; 1 retries; 1 re-asks)`: only what happened, nothing when none did."""
+    notes = [f"{prefix}{n} {label}" for prefix, n, label in
+             (("+", usage.reused_calls, "reused"), ("", usage.retries, "retries"),
+              ("", usage.reasks, "re-asks")) if n]
+    return f" ({'; '.join(notes)})" if notes else ""
 
 
 def print_result(result: Any, fmt: str) -> int:
@@ -188,5 +208,5 @@ def print_result(result: Any, fmt: str) -> int:
     return EXIT_CODES.get(result.status, 1)
 
 
-EXIT_CODES = {"idle": 0, "max_rounds": 0, "interrupted": 130}
+EXIT_CODES = {RunStatus.IDLE: 0, RunStatus.MAX_ROUNDS: 0, RunStatus.INTERRUPTED: 130}
 """Exit code per run status; anything else (failed, budget) is 1."""

@@ -10,15 +10,18 @@ the start with the same answers, so the final state is:
 - history: the last invocation's messages if it ended, else the union of every
   invocation's messages by id (ids are deterministic), in round order;
 - artifacts: every path an ActionCompleted wrote, with its latest hash;
-- model usage: the `answers` table (each answer was paid for exactly once), and the reuse
-  counts of the LLMCalled events.
+- model usage (a `Usage` per action and in total): paid answers from the `answers` table
+  (each was paid for exactly once, even if its event was lost to a crash), and reuses,
+  retries and re-asks from the gateway's events; the timeline's action lines fold every
+  gateway event of that action. Journals of older versions hold one `LLMCalled` summary
+  per call instead: read the same way.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.errors import JournalError, UsageError
 from engine.journal.store import (
@@ -29,35 +32,33 @@ from engine.journal.store import (
     decode_event,
     writer_active,
 )
+from engine.models.types import Usage
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
     LLMCalled,
     MessagePublished,
+    ModelAnswered,
+    ModelEvent,
     RoundStarted,
     RunEnded,
     RunStarted,
+    RunStatus,
+    usage_of,
 )
-
-if TYPE_CHECKING:
-    pass
 
 __all__ = ['ActionStats', 'ActionRecord', 'RunState', 'read_run', 'rebuild', 'find_runs', 'list_runs']
 
 
 @dataclass
 class ActionStats:
-    """Model usage of one action id over the whole run (paid answers) plus reuse counts."""
+    """Model usage of one action id over the whole run: paid answers, reuses, retries, re-asks."""
 
     action: str
     roles: list[str] = field(default_factory=list)
     runs: int = 0                  # times started, over all invocations
     completed: int = 0             # distinct idempotency keys completed
-    calls: int = 0                 # answers paid for
-    reused: int = 0                # answers taken from the journal
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
+    usage: Usage = Usage()
 
 
 @dataclass
@@ -69,11 +70,7 @@ class ActionRecord:
     action: str
     key: str
     completed: bool = False
-    calls: int = 0
-    reused: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
+    usage: Usage = Usage()         # what its gateway events report
 
 
 @dataclass
@@ -90,7 +87,7 @@ class RunState:
     workspace: str = ""
     started_at: float = 0.0
     ended_at: float | None = None
-    status: str = "interrupted"
+    status: RunStatus = RunStatus.INTERRUPTED
     error: str = ""
     invocations: int = 0
     rounds: int = 0
@@ -101,12 +98,8 @@ class RunState:
     actions: dict[str, ActionStats] = field(default_factory=dict)
     completions: dict[str, int] = field(default_factory=dict)   # key -> ActionCompleted count
     logs: list[dict[str, Any]] = field(default_factory=list)    # RunLog payloads (warnings etc.)
-    llm_calls: int = 0
-    reused_calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
-    journaled_calls: int = 0
+    usage: Usage = Usage()         # the whole run's, counted as ActionStats are
+    journaled_calls: int = 0       # rows of the answers table (replayed answers included)
 
     @property
     def ended(self) -> bool:
@@ -163,20 +156,29 @@ def _apply_segment(state: RunState, segment: list[EventRow],
             state.rounds = max(state.rounds, event.round)
         elif isinstance(event, ActionStarted):
             open_actions[(event.round, event.role, event.action)] = _on_action_started(state, event)
-        elif isinstance(event, LLMCalled):
-            _on_llm_called(state, event, open_actions.get((event.round, event.role, event.action)))
+        elif isinstance(event, ModelEvent):
+            _on_model_event(state, event, open_actions.get((event.round, event.role, event.action)))
         elif isinstance(event, ActionCompleted):
             _on_completed(state, event, open_actions.pop((event.round, event.role, event.action), None))
         elif isinstance(event, MessagePublished):
             messages.append(event.message)
             seen.setdefault(str(event.message.get("id")), event.message)
         elif isinstance(event, RunEnded):
-            state.status, state.rounds, state.error = event.status, event.rounds, event.error
+            state.status, state.rounds, state.error = _status(event, row), event.rounds, event.error
             state.ended_at = row.ts
     if last and state.ended:
         state.history = messages
     elif last:
-        state.status, state.error = "interrupted", ""
+        state.status, state.error = RunStatus.INTERRUPTED, ""
+
+
+def _status(event: RunEnded, row: EventRow) -> RunStatus:
+    try:
+        return RunStatus(event.status)
+    except ValueError:
+        raise JournalError(f"journal event {row.seq} ends the run with an unknown status "
+                           f"{event.status!r}", "the journal was written by a newer sopctl; "
+                           "upgrade sopctl") from None
 
 
 def _on_started(state: RunState, event: RunStarted, ts: float) -> None:
@@ -205,16 +207,18 @@ def _on_action_started(state: RunState, event: ActionStarted) -> ActionRecord:
     return record
 
 
-def _on_llm_called(state: RunState, event: LLMCalled, record: ActionRecord | None) -> None:
-    stats = state.actions.setdefault(event.action, ActionStats(event.action))
-    stats.reused += event.reused
-    state.reused_calls += event.reused
+def _on_model_event(state: RunState, event: ModelEvent, record: ActionRecord | None) -> None:
+    usage = usage_of(event)
     if record is not None:
-        record.calls += event.calls
-        record.reused += event.reused
-        record.prompt_tokens += event.prompt_tokens
-        record.completion_tokens += event.completion_tokens
-        record.cost_usd += event.cost_usd
+        record.usage += usage
+    # Paid answers are counted from the answers table (see the module docstring), not here.
+    if isinstance(event, LLMCalled):
+        usage = Usage(reused_calls=event.reused)
+    elif isinstance(event, ModelAnswered) and not event.reused:
+        return
+    stats = state.actions.setdefault(event.action, ActionStats(event.action))
+    stats.usage += usage
+    state.usage += usage
 
 
 def _on_completed(state: RunState, event: ActionCompleted, record: ActionRecord | None) -> None:
@@ -234,19 +238,17 @@ def _add_answers(state: RunState, journal: Journal) -> None:
         state.journaled_calls += 1
         if row.origin != "model":
             continue
+        answer = row.answer
+        usage = Usage.of_answer(answer.prompt_tokens, answer.completion_tokens, answer.cost_usd)
         stats = state.actions.setdefault(row.action, ActionStats(row.action))
-        for target in (stats, state):
-            target.prompt_tokens += row.answer.prompt_tokens
-            target.completion_tokens += row.answer.completion_tokens
-            target.cost_usd += row.answer.cost_usd
-        stats.calls += 1
-        state.llm_calls += 1
+        stats.usage += usage
+        state.usage += usage
 
 
 def _mark_live(state: RunState, run_dir: str | Path) -> None:
     """An unended run whose writer still holds the journal lock is `running`, not `interrupted`."""
     if not state.ended and writer_active(run_dir):
-        state.status = "running"
+        state.status = RunStatus.RUNNING
 
 
 # --- listing ----------------------------------------------------------------------------

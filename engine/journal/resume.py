@@ -20,10 +20,10 @@ from engine.errors import JournalError, LoadError, UsageError
 from engine.journal.history import rebuild
 from engine.journal.store import JOURNAL_DIR, JOURNAL_FILE, Journal, decode_event
 from engine.models.registry import default_model
-from engine.run.events import RunStarted
+from engine.run.events import RunStarted, RunStatus
 
 __all__ = ["Origin", "RunFolder", "read_origin", "open_for_resume", "open_for_replay",
-           "resume_options", "replay_options", "earlier_artifacts", "remove_orphan_temp_files"]
+           "resume_options", "replay_options", "recorded_artifacts", "remove_orphan_temp_files"]
 
 
 # --- resume and replay --------------------------------------------------------------------
@@ -36,7 +36,7 @@ class Origin:
     first: RunStarted              # the run's own start: id, inputs
     last: RunStarted               # the latest invocation: SOP hash, model, rounds, budget
     sop_path: Path
-    ended_status: str              # "" when the last invocation has no RunEnded
+    ended_status: RunStatus | None  # None when the last invocation has no RunEnded
 
 
 def read_origin(journal: Journal, run_dir: str | Path) -> Origin:
@@ -49,7 +49,7 @@ def read_origin(journal: Journal, run_dir: str | Path) -> Origin:
     state = rebuild(rows, run_dir=str(run_dir))
     first, last = starts[0], starts[-1]
     assert isinstance(first, RunStarted) and isinstance(last, RunStarted)
-    return Origin(first, last, _sop_path(journal.meta(), last), state.status if state.ended else "")
+    return Origin(first, last, _sop_path(journal.meta(), last), state.status if state.ended else None)
 
 
 @dataclass
@@ -172,11 +172,9 @@ def remove_orphan_temp_files(workspace: Path) -> list[str]:
     return removed
 
 
-def earlier_artifacts(folder: RunFolder) -> set[str]:
-    """Files that earlier invocations wrote and that are still there (actions reused from the
-    journal do not write them again)."""
-    state = rebuild(folder.journal.events(), run_dir=str(folder.path))
-    return {p for p in state.artifacts if (folder.path / p).is_file()}
+def recorded_artifacts(folder: RunFolder) -> set[str]:
+    """Every file the run's journal says an action wrote, over all invocations."""
+    return set(rebuild(folder.journal.events(), run_dir=str(folder.path)).artifacts)
 
 
 def replay_options(folder: RunFolder, out: str | Path, *, allow_exec: bool) -> dict[str, Any]:

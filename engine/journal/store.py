@@ -48,7 +48,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Iterator
+from typing import IO, TYPE_CHECKING, Any, Iterator
 
 try:
     import fcntl
@@ -59,6 +59,9 @@ from engine.errors import JournalError
 from engine.models.types import StoredAnswer, is_secret_name
 from engine.run import events as _events
 from engine.run.events import ActionCompleted, RunEvent, RunStarted, event_type
+
+if TYPE_CHECKING:
+    from engine.check.compiler import CompiledSop
 
 __all__ = ['SCHEMA_VERSION', 'JOURNAL_DIR', 'JOURNAL_FILE', 'CRASH_AFTER_EVENT_ENV', 'CRASH_AFTER_ANSWER_ENV', 'SYNC_ENV', 'EventRow', 'AnswerRow', 'Journal', 'ReplayStore', 'journal_path', 'writer_active', 'decode_event']
 
@@ -284,7 +287,7 @@ class Journal:
     # opening ---------------------------------------------------------------------------
 
     @classmethod
-    def for_run(cls, workspace: str | Path, compiled: Any, *, force: bool = False) -> Journal:
+    def for_run(cls, workspace: str | Path, compiled: CompiledSop, *, force: bool = False) -> Journal:
         """The journal of a new run of a compiled SOP, in its workspace, ready to write.
 
         `engine.api` opens every run's journal here (a resume opens the existing one with
@@ -293,7 +296,7 @@ class Journal:
         journal.begin(compiled, force=force)
         return journal
 
-    def begin(self, compiled: Any, *, force: bool = False) -> None:
+    def begin(self, compiled: CompiledSop, *, force: bool = False) -> None:
         """Make this journal the writer of a run of `compiled`: schema, the SOP check (same
         hash unless `force`), the writer lock, the meta rows. Closes the journal on failure.
 
@@ -302,7 +305,7 @@ class Journal:
 
         Also remembers the SOP file's absolute path, so `resume` and `replay` find it from
         any folder."""
-        file = str(getattr(compiled, "file", ""))
+        file = compiled.file
         sop_path = str(Path(file).resolve()) if file and not file.startswith("<") else ""
         if not self._writable:  # opened to read (a resume's checks): write from here on
             self._conn.close()

@@ -30,10 +30,13 @@ calls (for_each fan-out) are admitted while the spend plus every in-flight call,
 estimated at the dearest call seen so far, stays under the budget; before any cost is known
 calls go one at a time. So a run overspends by at most about one call.
 
-Events: `on_call(CallEvent)` is called (in the event loop) when a model call starts
-(`start`), when its answer arrives (`answer`, with tokens, cost and seconds), when a journal
-answer is reused (`reused`), before a transient-error retry (`retry`), and when an answer is
-rejected (`invalid`, with the error). The live display and the run log subscribe to it.
+Events: the gateway reports through the run's one event stream (`emit`, which the Team plugs
+in; they are run events, see `engine.run.events`): `ModelAnswered` for every answer read (each
+attempt; paid or reused; tokens, cost, seconds), `ModelRetried` before a transient-error retry
+(with its cause), `AnswerRejected` when an answer is invalid (with the error, and whether it
+is re-asked). So the journal records them, the live display shows them and `sopctl show`
+counts them. `usage` is folded from those same events; each call's `CallResult.events` lists
+its own (and `CallResult.usage` folds them).
 
 Hosted models live in `engine.models.hosted` (the only module that touches litellm), imported by
 the first call that needs it, never at `import engine`.
@@ -46,7 +49,7 @@ import contextlib
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping
+from typing import Any, AsyncContextManager, Awaitable, Callable, Mapping
 
 from engine.errors import (
     ActionFailed,
@@ -58,12 +61,15 @@ from engine.errors import (
 from engine.models import answers
 from engine.models.registry import _resolve
 from engine.models.types import (
+    AnswerRejected,
     AnswerStore,
-    CallEvent,
     CallResult,
     CallSpec,
+    GatewayEvent,
     ModelAnswer,
+    ModelAnswered,
     ModelRequest,
+    ModelRetried,
     Provider,
     StoredAnswer,
     TransientModelError,
@@ -71,6 +77,9 @@ from engine.models.types import (
 )
 
 __all__ = ['Gateway']
+
+
+_NO_WAIT: AsyncContextManager[Any] = contextlib.nullcontext()
 
 
 # --------------------------------------------------------------------------- the gateway
@@ -83,9 +92,10 @@ class Gateway:
     budget_usd: float = 0.0                 # 0 = no limit; checked before every call
     store: AnswerStore | None = None        # reuse journaled answers, record new ones
     replay: bool = False                    # True: a request missing from `store` is a divergence
-    usage: Usage = field(default_factory=Usage)
-    on_call: Callable[[CallEvent], None] | None = None
-    """Observer of call steps (start / answer / reused / retry / invalid)."""
+    usage: Usage = Usage()
+    """Totals of this gateway (one invocation of a run), folded from the events it reports."""
+    emit: Callable[[GatewayEvent], None] | None = None
+    """The run's event stream (the Team plugs its own in); None: events are only counted."""
     providers: Mapping[str, Provider] = field(default_factory=dict)
     """Models of this gateway only, consulted before the global registry."""
     transient_retries: int = 5              # retries of one request after transient errors
@@ -125,9 +135,9 @@ class Gateway:
         messages = answers.first_messages(spec, schema_mode)
         result = CallResult(value=None, text="")
         error = ""
-        for attempt in range(1 if spec.kind == "choice" else spec.retries + 1):
+        attempts = 1 if spec.kind == "choice" else spec.retries + 1
+        for attempt in range(attempts):
             request = ModelRequest(spec, tuple(messages), rformat, attempt)
-            self.usage.reasks += 1 if attempt else 0
             text = await self._answer(provider, request, result)
             result.attempts += 1
             try:
@@ -135,7 +145,9 @@ class Gateway:
                 return result
             except answers.InvalidAnswer as exc:
                 error = str(exc)
-                self._emit("invalid", request, request.hash(), detail=error)
+                reask = attempt + 1 < attempts
+                rejected = AnswerRejected(spec.round, spec.role, spec.action, attempt, error, reask)
+                self._report(rejected, result)
                 messages = answers.reask_messages(messages, text, error, spec, schema_mode)
         raise ActionFailed(spec.action, f"no valid answer from model '{spec.model}' after "
                            f"{result.attempts} attempt(s); last error: {error}",
@@ -146,66 +158,71 @@ class Gateway:
         key = request.hash()
         stored = self.store.lookup(key) if self.store is not None else None
         if stored is not None:
-            self.usage.reused_calls += 1
-            self.usage.reused_cost_usd += stored.cost_usd
-            result.reused += 1
-            self._emit("reused", request, key, stored.prompt_tokens, stored.completion_tokens, stored.cost_usd)
+            self._report(_answered(request, key, stored.prompt_tokens, stored.completion_tokens,
+                                  stored.cost_usd, stored.seconds, reused=True), result)
             return stored.text
         if self.replay:
             raise ReplayDivergence(
                 f"replay diverged at action {request.spec.action} (role {request.spec.role}, "
                 f"attempt {request.attempt}): request {key[:12]} is not in the journal",
                 hint="the SOP, its inputs or the engine changed since the run was recorded")
-        async with self._admitted(request.spec):
-            answer, seconds = await self._complete(provider, request, key)
-            self._account(answer, result)
-        if self.store is not None:
+        async with self._admit(request.spec):
+            answer, seconds = await self._complete(provider, request, result)
+            event = _answered(request, key, answer.prompt_tokens, answer.completion_tokens,
+                              max(float(answer.cost_usd or 0.0), 0.0), round(seconds, 3))
+            self._count(event, result)  # before the admission slot frees: the budget sees it
+            self._max_call_cost = max(self._max_call_cost or 0.0, event.cost_usd)
+        if self.store is not None:  # recorded before it is reported or parsed: never lost
             self.store.record(key, request.spec.action, StoredAnswer(
                 answer.text, answer.prompt_tokens, answer.completion_tokens, answer.cost_usd,
-                model=request.spec.model, seconds=round(seconds, 3)))
-        self._emit("answer", request, key, answer.prompt_tokens, answer.completion_tokens,
-                   answer.cost_usd, seconds)
+                model=request.spec.model, seconds=event.seconds))
+        self._send(event)
         return answer.text
 
-    async def _complete(self, provider: Provider, request: ModelRequest, key: str) -> tuple[ModelAnswer, float]:
+    async def _complete(self, provider: Provider, request: ModelRequest,
+                        result: CallResult) -> tuple[ModelAnswer, float]:
         """One model request, retried with exponential backoff on transient errors."""
         delay = self.backoff_s
+        spec = request.spec
         for retry in range(self.transient_retries + 1):
-            self._emit("start", request, key)
             started = time.monotonic()
             try:
                 return await provider.complete(request), time.monotonic() - started
             except TransientModelError as exc:
                 if retry == self.transient_retries:
                     raise LLMError(f"{exc.message} (gave up after {retry + 1} attempts)") from None
-                self.usage.retries += 1
-                self._emit("retry", request, key, detail=exc.message)
-                await self.sleep(min(delay, self.backoff_max_s) * random.uniform(0.5, 1.0))
+                wait = min(delay, self.backoff_max_s) * random.uniform(0.5, 1.0)
+                self._report(ModelRetried(spec.round, spec.role, spec.action, request.attempt,
+                                         retry + 1, exc.message, round(wait, 3)), result)
+                await self.sleep(wait)
                 delay *= 2
             except SopError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a provider's own bug: our error family
-                spec = request.spec
                 raise LLMError(f"model '{spec.model}' failed for action {spec.action}: "
                                f"{type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _account(self, answer: ModelAnswer, result: CallResult) -> None:
-        cost = max(float(answer.cost_usd or 0.0), 0.0)
-        for totals in (self.usage, result):
-            totals.prompt_tokens += answer.prompt_tokens
-            totals.completion_tokens += answer.completion_tokens
-            totals.cost_usd += cost
-        self.usage.llm_calls += 1
-        result.calls += 1
-        self._max_call_cost = max(self._max_call_cost or 0.0, cost)
+    def _report(self, event: GatewayEvent, result: CallResult) -> None:
+        """Count an event in the totals (the gateway's, and its call's) and send it to the run."""
+        self._count(event, result)
+        self._send(event)
+
+    def _count(self, event: GatewayEvent, result: CallResult) -> None:
+        self.usage += event.usage
+        result.events.append(event)
+
+    def _send(self, event: GatewayEvent) -> None:
+        if self.emit is not None:
+            self.emit(event)
+
+    def _admit(self, spec: CallSpec) -> AsyncContextManager[Any]:
+        """Budget admission (see module docstring); without a budget nothing waits, and the
+        shared no-op costs a fraction of a generator-based context manager on every call."""
+        return self._admitted(spec) if self.budget_usd > 0 else _NO_WAIT
 
     @contextlib.asynccontextmanager
     async def _admitted(self, spec: CallSpec) -> Any:
-        """Budget admission (see module docstring); a no-op without a budget."""
-        if self.budget_usd <= 0:
-            yield
-            return
         cond = self._condition()
         async with cond:
             while not self._may_start(spec):
@@ -237,11 +254,13 @@ class Gateway:
             self._admission = (loop, asyncio.Condition())
         return self._admission[1]
 
-    def _emit(self, kind: Any, request: ModelRequest, key: str, prompt_tokens: int = 0,
-              completion_tokens: int = 0, cost: float = 0.0, seconds: float = 0.0, detail: str = "") -> None:
-        if self.on_call is not None:
-            self.on_call(CallEvent(kind, request.spec, request.attempt, key, prompt_tokens,
-                                   completion_tokens, cost, seconds, detail))
+
+
+def _answered(request: ModelRequest, key: str, prompt_tokens: int, completion_tokens: int,
+              cost: float, seconds: float, *, reused: bool = False) -> ModelAnswered:
+    spec = request.spec
+    return ModelAnswered(spec.round, spec.role, spec.action, request.attempt, key, prompt_tokens,
+                         completion_tokens, cost, seconds, reused)
 
 
 def _check_spec(spec: CallSpec) -> None:

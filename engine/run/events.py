@@ -7,14 +7,40 @@ dataclass with JSON-friendly fields (`to_json`) so it can be written as one row.
 Resume works by re-executing the SOP deterministically from the start: an action whose
 idempotency key the journal already holds as completed is not run again (its recorded
 messages are re-published), and every model answer already journaled is reused.
+
+The gateway reports through the same stream (`Gateway.emit`; its events are defined with
+the gateway's types in `engine.models.types`, below the run): `ModelAnswered` for every
+answer read (each attempt; paid, or reused from the journal), `ModelRetried` for a request
+sent again after a transient error (with its cause), `AnswerRejected` for an invalid answer
+(with the error, and whether the model is asked again). A call accepted first time is one
+row, as the old per-call `LLMCalled` summary was; only what happens rarely adds rows.
+`usage_of` is the one fold of these events into a `Usage` total.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any, Protocol
 
-__all__ = ['RunStarted', 'RoundStarted', 'ActionStarted', 'LLMCalled', 'ActionCompleted', 'MessagePublished', 'RunEnded', 'RunLog', 'RunEvent', 'RunObserver', 'CompletedActions', 'event_type']
+from engine.models.types import AnswerRejected, GatewayEvent, ModelAnswered, ModelRetried, Usage
+
+__all__ = ['RunStatus', 'RunStarted', 'RoundStarted', 'ActionStarted', 'ModelAnswered', 'ModelRetried', 'AnswerRejected', 'LLMCalled', 'ActionCompleted', 'MessagePublished', 'RunEnded', 'RunLog', 'RunEvent', 'GatewayEvent', 'ModelEvent', 'RunObserver', 'CompletedActions', 'event_type', 'usage_of']
+
+
+class RunStatus(str, Enum):
+    """How a run ended, or that it is still going. A `str`: JSON and the journal hold the bare
+    value (`"idle"`), exactly as before there was a type for it."""
+
+    IDLE = "idle"                  # no role has anything left to do: the normal end
+    MAX_ROUNDS = "max_rounds"
+    BUDGET = "budget"
+    FAILED = "failed"              # an action failed after its retries, or a bug
+    INTERRUPTED = "interrupted"    # Ctrl-C or cancelled; in `show`, also killed (no RunEnded)
+    RUNNING = "running"            # `show` only: no RunEnded yet and its writer is alive
+
+    def __str__(self) -> str:      # f-strings print the value on every Python version
+        return self.value
 
 
 @dataclass(frozen=True)
@@ -53,6 +79,11 @@ class ActionStarted(_Event):
 
 @dataclass(frozen=True)
 class LLMCalled(_Event):
+    """One gateway call's totals, as sopctl journaled them before the gateway's own events.
+
+    Never emitted now: kept so that `sopctl show` reads journals written by those versions.
+    """
+
     round: int
     role: str
     action: str
@@ -61,6 +92,11 @@ class LLMCalled(_Event):
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(llm_calls=self.calls, reused_calls=self.reused, prompt_tokens=self.prompt_tokens,
+                     completion_tokens=self.completion_tokens, cost_usd=self.cost_usd)
 
 
 @dataclass(frozen=True)
@@ -80,7 +116,7 @@ class MessagePublished(_Event):
 
 @dataclass(frozen=True)
 class RunEnded(_Event):
-    status: str                    # idle | max_rounds | budget | failed | interrupted
+    status: RunStatus              # never RUNNING
     rounds: int
     error: str = ""
 
@@ -116,5 +152,20 @@ class RunLog(_Event):
     action: str = ""
 
 
-RunEvent = (RunStarted | RoundStarted | ActionStarted | LLMCalled | ActionCompleted
-            | MessagePublished | RunEnded | RunLog)
+ModelEvent = GatewayEvent | LLMCalled
+"""Every event that carries model usage (its `usage`): the gateway's, and old journals' summary."""
+
+
+RunEvent = (RunStarted | RoundStarted | ActionStarted | ModelAnswered | ModelRetried
+            | AnswerRejected | LLMCalled | ActionCompleted | MessagePublished | RunEnded | RunLog)
+
+
+_NO_USAGE = Usage()
+
+
+def usage_of(event: RunEvent) -> Usage:
+    """What an event adds to a run's model usage: the one fold of the gateway, `sopctl show`
+    and the live display (zero for every event that is not about a model call)."""
+    if isinstance(event, ModelEvent):
+        return event.usage
+    return _NO_USAGE

@@ -22,7 +22,7 @@ from engine.check.diagnostics import format_failure
 from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError
 from engine.models.gateway import Gateway
 from engine.models.registry import default_model, resolve_llm
-from engine.models.types import AnswerStore
+from engine.models.types import AnswerStore, Usage
 from engine.run.actions import RunContext, used_actions
 from engine.run.environment import Environment
 from engine.run.events import (
@@ -33,6 +33,7 @@ from engine.run.events import (
     RunEvent,
     RunObserver,
     RunStarted,
+    RunStatus,
 )
 from engine.run.message import Message, user_requirement
 from engine.run.role import Role
@@ -68,13 +69,9 @@ class RunResult:
     """How a run ended, what it cost, and what it made (contract §6, plus the messages)."""
 
     run_id: str
-    status: str
+    status: RunStatus
     rounds: int
-    llm_calls: int
-    reused_calls: int
-    prompt_tokens: int
-    completion_tokens: int
-    cost_usd: float
+    usage: Usage                   # this invocation's: paid and reused answers, retries, re-asks
     workspace: str
     artifacts: list[str]
     messages: list[Message] = field(default_factory=list)
@@ -86,6 +83,27 @@ class RunResult:
     def history(self) -> list[dict[str, Any]]:
         return [m.summary() for m in self.messages]
 
+    # the contract's names for the usage it reports
+    @property
+    def llm_calls(self) -> int:
+        return self.usage.llm_calls
+
+    @property
+    def reused_calls(self) -> int:
+        return self.usage.reused_calls
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.usage.prompt_tokens
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.usage.completion_tokens
+
+    @property
+    def cost_usd(self) -> float:
+        return self.usage.cost_usd
+
     def to_json(self) -> dict[str, Any]:
         """The one object `sopctl run --format json` prints."""
         data = {
@@ -93,7 +111,7 @@ class RunResult:
             "reused_calls": self.reused_calls, "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens, "cost_usd": round(self.cost_usd, 6),
             "workspace": self.workspace, "artifacts": self.artifacts, "history": self.history,
-            "run_id": self.run_id,
+            "run_id": self.run_id, "retries": self.usage.retries, "reasks": self.usage.reasks,
         }
         if self.error:
             data["error"] = self.error
@@ -122,6 +140,7 @@ class Team:
         self._artifacts: dict[str, str] = {}
         gateway = options.gateway or Gateway(store=options.store, replay=options.replay)
         gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
+        gateway.emit = self._emit         # its attempts, retries and re-asks are run events
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
                               model_override=options.model, allow_exec=options.allow_exec)
@@ -172,30 +191,30 @@ class Team:
         self.check()
         self._emit(self._started())
         # Anything that escapes below (KeyboardInterrupt, SystemExit) ends the run as interrupted.
-        status, error = "interrupted", "interrupted"
+        status, error = RunStatus.INTERRUPTED, "interrupted"
         try:
             self.env.publish(user_requirement(str(self.inputs.get("idea", ""))))
             status, error = await self._loop(), ""
         except BudgetExceeded as exc:
-            status, error = "budget", str(exc)
+            status, error = RunStatus.BUDGET, str(exc)
         except SopError as exc:  # located like a checker diagnostic when it names its place
             self.failure = locate_failure(self.compiled, exc)
-            status, error = "failed", format_failure(self.failure) if self.failure else str(exc)
+            status, error = RunStatus.FAILED, format_failure(self.failure) if self.failure else str(exc)
         except asyncio.CancelledError:
-            status, error = "interrupted", "interrupted"
+            status, error = RunStatus.INTERRUPTED, "interrupted"
         except Exception as exc:  # noqa: BLE001 - a bug must still end the run as failed
-            status, error = "failed", f"internal error: {type(exc).__name__}: {exc}"
+            status, error = RunStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}"
         finally:
             self._end(status, error)
         return self._result(status, error)
 
-    async def _loop(self) -> str:
+    async def _loop(self) -> RunStatus:
         while True:
             active = self.env.active_roles()
             if not active:
-                return "idle"
+                return RunStatus.IDLE
             if self.rounds >= self.max_rounds:
-                return "max_rounds"
+                return RunStatus.MAX_ROUNDS
             self.rounds += 1
             self._emit(RoundStarted(round=self.rounds, active_roles=[r.id for r in active]))
             await self._round(active)
@@ -229,24 +248,22 @@ class Team:
 
     def _started(self) -> RunStarted:
         spec = self.compiled.spec
-        model = self.options.model or default_model(self.compiled)
+        model = default_model(self.compiled, self.options.model)
         return RunStarted(run_id=self.run_id, sop_file=self.compiled.file, sop_name=spec.name,
                           sop_hash=self.compiled.source_hash, inputs=dict(self.inputs),
                           model=model, engine_version=__version__,
                           workspace=str(self.workspace.root), max_rounds=self.max_rounds,
                           budget_usd=self.budget)
 
-    def _end(self, status: str, error: str) -> None:
+    def _end(self, status: RunStatus, error: str) -> None:
         try:
             self._emit(RunEnded(status=status, rounds=self.rounds, error=error))
         except Exception:  # noqa: BLE001 - a broken observer must not hide how the run ended
             pass
 
-    def _result(self, status: str, error: str) -> RunResult:
-        usage = self.ctx.gateway.usage  # the gateway counts failed attempts too: they were paid
+    def _result(self, status: RunStatus, error: str) -> RunResult:
+        # the gateway's usage counts failed attempts too: they were paid
         return RunResult(run_id=self.run_id, status=status, rounds=self.rounds,
-                         llm_calls=usage.llm_calls, reused_calls=usage.reused_calls,
-                         prompt_tokens=usage.prompt_tokens,
-                         completion_tokens=usage.completion_tokens, cost_usd=usage.cost_usd,
-                         workspace=str(self.workspace.root), artifacts=sorted(self._artifacts),
+                         usage=self.ctx.gateway.usage, workspace=str(self.workspace.root),
+                         artifacts=sorted(self._artifacts),
                          messages=list(self.env.history), error=error, diagnostic=self.failure)
