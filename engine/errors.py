@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-__all__ = ['Severity', 'Related', 'Diagnostic', 'SopError', 'LoadError', 'CompileError', 'UsageError', 'RunError', 'ActionFailed', 'LLMError', 'BudgetExceeded', 'JournalError', 'ReplayDivergence']
+__all__ = ["Severity", "Related", "Diagnostic", "SopError", "LoadError", "CompileError",
+           "UsageError", "RunError", "ActionFailed", "LLMError", "BudgetExceeded", "JournalError",
+           "ReplayDivergence"]
 
 
 Severity = Literal["error", "warning"]

@@ -36,7 +36,8 @@ from engine.models.types import (
     StoredAnswer,
 )
 
-__all__ = ['ScriptedModel', 'MemoryAnswerStore', 'use_model', 'block_real_models', 'allow_real_models', 'pytest_configure', 'pytest_unconfigure']
+__all__ = ["ScriptedModel", "MemoryAnswerStore", "use_model", "block_real_models",
+           "allow_real_models", "pytest_configure", "pytest_unconfigure"]
 
 
 Answer = Any

@@ -19,7 +19,6 @@ from engine.models.types import StoredAnswer
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
-    LLMCalled,
     MessagePublished,
     ModelAnswered,
     RoundStarted,

@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.check.graph import build as build_graph
 from engine.check.phases import PHASES
@@ -33,11 +33,23 @@ from engine.errors import (
     Related,
     SopError,
 )
-from engine.load.source import Source
+from engine.load import schema
+from engine.load.outputs import output_schema
+from engine.load.source import (
+    MAX_FILE_BYTES,
+    Source,
+    SourceMap,
+    join_pointer,
+    load_path,
+    load_text,
+)
 from engine.load.spec import Sop
 
-__all__ = ['CheckResult', 'CompiledSop', 'check_path', 'check_text', 'compile_path', 'compile_text',
-           'locate_failure', 'source_lines']
+if TYPE_CHECKING:
+    import networkx as nx
+
+__all__ = ["CheckResult", "CompiledSop", "check_path", "check_text", "compile_path",
+           "compile_text", "locate_failure", "source_lines"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +60,7 @@ class CompiledSop:
     file: str                                   # path as given ("<string>" for text)
     source_hash: str                            # sha256 of the file's bytes
     output_schemas: Mapping[str, dict | None]   # action id -> JSON Schema (None: text/code)
-    graph: Any = None                           # networkx.DiGraph (the watch graph), frozen
+    graph: nx.DiGraph | None = None             # the watch graph, frozen
     warnings: tuple[Diagnostic, ...] = field(default_factory=tuple)
     source: Source | None = field(default=None, compare=False, repr=False)
     """The loaded file (text and source map): run-time failures are located with it. Not
@@ -64,7 +76,7 @@ class CheckResult:
     compiled: CompiledSop | None = None
     lines: tuple[str, ...] = ()
     """The file's lines, for rendering the offending line under a diagnostic."""
-    graph: Any = None
+    graph: nx.DiGraph | None = None
     """The watch graph whenever the checks got as far as building it, even if a later check
     failed: `sopctl graph` still draws it, with the offending loop marked."""
 
@@ -75,8 +87,6 @@ class CheckResult:
 
 def check_path(path: str | Path) -> CheckResult:
     """Load and check a file; a file that cannot be read is a diagnostic too."""
-    from engine.load.source import load_path
-
     try:
         source = load_path(path)
     except LoadError as exc:
@@ -86,8 +96,6 @@ def check_path(path: str | Path) -> CheckResult:
 
 def source_lines(path: str | Path) -> tuple[str, ...]:
     """The lines of a file, if it is readable text (for the excerpt under a diagnostic)."""
-    from engine.load.source import MAX_FILE_BYTES
-
     try:
         file = Path(path)
         if not file.is_file() or file.stat().st_size > MAX_FILE_BYTES:
@@ -99,8 +107,6 @@ def source_lines(path: str | Path) -> tuple[str, ...]:
 
 def check_text(text: str, file: str = "<string>") -> CheckResult:
     """Check SOP YAML given as text."""
-    from engine.load.source import load_text
-
     try:
         source = load_text(text, file)
     except LoadError as exc:
@@ -127,7 +133,7 @@ def _compiled(result: CheckResult) -> CompiledSop:
     raise CompileError(list(result.diagnostics))
 
 
-def _check_source(source: Any) -> CheckResult:
+def _check_source(source: Source) -> CheckResult:
     found, compiled, graph = _pipeline(source)
     located = sorted((_locate(d, source) for d in found), key=_order)
     if compiled is not None:
@@ -136,7 +142,7 @@ def _check_source(source: Any) -> CheckResult:
                        lines=tuple(source.lines), graph=graph)
 
 
-def _pipeline(source: Any) -> tuple[list[Diagnostic], CompiledSop | None, Any]:
+def _pipeline(source: Source) -> tuple[list[Diagnostic], CompiledSop | None, nx.DiGraph | None]:
     """Run the phases in order; stop after the first one with an error.
 
     Returns the diagnostics, the compiled SOP (None on error) and the watch graph (None when
@@ -165,8 +171,6 @@ def _structure(data: dict[str, Any]) -> tuple[Sop | None, list[Diagnostic]]:
     spec, model_errors = _spec(data)
     if spec is not None:
         return spec, []
-    from engine.load import schema
-
     found = schema.validate(data)
     return None, found if _has_error(found) else model_errors
 
@@ -186,8 +190,6 @@ def _spec(data: dict[str, Any]) -> tuple[Sop | None, list[Diagnostic]]:
 
 
 def _from_pydantic(err: Any) -> Diagnostic:
-    from engine.load.source import join_pointer
-
     loc = [p for p in err["loc"] if isinstance(p, (str, int)) and not _is_branch(p)]
     return Diagnostic(code="SOP108", severity="error", pointer=join_pointer("", *loc),
                       message=f"invalid value: {err['msg']}", hint="the SOP models refuse this value")
@@ -198,9 +200,7 @@ def _is_branch(part: Any) -> bool:
     return isinstance(part, str) and ("[" in part or part in ("CodeOutput", "function-after"))
 
 
-def _make(spec: Sop, source: Any, graph: Any) -> CompiledSop:
-    from engine.load.outputs import output_schema
-
+def _make(spec: Sop, source: Source, graph: nx.DiGraph | None) -> CompiledSop:
     schemas = {aid: output_schema(action.output) for aid, action in spec.actions.items()}
     return CompiledSop(spec=spec, file=source.file, source_hash=hashlib.sha256(source.raw).hexdigest(),
                        output_schemas=MappingProxyType(schemas), graph=graph, source=source)
@@ -238,7 +238,7 @@ _NAMES_A_WORD = frozenset({"SOP402", "SOP403", "SOP404", "SOP406", "SOP407", "SO
 """Template codes whose message ends by quoting the offending name: the caret goes under it."""
 
 
-def _word_column(source: Any, line: int, col: int, message: str) -> int:
+def _word_column(source: Source, line: int, col: int, message: str) -> int:
     """The column of the last quoted word of `message` on `line` (from `col` on), else `col`."""
     quoted = re.findall(r"'([^']+)'", message)
     lines = source.lines
@@ -248,13 +248,13 @@ def _word_column(source: Any, line: int, col: int, message: str) -> int:
     return found + 1 if found >= 0 else col
 
 
-def _template_position(source: Any, line: int) -> tuple[int, int]:
+def _template_position(source: Source, line: int) -> tuple[int, int]:
     lines = source.lines
     text = lines[line - 1] if 0 < line <= len(lines) else ""
     return line, len(text) - len(text.lstrip()) + 1
 
 
-def _locate_related(rel: Related, smap: Any) -> Related:
+def _locate_related(rel: Related, smap: SourceMap) -> Related:
     if rel.line or not rel.pointer:
         return rel
     line, col = smap.locate(rel.pointer)

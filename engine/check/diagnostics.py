@@ -21,11 +21,12 @@ from typing import Any
 
 from engine.errors import Diagnostic
 
-__all__ = ['CODES', 'format_json', 'format_diagnostic', 'format_failure', 'format_report', 'strict', 'summary']
+__all__ = ["CODES", "format_json", "format_diagnostic", "format_failure", "format_report",
+           "strict", "summary"]
 
 
 CODES: dict[str, str] = {
-    # loading (engine/source.py): the file is refused before anything else looks at it
+    # loading (engine/load/source.py): the file is refused before anything else looks at it
     "SOP001": "file missing, unreadable, or a directory",
     "SOP002": "file larger than the size limit (1 MB)",
     "SOP003": "file is binary or not UTF-8",
@@ -37,7 +38,7 @@ CODES: dict[str, str] = {
     "SOP009": "nesting deeper than the limit (64)",
     "SOP010": "the top level is not a mapping",
     "SOP011": "a merge key (<<) or a non-scalar key",
-    # structure (engine/schema.py, sop.schema.json; the pydantic models agree)
+    # structure (engine/load/schema.py, sop.schema.json; the pydantic models agree)
     "SOP101": "unknown key",
     "SOP102": "a value that is not one of the allowed values (enum, apiVersion)",
     "SOP103": "wrong type",
@@ -47,7 +48,7 @@ CODES: dict[str, str] = {
     "SOP107": "an output node `type` the type grammar does not accept",
     "SOP108": "a value the SOP models refuse although the schema allowed it (internal safety net)",
     "SOP109": "an output node `pattern` that is not a valid regular expression",
-    # references (engine/checks.py)
+    # references (engine/check/references.py)
     "SOP201": "a role's `actions` names an unknown action",
     "SOP202": "`watch` names an unknown action",
     "SOP203": "`send_to` names an unknown role or special address",
@@ -61,7 +62,7 @@ CODES: dict[str, str] = {
     "SOP211": "warning: an action no role runs",
     "SOP212": "an action redefines the built-in UserRequirement",
     "SOP213": "an input's default does not have the input's type",
-    # the watch graph (engine/graph.py)
+    # the watch graph (engine/check/watch.py)
     "SOP301": "a cycle of activations on which no action declares `max_runs`",
     "SOP302": "warning: a role no message can ever reach",
     "SOP303": "warning: an action whose output is neither kept by a role, read later, nor written as an artifact",

@@ -15,7 +15,6 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-# The template phase lives in template_checks.py; importing it registers its checks.
 from engine.check.rules import Context, error, rule, unknown, warning
 from engine.errors import Diagnostic
 from engine.load.outputs import TypeSyntaxError, parse_type
@@ -24,6 +23,8 @@ from engine.load.source import join_pointer
 from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, Sop
 
 # ---------------------------------------------------------------- references
+
+__all__ = ["RULES"]
 
 
 @rule("SOP107", "SOP109")

@@ -18,7 +18,8 @@ from jinja2 import StrictUndefined, Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
-__all__ = ['MAX_RENDERED_CHARS', 'TemplateFailure', 'environment', 'parse', 'render_template', 'compile_expression']
+__all__ = ["MAX_RENDERED_CHARS", "TemplateFailure", "environment", "parse", "render_template",
+           "compile_expression"]
 
 
 MAX_RENDERED_CHARS = 1_000_000

@@ -22,7 +22,7 @@ from engine.errors import Diagnostic
 from engine.load.schema import did_you_mean
 from engine.load.spec import USER_REQUIREMENT, ActionSpec, OutputNode, Sop
 
-__all__ = ['BASE_VARIABLES']
+__all__ = ["BASE_VARIABLES", "RULES"]
 
 
 BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run"})

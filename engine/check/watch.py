@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-# The template phase lives in template_checks.py; importing it registers its checks.
 from engine.check.graph import (
     action_node,
     delivered,
@@ -16,7 +15,7 @@ from engine.check.rules import Context, error, rule, warning
 from engine.errors import Diagnostic, Related
 from engine.load.spec import Sop
 
-# ---------------------------------------------------------------- graph
+__all__ = ["RULES"]
 
 
 @rule("SOP301")

@@ -28,7 +28,7 @@ from engine.run.events import (
     usage_of,
 )
 
-__all__ = ['RunStats', 'PlainProgress', 'LiveDisplay', 'make_display', 'trouble_line']
+__all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "trouble_line"]
 
 
 @dataclass

@@ -14,8 +14,10 @@ from engine.errors import JournalError
 from engine.journal.history import ActionRecord, ActionStats, RunState
 from engine.models.types import Usage
 from engine.run.events import RunStatus
+from engine.run.team import RunResult
 
-__all__ = ['runs_json', 'result_object', 'format_show', 'format_runs', 'summary', 'print_result', 'EXIT_CODES']
+__all__ = ["runs_json", "result_object", "format_show", "format_runs", "summary", "print_result",
+           "EXIT_CODES"]
 
 
 def runs_json(rows: list[tuple[Path, RunState | JournalError]]) -> list[dict[str, Any]]:
@@ -168,7 +170,7 @@ def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
     return "\n".join(lines)
 
 
-def summary(result: Any) -> str:
+def summary(result: RunResult) -> str:
     """The final summary of a RunResult, for people (`--format text`)."""
     lines = [
         f"status:    {result.status}" + (f" ({result.error})" if result.error else ""),
@@ -193,7 +195,7 @@ def _call_notes(usage: Usage) -> str:
     return f" ({'; '.join(notes)})" if notes else ""
 
 
-def print_result(result: Any, fmt: str) -> int:
+def print_result(result: RunResult, fmt: str) -> int:
     """Print a run's result (`run`, `resume`, `replay`); the exit code of its status (contract §6)."""
     import json
 

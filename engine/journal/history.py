@@ -47,7 +47,8 @@ from engine.run.events import (
     usage_of,
 )
 
-__all__ = ['ActionStats', 'ActionRecord', 'RunState', 'read_run', 'rebuild', 'find_runs', 'list_runs']
+__all__ = ["ActionStats", "ActionRecord", "RunState", "read_run", "rebuild", "find_runs",
+           "list_runs"]
 
 
 @dataclass

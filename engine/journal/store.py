@@ -63,7 +63,9 @@ from engine.run.events import ActionCompleted, RunEvent, RunStarted, event_type
 if TYPE_CHECKING:
     from engine.check.compiler import CompiledSop
 
-__all__ = ['SCHEMA_VERSION', 'JOURNAL_DIR', 'JOURNAL_FILE', 'CRASH_AFTER_EVENT_ENV', 'CRASH_AFTER_ANSWER_ENV', 'SYNC_ENV', 'EventRow', 'AnswerRow', 'Journal', 'ReplayStore', 'journal_path', 'writer_active', 'decode_event']
+__all__ = ["SCHEMA_VERSION", "JOURNAL_DIR", "JOURNAL_FILE", "CRASH_AFTER_EVENT_ENV",
+           "CRASH_AFTER_ANSWER_ENV", "SYNC_ENV", "EventRow", "AnswerRow", "Journal", "ReplayStore",
+           "journal_path", "writer_active", "decode_event"]
 
 
 SCHEMA_VERSION = 1

@@ -13,7 +13,8 @@ from typing import Any
 
 from engine.load.spec import CodeOutput, Output, OutputNode
 
-__all__ = ['TypeSyntaxError', 'parse_type', 'node_schema', 'with_pattern', 'output_schema', 'output_kind']
+__all__ = ["TypeSyntaxError", "parse_type", "node_schema", "with_pattern", "output_schema",
+           "output_kind"]
 
 
 _SCALARS = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}

@@ -17,7 +17,7 @@ from typing import Any
 from engine.errors import Diagnostic
 from engine.load.source import join_pointer
 
-__all__ = ['did_you_mean', 'pointer_of', 'schema', 'schema_text', 'validate']
+__all__ = ["did_you_mean", "pointer_of", "schema", "schema_text", "validate"]
 
 
 _PATTERNS = {

@@ -27,7 +27,9 @@ from typing import Any
 
 from engine.errors import Diagnostic, LoadError, Related
 
-__all__ = ['MAX_ALIASES', 'MAX_DEPTH', 'MAX_EXPANDED_NODES', 'MAX_FILE_BYTES', 'Source', 'SourceMap', 'escape_pointer', 'iter_pointers', 'join_pointer', 'load_bytes', 'load_path', 'load_text']
+__all__ = ["MAX_ALIASES", "MAX_DEPTH", "MAX_EXPANDED_NODES", "MAX_FILE_BYTES", "Source",
+           "SourceMap", "escape_pointer", "iter_pointers", "join_pointer", "load_bytes",
+           "load_path", "load_text"]
 
 
 MAX_FILE_BYTES = 1_000_000

@@ -12,7 +12,9 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-__all__ = ['ACTION_ID', 'ROLE_ID', 'USER_REQUIREMENT', 'SPECIAL_ADDRESSES', 'InputSpec', 'LLMSpec', 'TeamSpec', 'OutputNode', 'CodeOutput', 'Output', 'ArtifactSpec', 'ActionSpec', 'PlannerSpec', 'RoleSpec', 'Sop']
+__all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "InputSpec", "LLMSpec",
+           "TeamSpec", "OutputNode", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
+           "PlannerSpec", "RoleSpec", "Sop"]
 
 
 ACTION_ID = r"^[A-Z][A-Za-z0-9_]*$"

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable
 if TYPE_CHECKING:
     from engine.models.types import CallSpec
 
-__all__ = ['InvalidAnswer', 'first_messages', 'reask_messages', 'response_format', 'read', 'parse_json_object', 'parse_markdown', 'extract_code', 'parse_choice', 'schema_errors']
+__all__ = ["InvalidAnswer", "first_messages", "reask_messages", "response_format", "read",
+           "parse_json_object", "parse_markdown", "extract_code", "parse_choice", "schema_errors"]
 
 
 MAX_ECHO_CHARS = 6000

@@ -29,7 +29,7 @@ from typing import Any
 from engine.errors import LLMError
 from engine.models.types import CallSpec, ModelAnswer, ModelRequest
 
-__all__ = ['FakeModel', 'instance', 'answer_text', 'latency_s', 'LATENCY_ENV']
+__all__ = ["FakeModel", "instance", "answer_text", "latency_s", "LATENCY_ENV"]
 
 
 LATENCY_ENV = "SOPCTL_FAKE_LATENCY_MS"

@@ -59,6 +59,7 @@ from engine.errors import (
     SopError,
 )
 from engine.models import answers
+from engine.models.hosted import LiteLLMProvider
 from engine.models.registry import _resolve
 from engine.models.types import (
     AnswerRejected,
@@ -76,7 +77,7 @@ from engine.models.types import (
     Usage,
 )
 
-__all__ = ['Gateway']
+__all__ = ["Gateway"]
 
 
 _NO_WAIT: AsyncContextManager[Any] = contextlib.nullcontext()
@@ -115,8 +116,6 @@ class Gateway:
     def _hosted_provider(self) -> Provider:
         """litellm, for every model name that is not registered (imported on first use)."""
         if self._hosted is None:
-            from engine.models.hosted import LiteLLMProvider
-
             self._hosted = LiteLLMProvider()
         return self._hosted
 

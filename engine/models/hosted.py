@@ -24,7 +24,7 @@ from engine.errors import LLMError, RunError, UsageError
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import CallSpec, ModelAnswer, ModelRequest, TransientModelError
 
-__all__ = ['LiteLLMProvider', 'litellm_module', 'redact']
+__all__ = ["LiteLLMProvider", "litellm_module", "redact"]
 
 
 _LITELLM: list[Any] = []

@@ -60,7 +60,9 @@ from engine.errors import LLMError, RunError, SopError
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import ModelAnswer, ModelRequest
 
-__all__ = ['LocalModel', 'N_CTX', 'MAX_TOKENS', 'MAX_JSON_TOKENS', 'MAX_STRING_CHARS', 'MAX_LIST_ITEMS', 'REPEAT_PENALTY', 'check_available', 'model_path', 'tighten_schema', 'fit_messages', 'run_local']
+__all__ = ["LocalModel", "N_CTX", "MAX_TOKENS", "MAX_JSON_TOKENS", "MAX_STRING_CHARS",
+           "MAX_LIST_ITEMS", "REPEAT_PENALTY", "check_available", "model_path", "tighten_schema",
+           "fit_messages", "run_local"]
 
 
 N_CTX = 4096

@@ -14,7 +14,9 @@ from typing import Any, Literal, Mapping, Protocol
 
 from engine.errors import LLMError
 
-__all__ = ['CallSpec', 'is_secret_name', 'CallResult', 'StoredAnswer', 'AnswerStore', 'Usage', 'ModelAnswered', 'ModelRetried', 'AnswerRejected', 'GatewayEvent', 'ModelRequest', 'ModelAnswer', 'Provider', 'TransientModelError', 'RealModelBlocked', 'request_hash']
+__all__ = ["CallSpec", "is_secret_name", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
+           "ModelAnswered", "ModelRetried", "AnswerRejected", "GatewayEvent", "ModelRequest",
+           "ModelAnswer", "Provider", "TransientModelError", "RealModelBlocked", "request_hash"]
 
 
 _SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY)", re.I)

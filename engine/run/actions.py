@@ -27,7 +27,9 @@ from engine.run.memory import Memory
 from engine.run.message import Message, content_of
 from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
 
-__all__ = ['MAX_FOR_EACH_ITEMS', 'RunContext', 'ActionResult', 'role_prefix', 'context_section', 'template_variables', 'execute_action', 'action_applies', 'gather_or_cancel', 'call_gateway', 'used_actions']
+__all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ActionResult", "role_prefix", "context_section",
+           "template_variables", "execute_action", "action_applies", "gather_or_cancel",
+           "call_gateway", "used_actions"]
 
 
 MAX_FOR_EACH_ITEMS = 1000

@@ -14,7 +14,7 @@ from engine.run.events import MessagePublished, RunEvent
 from engine.run.message import ALL, Message
 from engine.run.role import Role
 
-__all__ = ['Environment']
+__all__ = ["Environment"]
 
 
 class Environment:

@@ -23,9 +23,19 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from engine.models.types import AnswerRejected, GatewayEvent, ModelAnswered, ModelRetried, Usage
+from engine.models.types import (
+    AnswerRejected,
+    AnswerStore,
+    GatewayEvent,
+    ModelAnswered,
+    ModelRetried,
+    Usage,
+)
 
-__all__ = ['RunStatus', 'RunStarted', 'RoundStarted', 'ActionStarted', 'ModelAnswered', 'ModelRetried', 'AnswerRejected', 'LLMCalled', 'ActionCompleted', 'MessagePublished', 'RunEnded', 'RunLog', 'RunEvent', 'GatewayEvent', 'ModelEvent', 'RunObserver', 'CompletedActions', 'event_type', 'usage_of']
+__all__ = ["RunStatus", "RunStarted", "RoundStarted", "ActionStarted", "ModelAnswered",
+           "ModelRetried", "AnswerRejected", "LLMCalled", "ActionCompleted", "MessagePublished",
+           "RunEnded", "RunLog", "RunEvent", "GatewayEvent", "ModelEvent", "RunObserver",
+           "CompletedActions", "RunJournal", "event_type", "usage_of"]
 
 
 class RunStatus(str, Enum):
@@ -135,6 +145,11 @@ class CompletedActions(Protocol):
     """The journal's memory of finished actions, consulted on resume before running one."""
 
     def completed(self, key: str) -> ActionCompleted | None: ...
+
+
+class RunJournal(RunObserver, CompletedActions, AnswerStore, Protocol):
+    """What `Team.attach` plugs in (the SQLite journal): it observes every event, remembers
+    finished actions and stores every model answer."""
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from engine.load.spec import ActionSpec
 from engine.models.types import is_secret_name
 from engine.run.workspace import Workspace
 
-__all__ = ['MAX_STREAM_BYTES']
+__all__ = ["MAX_STREAM_BYTES", "run_command", "exec_content"]
 
 
 MAX_STREAM_BYTES = 64 * 1024

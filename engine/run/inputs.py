@@ -12,7 +12,7 @@ from engine.check.compiler import CompiledSop
 from engine.errors import UsageError
 from engine.load.spec import InputSpec
 
-__all__ = ['resolve_inputs', 'parse_input_flags', 'check_limits']
+__all__ = ["resolve_inputs", "parse_input_flags", "check_limits"]
 
 
 _TRUE = {"true", "yes", "y", "1", "on"}

@@ -10,7 +10,7 @@ from typing import Iterable
 
 from engine.run.message import Message
 
-__all__ = ['Memory']
+__all__ = ["Memory"]
 
 
 class Memory:

@@ -13,7 +13,8 @@ from typing import Any, Iterable
 
 from engine.load.spec import USER_REQUIREMENT
 
-__all__ = ['ALL', 'NONE', 'SELF', 'HUMAN', 'Message', 'message_id', 'resolve_send_to', 'content_of', 'user_requirement']
+__all__ = ["ALL", "NONE", "SELF", "HUMAN", "Message", "message_id", "resolve_send_to",
+           "content_of", "user_requirement"]
 
 
 ALL = "<all>"

@@ -30,7 +30,7 @@ from engine.run.events import ActionCompleted, ActionStarted, CompletedActions, 
 from engine.run.memory import Memory
 from engine.run.message import Message, message_id, resolve_send_to
 
-__all__ = ['Role', 'choice_prompt', 'parse_choice', 'order_plan', 'PlanError']
+__all__ = ["Role", "choice_prompt", "parse_choice", "order_plan", "PlanError"]
 
 
 _CHOICE_HISTORY = 20

@@ -31,6 +31,7 @@ from engine.run.events import (
     RoundStarted,
     RunEnded,
     RunEvent,
+    RunJournal,
     RunObserver,
     RunStarted,
     RunStatus,
@@ -39,7 +40,7 @@ from engine.run.message import Message, user_requirement
 from engine.run.role import Role
 from engine.run.workspace import Workspace
 
-__all__ = ['RunOptions', 'RunResult', 'Team', 'new_run_id', 'exec_actions']
+__all__ = ["RunOptions", "RunResult", "Team", "new_run_id", "exec_actions"]
 
 
 def new_run_id() -> str:
@@ -168,12 +169,12 @@ class Team:
         self.workspace.create()
         self._checked = True
 
-    def attach(self, journal: Any) -> None:
+    def attach(self, journal: RunJournal) -> None:
         """Plug a journal in: it observes every event and stores every model answer."""
         self.options.observers = [journal, *self.options.observers]
         if self.ctx.gateway.store is None:
             self.ctx.gateway.store = journal
-        if self.options.completed is None and hasattr(journal, "completed"):
+        if self.options.completed is None:
             self.options.completed = journal
             for role in self.roles:
                 role.completed = journal

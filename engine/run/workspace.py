@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from engine.errors import RunError
 
-__all__ = ['WorkspaceError', 'Workspace', 'WrittenFile', 'sha256_text']
+__all__ = ["WorkspaceError", "Workspace", "WrittenFile", "sha256_text"]
 
 
 MAX_PATH_CHARS = 512
