@@ -44,8 +44,10 @@ def reachable(ctx: Context) -> Iterator[Diagnostic]:
 def consumed(ctx: Context) -> Iterator[Diagnostic]:
     """An output nobody keeps, nobody later reads and no artifact writes is wasted work."""
     ran_by = runners(ctx.spec)
+    graph = ctx.graph
+    assert graph is not None  # the graph phase builds it before its rules run
     for aid, action in ctx.spec.actions.items():
-        if not ran_by[aid] or action.artifacts or ctx.graph.out_degree(action_node(aid)):
+        if not ran_by[aid] or action.artifacts or graph.out_degree(action_node(aid)):
             continue
         if any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
             continue

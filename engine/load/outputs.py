@@ -88,8 +88,8 @@ def with_pattern(schema: dict[str, Any], pattern: str) -> dict[str, Any]:
     """Put `pattern` on every free string the schema holds (list items, dict values, optionals)."""
     if schema.get("type") == "string" and "enum" not in schema:
         return {**schema, "pattern": pattern}
-    nested = {key: with_pattern(schema[key], pattern)
-              for key in ("items", "additionalProperties") if isinstance(schema.get(key), dict)}
+    nested: dict[str, Any] = {key: with_pattern(schema[key], pattern)
+                              for key in ("items", "additionalProperties") if isinstance(schema.get(key), dict)}
     if "anyOf" in schema:
         nested["anyOf"] = [with_pattern(option, pattern) for option in schema["anyOf"]]
     return {**schema, **nested}
