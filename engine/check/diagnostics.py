@@ -72,7 +72,7 @@ CODES: dict[str, str] = {
     "SOP402": "a template reads a variable that does not exist there",
     "SOP403": "`out['Key']` names a key the producing action's output tree does not have",
     "SOP404": "`inputs.X` names an undeclared input",
-    "SOP405": "an artifact path that is absolute or leaves the workspace",
+    "SOP405": "an artifact path that is absolute, leaves the workspace, or writes into `.sopctl/` (the run's own journal and lock)",
     "SOP406": "a template uses an unknown filter or test",
     "SOP407": "`msgs.X` names an unknown action",
     "SOP408": "warning: `msgs.X` or `context: [X]` read messages that never reach the reading role",

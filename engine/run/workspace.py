@@ -2,7 +2,9 @@
 
 SOP files are shared and untrusted, so every artifact path is checked: no absolute paths,
 no `..`, no way out through a symlink (the resolved target must stay under the root), and
-no writing through a symlink at all. Writes are atomic (temp file + rename) and skipped
+no writing through a symlink at all, and nothing into `.sopctl/` (the run's own journal and
+lock: an artifact there could replace them; the checker refuses literal paths, this refuses
+rendered ones). Writes are atomic (temp file + rename) and skipped
 when the file already holds the same bytes, so a resumed run leaves finished files alone.
 """
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from engine.errors import RunError
+from engine.load.spec import ENGINE_DIR, in_engine_dir
 
 __all__ = ["WorkspaceError", "Workspace", "WrittenFile", "sha256_text"]
 
@@ -100,6 +103,9 @@ def _check_syntax(rel: str) -> None:
         raise WorkspaceError(f"artifact path '{rel}' contains '..'; paths must stay in the workspace")
     if rel.endswith("/"):
         raise WorkspaceError(f"artifact path '{rel}' names a folder, not a file")
+    if in_engine_dir(rel):
+        raise WorkspaceError(f"artifact path '{rel}' writes into {ENGINE_DIR}/, the folder of "
+                             "sopctl's own journal and lock; refused")
 
 
 def _file_sha256(path: Path) -> str:
