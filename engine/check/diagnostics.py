@@ -27,7 +27,7 @@ __all__ = ["CODES", "format_json", "format_diagnostic", "format_failure", "forma
 
 CODES: dict[str, str] = {
     # loading (engine/load/source.py): the file is refused before anything else looks at it
-    "SOP001": "file missing, unreadable, or a directory",
+    "SOP001": "file missing, unreadable, a directory, or not a regular file (a FIFO, socket or device)",
     "SOP002": "file larger than the size limit (1 MB)",
     "SOP003": "file is binary or not UTF-8",
     "SOP004": "file is empty",
