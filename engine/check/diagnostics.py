@@ -78,7 +78,7 @@ CODES: dict[str, str] = {
     "SOP408": "warning: `msgs.X` or `context: [X]` read messages that never reach the reading role",
     # run time (engine/run/): a failed run names the place in the file that failed
     "SOP501": "a template failed while running (prompt, command item, artifact path or content)",
-    "SOP502": "the workspace refused an artifact (outside it, through a symlink, a folder) or could not write it",
+    "SOP502": "the workspace refused an artifact (outside it, through a symlink, into `.sopctl/`, a folder, a name over 255 bytes) or could not write it",
     "SOP503": "an exec action's command could not start",
     "SOP504": "a `for_each` or `when` expression failed, or `for_each` gave no list or too many items",
     "SOP505": "no valid answer (or plan) from the model after the action's retries, or the model failed",

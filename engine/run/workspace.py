@@ -25,6 +25,10 @@ __all__ = ["WorkspaceError", "Workspace", "WrittenFile", "sha256_text"]
 MAX_PATH_CHARS = 512
 
 
+MAX_NAME_BYTES = 255
+"""The longest file or folder name common file systems take (NAME_MAX on Linux and macOS)."""
+
+
 class WorkspaceError(RunError):
     """A path that would leave the workspace, or a file that cannot be written there."""
 
@@ -76,11 +80,11 @@ class Workspace:
         target = self.confine(rel)
         digest = sha256_text(content)
         norm = PurePosixPath(rel).as_posix()
-        if target.is_dir():
-            raise WorkspaceError(f"artifact path '{rel}' is a folder")
-        if target.is_file() and _file_sha256(target) == digest:
-            return WrittenFile(norm, digest, changed=False)
-        try:
+        try:   # every OSError here (a name too long, a permission) is the workspace's refusal
+            if target.is_dir():
+                raise WorkspaceError(f"artifact path '{rel}' is a folder")
+            if target.is_file() and _file_sha256(target) == digest:
+                return WrittenFile(norm, digest, changed=False)
             if not target.parent.is_dir():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.confine(rel)  # a folder created meanwhile must not be a symlink either
@@ -103,6 +107,11 @@ def _check_syntax(rel: str) -> None:
         raise WorkspaceError(f"artifact path '{rel}' contains '..'; paths must stay in the workspace")
     if rel.endswith("/"):
         raise WorkspaceError(f"artifact path '{rel}' names a folder, not a file")
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in PurePosixPath(rel).parts),
+                  default=0)
+    if longest > MAX_NAME_BYTES:
+        raise WorkspaceError(f"artifact path '{rel}' has a name of {longest} bytes; file systems "
+                             f"take at most {MAX_NAME_BYTES}")
     if in_engine_dir(rel):
         raise WorkspaceError(f"artifact path '{rel}' writes into {ENGINE_DIR}/, the folder of "
                              "sopctl's own journal and lock; refused")
