@@ -161,3 +161,26 @@ def test_a_templated_path_into_the_engine_folder_fails_the_run_located(
     assert ended["status"] == "failed"
     assert "SOP502" in ended["error"] and "writes into .sopctl/" in ended["error"]
     assert journal_path(ws).is_file()
+
+
+def test_where_folders_cannot_be_locked_the_pid_file_is(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """NFS emulates flock with write locks, which a folder cannot take: the lock falls back
+    to `writer.lock` and still keeps a second writer out."""
+    import errno
+    import fcntl
+    import stat
+
+    real_flock = fcntl.flock
+
+    def no_folder_locks(handle: int, operation: int) -> None:
+        if stat.S_ISDIR(os.fstat(handle).st_mode):
+            raise OSError(errno.EBADF, "Bad file descriptor")
+        real_flock(handle, operation)
+
+    monkeypatch.setattr(fcntl, "flock", no_folder_locks)
+    with Journal.create(tmp_path, sop_name="s", sop_hash=HASH):
+        assert writer_active(tmp_path)
+        with pytest.raises(JournalError, match=rf"another process \(pid {os.getpid()}\)"):
+            Journal.create(tmp_path, sop_name="s", sop_hash=HASH)
+    assert not writer_active(tmp_path)

@@ -290,7 +290,7 @@ class Journal:
         self._completed: dict[str, ActionCompleted] | None = None
         self._final_hashes: dict[str, str] = {}
         self.workspace: Path | None = None
-        self._lock: int | None = None        # the locked `.sopctl` folder's descriptor
+        self._lock: tuple[int, ...] = ()        # the writer lock's descriptors
         self._mutex = threading.RLock()       # writers may be called from worker threads
         self._fsync_all = os.environ.get(SYNC_ENV, "full").strip().lower() != "tiered"
         self._full = True                     # _connect starts every connection at FULL
@@ -422,9 +422,9 @@ class Journal:
             self._conn.close()
         except sqlite3.Error:
             pass
-        if self._lock is not None:
-            os.close(self._lock)         # closing the descriptor releases the flock
-            self._lock = None
+        for handle in self._lock:
+            os.close(handle)             # closing the descriptors releases the flock
+        self._lock = ()
 
     def __enter__(self) -> Journal:
         return self
@@ -675,47 +675,59 @@ _OPEN_OWN = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
 """How sopctl opens its own files: never through a link, never blocking on a FIFO."""
 
 
-def _take_writer_lock(path: Path) -> int | None:
-    """An exclusive advisory lock held while a process writes the journal.
+def _take_writer_lock(path: Path) -> tuple[int, ...]:
+    """An exclusive advisory lock held while a process writes the journal; its descriptors.
 
     The kernel drops it when the process dies, however it dies, so a crashed run never
     blocks its resume, while two live processes can never write one journal at once. It
     is taken on the `.sopctl` folder, not on a file in it: a file can be replaced by a new
     one (whose lock nobody holds), the folder of the journal being written cannot without
-    moving the journal with it. `writer.lock` only records the holder's pid.
+    moving the journal with it. `writer.lock` records the holder's pid; on a file system
+    that cannot lock a folder (NFS emulates flock with write locks) the lock is on it.
     """
     if fcntl is None:            # no advisory locks on this platform: best effort
-        return None
+        return ()
     with _guard(path, "lock"):
         folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | _OPEN_OWN)
+    held = [folder]
     try:
-        fcntl.flock(folder, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(folder)
+        folder_locked = _try_lock(folder, path)
+        held.append(pid_file := _open_pid_file(_lock_file(path)))
+        if not folder_locked and not _try_lock(pid_file, path):
+            raise JournalError(f"cannot lock journal {path}: this file system has no flock",
+                               "put the workspace on a local disk")
+        with _guard(path, "lock"):
+            os.ftruncate(pid_file, 0)
+            os.write(pid_file, str(os.getpid()).encode())
+    except BaseException:
+        for handle in held:
+            os.close(handle)
+        raise
+    return tuple(held)
+
+
+def _try_lock(handle: int, path: Path) -> bool:
+    """Lock exclusively; False where the file system cannot, JournalError while another holds it."""
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
         owner = _read_pid(_lock_file(path))
         raise JournalError(f"journal {path} is being written by another process (pid {owner})",
                            "wait for that run to finish (or stop it) before resuming") from None
-    try:
-        _write_pid(_lock_file(path))
-    except BaseException:
-        os.close(folder)
-        raise
-    return folder
+    except OSError:
+        return False
+    return True
 
 
-def _write_pid(lock: Path) -> None:
+def _open_pid_file(lock: Path) -> int:
     with _guard(lock, "lock"):
         handle = os.open(lock, os.O_RDWR | os.O_CREAT | _OPEN_OWN, 0o644)
-    try:
-        info = os.fstat(handle)
-        if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
-            raise JournalError(f"run folder file {lock} is not a plain file of its own; refused",
-                               f"remove {lock}; sopctl makes it again")
-        with _guard(lock, "lock"):
-            os.ftruncate(handle, 0)
-            os.write(handle, str(os.getpid()).encode())
-    finally:
+    info = os.fstat(handle)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
         os.close(handle)
+        raise JournalError(f"run folder file {lock} is not a plain file of its own; refused",
+                           f"remove {lock}; sopctl makes it again")
+    return handle
 
 
 def _read_pid(lock: Path) -> str:
@@ -734,17 +746,27 @@ def _read_pid(lock: Path) -> str:
 
 def writer_active(workspace: str | Path) -> bool:
     """True while some live process holds the journal's writer lock (the run is going on)."""
-    folder = journal_path(workspace).parent
+    path = journal_path(workspace)
     if fcntl is None:
         return False
+    return (_held(path.parent, os.O_DIRECTORY)
+            or _held(_lock_file(path), 0))          # where folders cannot be locked
+
+
+def _held(path: Path, flags: int) -> bool:
+    """Whether another process holds an exclusive flock on this folder or file."""
     try:
-        handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | _OPEN_OWN)
+        handle = os.open(path, os.O_RDONLY | flags | _OPEN_OWN)
     except OSError:
         return False
     try:
+        if not (stat.S_ISDIR if flags else stat.S_ISREG)(os.fstat(handle).st_mode):
+            return False
         fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
+    except BlockingIOError:
         return True
+    except OSError:
+        return False
     finally:
         os.close(handle)         # closing drops the shared lock taken just to test
     return False
