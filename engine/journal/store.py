@@ -57,7 +57,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 try:
     import fcntl
@@ -652,7 +652,7 @@ def _refuse_planted(path: Path, *, writing: bool) -> None:
         _require_kind(own, stat.S_ISREG, "a plain file", writing=writing)
 
 
-def _require_kind(path: Path, is_kind: Any, kind: str, *, writing: bool) -> None:
+def _require_kind(path: Path, is_kind: Callable[[int], bool], kind: str, *, writing: bool) -> None:
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -662,16 +662,16 @@ def _require_kind(path: Path, is_kind: Any, kind: str, *, writing: bool) -> None
     hint = (f"sopctl never follows its own files ({JOURNAL_DIR}/) through a link; remove "
             f"{path} (a workspace from elsewhere must not bring its own {JOURNAL_DIR}/)")
     if stat.S_ISLNK(info.st_mode):
-        raise JournalError(f"run folder file {path} is a symlink; refused", hint)
+        raise JournalError(f"run folder entry {path} is a symlink; refused", hint)
     if not is_kind(info.st_mode):
-        raise JournalError(f"run folder file {path} is not {kind}; refused", hint)
+        raise JournalError(f"run folder entry {path} is not {kind}; refused", hint)
     if writing and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
         raise JournalError(f"run folder file {path} has {info.st_nlink} hard links; refused",
                            "writing it would change the other names' file too; copy the run "
                            "folder instead of linking it")
 
 
-_OPEN_OWN = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+_OPEN_OWN = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 """How sopctl opens its own files: never through a link, never blocking on a FIFO."""
 
 
