@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from engine.cli.commands import main
 
+ROOT = Path(__file__).parent.parent
 CASES = Path(__file__).parent / "cases"
 VALID = str(CASES / "valid" / "company.sop.yaml")
 ERROR = str(CASES / "invalid" / "bad_enum.sop.yaml")
@@ -63,6 +65,28 @@ def test_unusable_files_are_diagnostics(capsys, name: str, code: str) -> None:
 def test_missing_file(capsys, tmp_path: Path) -> None:
     status, out, _ = _run(capsys, "validate", str(tmp_path / "nope.sop.yaml"))
     assert status == 1 and "error[SOP001]: no such file" in out
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this platform")
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A named pipe no one writes to: reading it would block forever. A real process, so a
+    regression fails on the timeout instead of hanging the suite."""
+    fifo = tmp_path / "pipe.sop.yaml"
+    os.mkfifo(fifo)
+    for command in (["validate", str(fifo)], ["run", str(fifo), "--model", "fake", "--out",
+                                                str(tmp_path / "ws")]):
+        result = subprocess.run([sys.executable, "-m", "engine.cli", *command], capture_output=True,
+                                text=True, timeout=60, check=False, cwd=tmp_path,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        text = result.stdout + result.stderr
+        assert "error[SOP001]: is a FIFO (named pipe), not an SOP file" in text, text
+        assert result.returncode == (1 if command[0] == "validate" else 2)
+        assert "Traceback" not in text
+
+
+def test_devices_are_refused(capsys, tmp_path: Path) -> None:
+    status, out, _ = _run(capsys, "validate", os.devnull)
+    assert status == 1 and "error[SOP001]: is a character device, not an SOP file" in out
 
 
 def test_usage_errors_exit_2(capsys) -> None:

@@ -27,7 +27,7 @@ __all__ = ["CODES", "format_json", "format_diagnostic", "format_failure", "forma
 
 CODES: dict[str, str] = {
     # loading (engine/load/source.py): the file is refused before anything else looks at it
-    "SOP001": "file missing, unreadable, or a directory",
+    "SOP001": "file missing, unreadable, a directory, or not a regular file (a FIFO, socket or device)",
     "SOP002": "file larger than the size limit (1 MB)",
     "SOP003": "file is binary or not UTF-8",
     "SOP004": "file is empty",
@@ -72,13 +72,13 @@ CODES: dict[str, str] = {
     "SOP402": "a template reads a variable that does not exist there",
     "SOP403": "`out['Key']` names a key the producing action's output tree does not have",
     "SOP404": "`inputs.X` names an undeclared input",
-    "SOP405": "an artifact path that is absolute or leaves the workspace",
+    "SOP405": "an artifact path that is absolute, leaves the workspace, or writes into `.sopctl/` (the run's own journal and lock)",
     "SOP406": "a template uses an unknown filter or test",
     "SOP407": "`msgs.X` names an unknown action",
     "SOP408": "warning: `msgs.X` or `context: [X]` read messages that never reach the reading role",
     # run time (engine/run/): a failed run names the place in the file that failed
     "SOP501": "a template failed while running (prompt, command item, artifact path or content)",
-    "SOP502": "the workspace refused an artifact (outside it, through a symlink, a folder) or could not write it",
+    "SOP502": "the workspace refused an artifact (outside it, through a symlink, into `.sopctl/`, a folder, a name over 255 bytes) or could not write it",
     "SOP503": "an exec action's command could not start",
     "SOP504": "a `for_each` or `when` expression failed, or `for_each` gave no list or too many items",
     "SOP505": "no valid answer (or plan) from the model after the action's retries, or the model failed",

@@ -20,7 +20,7 @@ from engine.check.rules import Context, error, rule, warning
 from engine.check.sandbox import TemplateFailure, environment, parse
 from engine.errors import Diagnostic
 from engine.load.schema import did_you_mean
-from engine.load.spec import USER_REQUIREMENT, ActionSpec, OutputNode, Sop
+from engine.load.spec import ENGINE_DIR, USER_REQUIREMENT, ActionSpec, OutputNode, Sop, in_engine_dir
 
 __all__ = ["BASE_VARIABLES", "RULES"]
 
@@ -312,7 +312,8 @@ _DRIVE = re.compile(r"^[A-Za-z]:")
 
 @rule("SOP405")
 def artifact_paths(ctx: Context) -> Iterator[Diagnostic]:
-    """Artifact paths stay inside the workspace: relative, forward slashes, no `..`."""
+    """Artifact paths stay inside the workspace: relative, forward slashes, no `..`, and
+    never into ENGINE_DIR (an artifact there would replace the run's journal or lock)."""
     for aid, action in ctx.spec.actions.items():
         for i, artifact in enumerate(action.artifacts):
             problem = _path_problem(artifact.path)
@@ -333,6 +334,8 @@ def _path_problem(path: str) -> str:
         return "leaves the workspace (..)"
     if "\x00" in text:
         return "contains a NUL character"
+    if in_engine_dir(text):
+        return f"writes into {ENGINE_DIR}/, the folder of sopctl's own journal and lock"
     return ""
 
 

@@ -1,7 +1,8 @@
 """`sopctl`: thin command line over the library. Parses flags, calls the library, renders.
 
 Exit codes (contract §6): 0 ok, 1 diagnostics with an error / run stopped by failure or
-budget, 2 usage or invalid file. No traceback ever reaches the user: every `SopError` is
+budget, 2 usage or invalid file, 130 stopped by Ctrl-C, 143 stopped by SIGTERM (handled as
+Ctrl-C is: the run ends `interrupted`, journaled). No traceback ever reaches the user: every `SopError` is
 rendered as a message, anything else as an internal error with a pointer to report it.
 Heavy modules (litellm, the interpreter) are imported inside the handlers that need them.
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import sys
+import threading
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from engine import __version__
@@ -19,6 +22,8 @@ from engine.errors import SopError
 from engine.run.events import RunStatus
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from engine.check.compiler import CompiledSop
     from engine.run.events import RunObserver
     from engine.run.team import RunResult
@@ -62,7 +67,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Compile, check inputs, refuse exec/unusable models before starting, run, report.
 
-    Exit: 0 idle or max_rounds, 1 failed or budget, 130 interrupted (Ctrl-C), 2 usage,
+    Exit: 0 idle or max_rounds, 1 failed or budget, 130 interrupted (Ctrl-C; 143 for
+    SIGTERM), 2 usage,
     invalid file, or a run that cannot start. Progress goes to stderr; the summary (or the
     one JSON object of `--format json`) to stdout.
     """
@@ -236,10 +242,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_SIGTERM_EXIT = 128 + 15
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler: Handler = args.handler
+    with _sigterm_as_ctrl_c() as terminated:
+        code = _handle(handler, args)
+    return _SIGTERM_EXIT if terminated and code == 130 else code
+
+
+def _handle(handler: Handler, args: argparse.Namespace) -> int:
     try:
+        _refuse_undecodable_args(args)
         return handler(args)
     except SopError as exc:
         print(f"sopctl: error: {exc}", file=sys.stderr)
@@ -256,3 +272,52 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 1
 
+
+@contextlib.contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[list[int]]:
+    """SIGTERM (`kill`, a service manager, a CI timeout) stops a run as Ctrl-C does.
+
+    The handler hands the signal to whatever handles Ctrl-C at that moment: inside a run,
+    asyncio's, which cancels the run so that it ends `interrupted` with its RunEnded
+    journaled; elsewhere Python's, which raises KeyboardInterrupt. The list it yields is
+    non-empty once SIGTERM came, so the exit code can say which signal it was (143)."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():   # signals are main-thread only
+        yield received
+        return
+
+    def on_sigterm(signum: int, frame: FrameType | None) -> None:
+        received.append(signum)
+        ctrl_c = signal.getsignal(signal.SIGINT)
+        if not callable(ctrl_c):        # Ctrl-C ignored or default: stop as Python's would
+            raise KeyboardInterrupt
+        ctrl_c(signal.SIGINT, frame)
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _refuse_undecodable_args(args: argparse.Namespace) -> None:
+    """Command-line text that is not UTF-8 cannot be journaled or printed: refused (exit 2)
+    before anything starts, so no run folder is left behind half made."""
+    for name, value in vars(args).items():
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and not _is_utf8(text):
+                from engine.run.inputs import require_utf8   # only on the refusal path
+
+                require_utf8(text, _ARG_NAMES.get(name, "--" + name.replace("_", "-")))
+
+
+_ARG_NAMES = {"file": "FILE", "files": "FILE", "run_dir": "RUN_DIR", "dir": "DIR"}
+"""The positional arguments, as `--help` names them (flags are named `--flag`)."""
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -19,7 +19,9 @@ pointer without knowing about YAML.
 from __future__ import annotations
 
 import math
+import os
 import re
+import stat
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -139,16 +141,37 @@ def _read(path: Path, file: str) -> bytes:
         if path.is_dir():
             raise _fail(file, "SOP001", "is a directory, not an SOP file",
                         "give the path of a .sop.yaml file inside it")
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise _fail(file, "SOP002", f"file is {size:,} bytes; the limit is {MAX_FILE_BYTES:,}",
-                        "an SOP file is normally a few KiB; split prompts into smaller ones")
-        with path.open("rb") as handle:
+        _require_regular(path.stat().st_mode, file)   # before opening: a socket cannot be
+        with open(path, "rb", opener=_open_nonblocking) as handle:
+            info = os.fstat(handle.fileno())
+            _require_regular(info.st_mode, file)      # what was opened, if it changed since
+            if info.st_size > MAX_FILE_BYTES:
+                raise _fail(file, "SOP002", f"file is {info.st_size:,} bytes; the limit is "
+                            f"{MAX_FILE_BYTES:,}", "an SOP file is normally a few KiB; split "
+                            "prompts into smaller ones")
             return handle.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise _fail(file, "SOP001", "no such file") from None
     except OSError as exc:
         raise _fail(file, "SOP001", f"cannot read file: {exc.strerror or exc}") from None
+
+
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"),
+                  (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def _require_regular(mode: int, file: str) -> None:
+    """Only regular files are read: a FIFO or a device would block or never end."""
+    if stat.S_ISREG(mode):
+        return
+    kind = next((name for is_kind, name in _SPECIAL_FILES if is_kind(mode)), "not a regular file")
+    raise _fail(file, "SOP001", f"is {kind}, not an SOP file",
+                "give the path of a regular .sop.yaml file; sopctl does not read pipes or devices")
+
+
+def _open_nonblocking(path: str, flags: int) -> int:
+    """Open without waiting: a FIFO swapped in after the check must not block the open."""
+    return os.open(path, flags | getattr(os, "O_NONBLOCK", 0))
 
 
 def _decode(raw: bytes, file: str) -> str:

@@ -8,13 +8,15 @@ shared file can never set them.
 
 from __future__ import annotations
 
+import unicodedata
+from pathlib import PurePosixPath
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 __all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "InputSpec", "LLMSpec",
            "TeamSpec", "OutputNode", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
-           "PlannerSpec", "RoleSpec", "Sop"]
+           "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir"]
 
 
 ACTION_ID = r"^[A-Z][A-Za-z0-9_]*$"
@@ -90,6 +92,22 @@ class CodeOutput(_Model):
 
 
 Output = Union[Literal["text"], CodeOutput, dict[str, OutputNode]]
+
+
+ENGINE_DIR = ".sopctl"
+"""The folder of a workspace that holds sopctl's own files (journal, lock): no artifact's."""
+
+
+def in_engine_dir(path: str) -> bool:
+    """Whether an artifact path's first component names ENGINE_DIR, on any file system.
+
+    Compared as a case-insensitive, Windows or macOS file system would see it (case folded,
+    compatibility-normalised, trailing dots and spaces dropped), so `.SOPCTL/x` is refused too."""
+    parts = PurePosixPath(path.strip()).parts
+    if not parts:
+        return False
+    first = unicodedata.normalize("NFKC", parts[0]).casefold().rstrip(". ")
+    return first == ENGINE_DIR
 
 
 class ArtifactSpec(_Model):

@@ -6,13 +6,14 @@ Inputs are checked here (unknown keys, missing required ones, types), so every f
 from __future__ import annotations
 
 import difflib
+import math
 from typing import Any, Mapping
 
 from engine.check.compiler import CompiledSop
 from engine.errors import UsageError
 from engine.load.spec import InputSpec
 
-__all__ = ["resolve_inputs", "parse_input_flags", "check_limits"]
+__all__ = ["resolve_inputs", "parse_input_flags", "check_limits", "require_utf8"]
 
 
 _TRUE = {"true", "yes", "y", "1", "on"}
@@ -27,6 +28,10 @@ def resolve_inputs(compiled: CompiledSop, given: Mapping[str, Any]) -> dict[str,
     unknown = [k for k in given if k not in declared and k != "idea"]
     if unknown:
         raise UsageError(f"unknown input '{unknown[0]}'", hint=_did_you_mean(unknown[0], declared))
+    for key, value in given.items():
+        require_utf8(str(key), "an input name")
+        if isinstance(value, str):
+            require_utf8(value, f"input '{key}'")
     values: dict[str, Any] = {}
     for key, spec in declared.items():
         if key in given and given[key] is not None:
@@ -75,18 +80,36 @@ def parse_input_flags(pairs: list[str], idea: str | None = None) -> dict[str, st
     """`--input k=v` flags (and `--idea`) as a mapping; a flag without `=` is a UsageError."""
     given: dict[str, str] = {}
     for pair in pairs:
+        require_utf8(pair, "--input")
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--input expects KEY=VALUE, got {pair!r}")
         given[key.strip()] = value
     if idea is not None:
+        require_utf8(idea, "--idea")
         given["idea"] = idea
     return given
+
+
+def require_utf8(text: str, what: str) -> None:
+    """Refuse text that cannot be written as UTF-8, before anything is written.
+
+    Python keeps the bytes of a non-UTF-8 command line (or file name) as lone surrogates;
+    such text can be neither journaled nor printed, so it is a usage error naming where."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = ord(text[exc.start])
+        what_char = (f"the byte 0x{char - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= char <= 0xDCFF
+                     else f"a lone surrogate U+{char:04X}")
+        raise UsageError(f"{what} is not valid UTF-8 text: {what_char}, at character {exc.start + 1}",
+                         hint="give the text in UTF-8 (check the terminal's or the file's encoding)") from None
 
 
 def check_limits(max_rounds: int | None, budget_usd: float | None) -> None:
     """The run's overrides (`--rounds`, `--budget`), refused before anything starts."""
     if max_rounds is not None and max_rounds < 1:
         raise UsageError("--rounds (max_rounds) must be at least 1")
-    if budget_usd is not None and budget_usd < 0:
-        raise UsageError("--budget (budget_usd) must be 0 (no limit) or more")
+    if budget_usd is not None and not (math.isfinite(budget_usd) and budget_usd >= 0):
+        raise UsageError(f"--budget (budget_usd) must be a number of dollars, 0 (no limit) or "
+                         f"more; got {budget_usd}")

@@ -2,7 +2,9 @@
 
 SOP files are shared and untrusted, so every artifact path is checked: no absolute paths,
 no `..`, no way out through a symlink (the resolved target must stay under the root), and
-no writing through a symlink at all. Writes are atomic (temp file + rename) and skipped
+no writing through a symlink at all, and nothing into `.sopctl/` (the run's own journal and
+lock: an artifact there could replace them; the checker refuses literal paths, this refuses
+rendered ones). Writes are atomic (temp file + rename) and skipped
 when the file already holds the same bytes, so a resumed run leaves finished files alone.
 """
 
@@ -15,11 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from engine.errors import RunError
+from engine.load.spec import ENGINE_DIR, in_engine_dir
 
 __all__ = ["WorkspaceError", "Workspace", "WrittenFile", "sha256_text"]
 
 
 MAX_PATH_CHARS = 512
+
+
+MAX_NAME_BYTES = 255
+"""The longest file or folder name common file systems take (NAME_MAX on Linux and macOS)."""
 
 
 class WorkspaceError(RunError):
@@ -73,11 +80,11 @@ class Workspace:
         target = self.confine(rel)
         digest = sha256_text(content)
         norm = PurePosixPath(rel).as_posix()
-        if target.is_dir():
-            raise WorkspaceError(f"artifact path '{rel}' is a folder")
-        if target.is_file() and _file_sha256(target) == digest:
-            return WrittenFile(norm, digest, changed=False)
-        try:
+        try:   # every OSError here (a name too long, a permission) is the workspace's refusal
+            if target.is_dir():
+                raise WorkspaceError(f"artifact path '{rel}' is a folder")
+            if target.is_file() and _file_sha256(target) == digest:
+                return WrittenFile(norm, digest, changed=False)
             if not target.parent.is_dir():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 self.confine(rel)  # a folder created meanwhile must not be a symlink either
@@ -100,6 +107,14 @@ def _check_syntax(rel: str) -> None:
         raise WorkspaceError(f"artifact path '{rel}' contains '..'; paths must stay in the workspace")
     if rel.endswith("/"):
         raise WorkspaceError(f"artifact path '{rel}' names a folder, not a file")
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in PurePosixPath(rel).parts),
+                  default=0)
+    if longest > MAX_NAME_BYTES:
+        raise WorkspaceError(f"artifact path '{rel}' has a name of {longest} bytes; file systems "
+                             f"take at most {MAX_NAME_BYTES}")
+    if in_engine_dir(rel):
+        raise WorkspaceError(f"artifact path '{rel}' writes into {ENGINE_DIR}/, the folder of "
+                             "sopctl's own journal and lock; refused")
 
 
 def _file_sha256(path: Path) -> str:

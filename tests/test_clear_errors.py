@@ -1,0 +1,133 @@
+"""Bad input and signals at the command line get a clear answer, never "internal error":
+a budget that is not a number of dollars, text that is not UTF-8, an artifact name no file
+system takes, and SIGTERM (handled as Ctrl-C is: the run ends `interrupted`, journaled)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from run_helpers import sopctl_env
+
+from engine.cli.commands import main
+from engine.journal.store import Journal, journal_path
+
+ROOT = Path(__file__).parent.parent
+SOP = Path(__file__).parent / "sops" / "journal_small.sop.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _no_sopctl_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("SOPCTL_")]:
+        monkeypatch.delenv(name)
+
+
+def sopctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_args(ws: Path, *extra: str, sop: Path = SOP) -> list[str]:
+    return ["run", str(sop), "--idea", "a snake game", "--model", "fake", "--out", str(ws), *extra]
+
+
+@pytest.mark.parametrize("budget", ["nan", "inf", "-1", "-inf", "NaN"])
+def test_a_budget_that_is_not_dollars_is_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                 budget: str) -> None:
+    ws = tmp_path / "ws"
+    code, _, err = sopctl(capsys, *run_args(ws, f"--budget={budget}"))
+    assert code == 2
+    assert "--budget (budget_usd) must be a number of dollars" in err and "internal error" not in err
+    assert not ws.exists()                        # refused before anything was written
+
+
+def test_resume_refuses_a_nan_budget(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    assert sopctl(capsys, *run_args(ws))[0] == 0
+    code, _, err = sopctl(capsys, "resume", str(ws), "--budget=nan")
+    assert code == 2 and "must be a number of dollars" in err
+
+
+@pytest.mark.parametrize("flag", ["--idea", "--input", "--out"])
+def test_text_that_is_not_utf8_is_refused_before_anything_is_written(
+        tmp_path: Path, flag: str) -> None:
+    """A real command line with a byte that is not UTF-8 (Python sees it as a surrogate)."""
+    ws = tmp_path / "ws"
+    args = {"--idea": [b"--idea", b"caf\xe9 game"], "--input": [b"--input", b"idea=caf\xe9"],
+            "--out": [b"--idea", b"x"]}[flag]
+    out = os.fsencode(tmp_path) + b"/w\xff" if flag == "--out" else os.fsencode(ws)
+    command = [os.fsencode(sys.executable), b"-m", b"engine.cli", b"run", os.fsencode(SOP),
+               b"--model", b"fake", *args, b"--out", out]
+    result = subprocess.run(command, capture_output=True, timeout=120, check=False, cwd=tmp_path,
+                            env=sopctl_env({"PYTHONPATH": str(ROOT)}))
+    err = result.stderr.decode("utf-8")
+    assert result.returncode == 2, err
+    assert f"error: {flag} is not valid UTF-8 text: the byte 0x" in err
+    assert "internal error" not in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []     # no run folder, no empty journal
+
+
+def test_the_api_refuses_inputs_that_are_not_utf8(tmp_path: Path) -> None:
+    from engine import api
+    from engine.errors import UsageError
+
+    with pytest.raises(UsageError, match="input 'idea' is not valid UTF-8 text: a lone surrogate U\\+D800"):
+        api.run(api.load(SOP), {"idea": "a \ud800 game"}, model="fake", workspace=tmp_path / "ws")
+    assert not (tmp_path / "ws").exists()
+
+
+def test_an_artifact_name_too_long_for_a_file_system_is_a_located_error(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    name = "n" * 300 + ".md"
+    sop = tmp_path / "long.sop.yaml"
+    sop.write_text(SOP.read_text(encoding="utf-8").replace("path: NOTES.md", f"path: docs/{name}"),
+                   encoding="utf-8")
+    code, _, err = sopctl(capsys, *run_args(tmp_path / "ws", sop=sop))
+    assert code == 1
+    assert f"long.sop.yaml:54:15: error[SOP502]: action WriteNotes failed: artifact path 'docs/{name}' " \
+           "has a name of 303 bytes; file systems take at most 255" in err
+    assert "internal error" not in err
+
+
+def _wait_for_run_started(ws: Path, process: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with sqlite3.connect(f"file:{journal_path(ws)}?mode=ro", uri=True) as db:
+                if db.execute("SELECT 1 FROM events WHERE type = 'RunStarted'").fetchone():
+                    return
+        except sqlite3.Error:
+            pass                                  # not created yet
+        time.sleep(0.05)
+    raise AssertionError("the run never journaled RunStarted")
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM") or os.name != "posix", reason="POSIX signals")
+def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    env = sopctl_env({"PYTHONPATH": str(ROOT), "SOPCTL_FAKE_LATENCY_MS": "2000"})
+    process = subprocess.Popen([sys.executable, "-m", "engine.cli", *run_args(ws)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        _wait_for_run_started(ws, process)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=120)
+    finally:
+        process.kill()
+    assert process.returncode == 143, err.decode()
+    assert b"Traceback" not in err
+    shown = subprocess.run([sys.executable, "-m", "engine.cli", "show", str(ws), "--format", "json"],
+                           env=env, capture_output=True, text=True, timeout=120, check=True)
+    assert json.loads(shown.stdout)["status"] == "interrupted"
+    with Journal.open(ws) as journal:            # ended by sopctl, not killed: RunEnded is there
+        ended = [e.data for e in journal.events() if e.type == "RunEnded"]
+    assert [e["status"] for e in ended] == ["interrupted"]
