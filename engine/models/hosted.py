@@ -22,7 +22,7 @@ from typing import Any
 
 from engine.errors import LLMError, RunError, UsageError
 from engine.models.registry import check_real_model_allowed
-from engine.models.types import CallSpec, ModelAnswer, ModelRequest, TransientModelError
+from engine.models.types import CallSpec, ModelAnswer, ModelRequest, Price, TransientModelError
 
 __all__ = ["LiteLLMProvider", "litellm_module", "redact"]
 
@@ -72,6 +72,13 @@ class LiteLLMProvider:
     """Extra arguments for litellm (e.g. `api_base`, or `mock_response` in tests)."""
     transient: bool = True
     """False: every error is final (an in-process model is not helped by waiting)."""
+    _prices: dict[str, Price | None] = field(default_factory=dict, repr=False)
+
+    def price(self, model: str) -> Price | None:
+        """The model's price per token from litellm's cost map; None: unknown (self-hosted)."""
+        if model not in self._prices:
+            self._prices[model] = _litellm_price(model)
+        return self._prices[model]
 
     def supports_schema(self, model: str) -> bool:
         try:
@@ -176,3 +183,15 @@ def _answer_of(litellm: Any, response: Any) -> ModelAnswer:
     return ModelAnswer(text=text, prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
                        completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
                        cost_usd=cost)
+
+
+def _litellm_price(model: str) -> Price | None:
+    try:
+        info = litellm_module().get_model_info(model=model)
+    except Exception:  # noqa: BLE001 - "This model isn't mapped yet": unknown price
+        return None
+    given, taken = info.get("input_cost_per_token"), info.get("output_cost_per_token")
+    if given is None or taken is None:
+        return None
+    limit = info.get("max_output_tokens") or info.get("max_tokens")
+    return Price(float(given), float(taken), int(limit) if limit else None)
