@@ -18,7 +18,8 @@
    `ActionFailed` names the action and the last error. `choice` answers are never invalid.
 
 Transport: our own retry with exponential backoff (and jitter) for rate limits, timeouts,
-connection and 5xx errors (`TransientModelError`); litellm runs with `num_retries=0` and no
+connection and 5xx errors (`TransientModelError`), or after the server's `Retry-After` when
+it sent one (capped at `backoff_max_s`); litellm runs with `num_retries=0` and no
 cache. Other provider errors become `LLMError` with a clear message; a missing key names the
 environment variable to set. Key values are redacted from every message we raise.
 
@@ -207,7 +208,7 @@ class Gateway:
             except TransientModelError as exc:
                 if retry == self.transient_retries:
                     raise LLMError(f"{exc.message} (gave up after {retry + 1} attempts)") from None
-                wait = min(delay, self.backoff_max_s) * random.uniform(0.5, 1.0)
+                wait = self._retry_wait(exc, delay)
                 self._report(ModelRetried(spec.round, spec.role, spec.action, request.attempt,
                                          retry + 1, exc.message, round(wait, 3)), result)
                 await self.sleep(wait)
@@ -218,6 +219,12 @@ class Gateway:
                 raise LLMError(f"model '{spec.model}' failed for action {spec.action}: "
                                f"{type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _retry_wait(self, exc: TransientModelError, delay: float) -> float:
+        """The server's Retry-After when it gave one, else jittered backoff; capped either way."""
+        if exc.retry_after_s is not None:
+            return min(max(exc.retry_after_s, 0.0), self.backoff_max_s)
+        return min(delay, self.backoff_max_s) * random.uniform(0.5, 1.0)
 
     def _report(self, event: GatewayEvent, result: CallResult) -> None:
         """Count an event in the totals (the gateway's, and its call's) and send it to the run."""
