@@ -237,3 +237,85 @@ def test_a_users_price_never_replaces_a_known_one():
     cheap = call(gateway, spec(model="openai/gpt-4o-mini", prompt="Say hi.",
                                fallback_price=Price(0.0, 0.0)))
     assert known.usage.cost_usd > 0 and cheap.usage.cost_usd > 0
+
+
+# ----------------------------------------------------------------------------- the command line
+
+TEXT_SOP = """
+apiVersion: sop/v1
+name: hello
+inputs:
+  idea: {type: str, required: true}
+actions:
+  Write: {prompt: "{{ inputs.idea }}", context: none, output: text}
+roles:
+  Writer: {actions: [Write], watch: [UserRequirement]}
+"""
+
+
+def sopctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    from engine.cli.commands import main
+
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def sop_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test-key-0000")
+    monkeypatch.delenv("SOPCTL_MODEL", raising=False)
+    path = tmp_path / "hello.sop.yaml"
+    path.write_text(TEXT_SOP, encoding="utf-8")
+    return path
+
+
+def test_api_base_flag_reaches_the_server_and_show_says_the_cost_is_unknown(server, sop_file, tmp_path, capsys):
+    server.replies = [(200, {}, answer("hello from the server"))]
+    ws = tmp_path / "ws"
+    code, out, err = sopctl(capsys, "run", str(sop_file), "--idea", "greet", "--model", MODEL,
+                            "--api-base", server.base, "--out", str(ws), "--format", "json")
+    assert code == 0, err
+    assert server.requests and server.requests[0]["model"] == "self-hosted-test-model"
+    code, out, _ = sopctl(capsys, "show", str(ws))
+    assert "cost unknown: 1 model call(s) priced $0" in out
+    code, out, _ = sopctl(capsys, "show", str(ws), "--format", "json")
+    assert json.loads(out)["unpriced_calls"] == 1
+
+
+def test_price_flag_prices_a_self_hosted_model(server, sop_file, tmp_path, capsys):
+    server.replies = [(200, {}, answer())]
+    ws = tmp_path / "ws"
+    code, out, err = sopctl(capsys, "run", str(sop_file), "--idea", "greet", "--model", MODEL,
+                            "--api-base", server.base, "--price", "1,2", "--out", str(ws),
+                            "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["cost_usd"] == pytest.approx(11e-6 + 6e-6)
+    code, out, _ = sopctl(capsys, "show", str(ws))
+    assert "cost unknown" not in out
+
+
+def test_the_files_price_prices_a_self_hosted_model(server, sop_file, tmp_path, capsys):
+    sop_file.write_text(TEXT_SOP.replace(
+        "name: hello", "name: hello\nllm: {price: {input_per_million: 1, output_per_million: 2}}"))
+    server.replies = [(200, {}, answer())]
+    code, out, err = sopctl(capsys, "run", str(sop_file), "--idea", "greet", "--model", MODEL,
+                            "--api-base", server.base, "--out", str(tmp_path / "ws"),
+                            "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["cost_usd"] == pytest.approx(11e-6 + 6e-6)
+
+
+@pytest.mark.parametrize("key", ["api_base", "base_url", "api_key"])
+def test_a_shared_file_cannot_say_where_the_key_goes(sop_file, capsys, key):
+    sop_file.write_text(TEXT_SOP.replace("name: hello", f"name: hello\nllm: {{{key}: http://evil.example}}"))
+    code, out, err = sopctl(capsys, "validate", str(sop_file))
+    assert code == 1 and f"unknown key '{key}' in /llm" in out + err
+
+
+@pytest.mark.parametrize("flags", [["--price", "1"], ["--price", "-1,2"], ["--price", "nan,1"],
+                                   ["--api-base", "file:///etc/passwd"]])
+def test_bad_price_or_api_base_flags_are_refused(sop_file, capsys, flags):
+    with pytest.raises(SystemExit) as info:
+        sopctl(capsys, "run", str(sop_file), "--idea", "x", *flags)
+    assert info.value.code == 2

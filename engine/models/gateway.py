@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import time
@@ -120,6 +121,10 @@ class Gateway:
     backoff_max_s: float = 30.0
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
     """How backoff waits (tests pass a recorder instead of sleeping)."""
+    api_base: str | None = None
+    """Where hosted models are reached (`--api-base`); never from a SOP file (see hosted)."""
+    price: Price | None = None
+    """`--price`: the price of every model whose price litellm does not know (over the file's)."""
     _hosted: Provider | None = field(default=None, repr=False)
     _admission: tuple[Any, asyncio.Condition] | None = field(default=None, repr=False)
     _in_flight: int = field(default=0, repr=False)
@@ -133,7 +138,8 @@ class Gateway:
     def _hosted_provider(self) -> Provider:
         """litellm, for every model name that is not registered (imported on first use)."""
         if self._hosted is None:
-            self._hosted = LiteLLMProvider()
+            self._hosted = LiteLLMProvider(
+                completion_kwargs={"api_base": self.api_base} if self.api_base else {})
         return self._hosted
 
     def preflight(self, model: str) -> None:
@@ -145,6 +151,8 @@ class Gateway:
     async def call(self, spec: CallSpec) -> CallResult:
         """The accepted answer for `spec`, or ActionFailed / LLMError / BudgetExceeded / ReplayDivergence."""
         _check_spec(spec)
+        if self.price is not None:
+            spec = dataclasses.replace(spec, fallback_price=self.price)
         provider = self.provider(spec.model)
         schema_mode = spec.kind == "json" and provider.supports_schema(spec.model)
         rformat = answers.response_format(spec) if schema_mode else None
