@@ -183,8 +183,7 @@ def replay(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = F
     folder = run if isinstance(run, RunFolder) else open_for_replay(run)
     with folder:
         options = replay_options(folder, out, allow_exec=allow_exec)
-        team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
-                       api_base=api_base, price=price, **options)
+        team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers, **options)
         target = _journal_of(team, True)
         assert target is not None
         store = ReplayStore(folder.journal, target)
