@@ -166,6 +166,14 @@ def test_retry_after_seconds_are_honoured(server, status):
     assert result.value == "hello there" and waits == [7.0]
 
 
+def test_retry_after_ms_is_preferred_when_given(server):
+    server.replies = [(429, {"Retry-After": "7", "retry-after-ms": "1500"}, RATE_LIMITED),
+                      (200, {}, answer())]
+    waits: list[float] = []
+    call(gateway_for(server, waits), spec())
+    assert waits == [1.5]
+
+
 def test_retry_after_as_an_http_date_and_capped_at_the_longest_backoff(server):
     later = email.utils.formatdate(time.time() + 3600, usegmt=True)
     server.replies = [(429, {"Retry-After": later}, RATE_LIMITED), (200, {}, answer())]
@@ -178,7 +186,7 @@ def test_retry_after_values():
     assert _parse_retry_after("2.5") == 2.5 and _parse_retry_after("-3") == 0.0
     assert _parse_retry_after(email.utils.formatdate(time.time() - 60, usegmt=True)) == 0.0
     assert 50 < (_parse_retry_after(email.utils.formatdate(time.time() + 60, usegmt=True)) or 0) <= 60
-    assert _parse_retry_after("soon") is None
+    assert _parse_retry_after("soon") is None and _parse_retry_after("") is None
 
 
 def test_a_429_without_retry_after_backs_off_as_usual(server):
@@ -319,3 +327,16 @@ def test_bad_price_or_api_base_flags_are_refused(sop_file, capsys, flags):
     with pytest.raises(SystemExit) as info:
         sopctl(capsys, "run", str(sop_file), "--idea", "x", *flags)
     assert info.value.code == 2
+
+
+def test_resume_takes_api_base_and_price_from_its_own_command_line(server, sop_file, tmp_path, capsys):
+    ws = tmp_path / "ws"
+    server.replies = [(400, {}, {"error": {"message": "bad request", "type": "invalid_request"}})]
+    code, _, err = sopctl(capsys, "run", str(sop_file), "--idea", "greet", "--model", MODEL,
+                          "--api-base", server.base, "--out", str(ws))
+    assert code == 1, err
+    server.replies = [(200, {}, answer("second try"))]
+    code, out, err = sopctl(capsys, "resume", str(ws), "--api-base", server.base,
+                            "--price", "1,2", "--format", "json")
+    assert code == 0, err
+    assert len(server.requests) == 2 and json.loads(out)["cost_usd"] == pytest.approx(17e-6)

@@ -250,11 +250,18 @@ def _retry_after_s(exc: Exception) -> float | None:
     headers = getattr(exc, "litellm_response_headers", None)
     if headers is None:
         headers = getattr(getattr(exc, "response", None), "headers", None)
-    value = headers.get("retry-after") if headers is not None else None
+    if headers is None:
+        return None
+    millis = _parse_retry_after(str(headers.get("retry-after-ms") or ""))  # OpenAI's finer one
+    if millis is not None:
+        return millis / 1000
+    value = headers.get("retry-after")
     return _parse_retry_after(str(value)) if value else None
 
 
 def _parse_retry_after(value: str) -> float | None:
+    if not value:
+        return None
     try:
         return max(float(value), 0.0)
     except ValueError:
