@@ -32,6 +32,7 @@ from engine.journal.resume import (
     resume_options,
 )
 from engine.journal.store import Journal, ReplayStore
+from engine.models.types import Price
 from engine.run.events import RunEnded, RunEvent
 from engine.run.inputs import check_limits, parse_input_flags, resolve_inputs
 from engine.run.team import RunOptions, RunResult, Team, new_run_id
@@ -75,7 +76,8 @@ async def run_async(compiled: CompiledSop, inputs: Mapping[str, Any] | None = No
     """Run to the end, journaled in the workspace unless `journal=False`.
 
     Options: model, max_rounds, budget_usd, workspace (default runs/<run-id>), allow_exec,
-    run_id, observers, completed, store, gateway. A run cannot start (UsageError, RunError)
+    run_id, observers, completed, store, gateway, api_base (where hosted models are reached),
+    price (a `Price` for models litellm cannot price). A run cannot start (UsageError, RunError)
     before any model call or file write: bad inputs, exec not allowed, an unusable model.
     """
     team = prepare(compiled, inputs, **options)
@@ -136,21 +138,23 @@ async def _drive(team: Team, journal: Journal | None, store: ReplayStore | None 
 
 def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: int | None = None,
            model: str | None = None, allow_exec: bool = False, force: bool = False,
-           observers: tuple[Any, ...] = ()) -> RunResult:
+           observers: tuple[Any, ...] = (), api_base: str | None = None,
+           price: Price | None = None) -> RunResult:
     """Continue an interrupted (or ended) run in its own workspace: same run id, completed
     actions and journaled answers reused, so nothing is paid twice.
 
     `run` is a run folder, or one opened by `open_for_resume` (the CLI opens it first to say
     what it resumes). Refuses (JournalError) when the SOP file changed since the run (last)
     started, unless `force`. Returns this invocation's RunResult, with the artifacts that
-    earlier invocations wrote.
+    earlier invocations wrote. `api_base` and `price`: as for `run` (never recorded).
     """
     check_limits(rounds, budget)
     folder = run if isinstance(run, RunFolder) else open_for_resume(run, force=force)
     with folder:
         options = resume_options(folder, budget=budget, rounds=rounds, model=model,
                                  allow_exec=allow_exec)
-        team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers, **options)
+        team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
+                       api_base=api_base, price=price, **options)
         team.check()
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock

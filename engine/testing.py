@@ -32,6 +32,7 @@ from engine.models.types import (
     CallSpec,
     ModelAnswer,
     ModelRequest,
+    Price,
     Provider,
     StoredAnswer,
 )
@@ -56,6 +57,8 @@ class ScriptedModel:
     tokens_per_char: float = 0.25
     cost_per_call: float = 0.0
     """Pretend price of each answer (for budget tests)."""
+    token_price: Price | None = None
+    """Pretend price per token, told to the gateway (`price`) and added to each answer's cost."""
     gate: asyncio.Event | None = None
     """Set: every answer waits until the event is set (to test a call in flight, cancellation)."""
     requests: list[ModelRequest] = field(default_factory=list)
@@ -66,6 +69,10 @@ class ScriptedModel:
 
     def supports_schema(self, model: str) -> bool:
         return self.schema_support
+
+    def price(self, model: str) -> Price | None:
+        """`token_price`; None (unknown) by default: admission reserves the dearest call seen."""
+        return self.token_price
 
     async def complete(self, request: ModelRequest) -> ModelAnswer:
         index = len(self.requests)        # taken now: concurrent requests append while we wait
@@ -80,9 +87,13 @@ class ScriptedModel:
         finally:
             self.in_flight -= 1
         prompt_chars = sum(len(m.get("content", "")) for m in request.messages)
-        return ModelAnswer(text=text, prompt_tokens=int(prompt_chars * self.tokens_per_char),
-                           completion_tokens=int(len(text) * self.tokens_per_char),
-                           cost_usd=self.cost_per_call)
+        prompt_tokens = int(prompt_chars * self.tokens_per_char)
+        completion_tokens = int(len(text) * self.tokens_per_char)
+        cost = self.cost_per_call
+        if self.token_price is not None:
+            cost += self.token_price.cost(prompt_tokens, completion_tokens)
+        return ModelAnswer(text=text, prompt_tokens=prompt_tokens,
+                           completion_tokens=completion_tokens, cost_usd=cost)
 
     def _next(self, request: ModelRequest, index: int) -> Answer:
         if callable(self.answers):

@@ -23,6 +23,7 @@ from engine.models.hosted import LiteLLMProvider
 from engine.models.types import (
     CallSpec,
     ModelRequest,
+    Price,
     TransientModelError,
     Usage,
     request_hash,
@@ -342,6 +343,63 @@ def test_concurrent_calls_overspend_by_at_most_about_one_call():
     outcomes = asyncio.run(fan_out())
     assert any(isinstance(o, BudgetExceeded) for o in outcomes)
     assert gateway.usage.cost_usd < 1.0 + 0.3 + 1e-9
+
+
+def test_the_budget_holds_when_later_calls_cost_more():
+    # The first answer is cheap, every later one dear: admission by the dearest call seen so
+    # far let the whole fan-out start at once. A reservation of each call's worst case does not.
+    dear = 0.2                                       # 200 completion tokens at $0.001
+    model = ScriptedModel(lambda s, a: "ok" if s.prompt == "item 0" else "y" * 800,
+                          token_price=Price(0.0, 0.001))
+    gateway = Gateway(providers={"scripted": model}, budget_usd=1.0)
+
+    async def fan_out():
+        calls = (gateway.call(spec("text", prompt=f"item {i}", max_tokens=200)) for i in range(12))
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    outcomes = asyncio.run(fan_out())
+    assert any(isinstance(o, BudgetExceeded) for o in outcomes)
+    assert gateway.usage.cost_usd <= 1.0 + dear + 1e-9
+    assert model.max_in_flight > 1                   # still concurrent within the budget
+
+
+def test_a_call_without_max_tokens_reserves_the_models_output_limit():
+    # No max_tokens: the reservation is the model's most output tokens (here 1000 x $0.001 =
+    # $1), so with $0.5 of a $1 budget left no second call starts beside the first.
+    model = ScriptedModel(lambda s, a: "y" * 400, token_price=Price(0.0, 0.001, max_output_tokens=1000))
+    gateway = Gateway(providers={"scripted": model}, budget_usd=1.0)
+
+    async def fan_out():
+        calls = (gateway.call(spec("text", prompt=f"item {i}")) for i in range(6))
+        return await asyncio.gather(*calls, return_exceptions=True)
+
+    outcomes = asyncio.run(fan_out())
+    assert model.max_in_flight == 1
+    assert [o for o in outcomes if not isinstance(o, BudgetExceeded)] and gateway.usage.cost_usd <= 1.1
+
+
+def test_a_run_whose_fan_out_costs_more_than_its_first_call_stops_within_one_call(tmp_path):
+    # The shape of the software company: a cheap task list, then a fan-out of dear files.
+    from pathlib import Path
+
+    from engine.api import run as run_sop
+    from engine.check.compiler import compile_path
+
+    files = [f"f{i}.py" for i in range(12)]
+
+    def answer(call_spec, attempt):
+        if call_spec.action == "ListFiles":
+            return json.dumps({"Task list": files})
+        return "```python\n" + "x = 1\n" * 160 + "```"      # about 240 tokens
+
+    price = Price(0.0, 0.001, max_output_tokens=300)       # at most $0.30 a call
+    compiled = compile_path(Path(__file__).parent / "sops" / "fanout.sop.yaml")
+    with use_model(ScriptedModel(answer, token_price=price)) as model:
+        result = run_sop(compiled, {"idea": "files"}, budget_usd=0.6, workspace=tmp_path / "ws",
+                         journal=False)
+    assert result.status == "budget"
+    assert result.usage.cost_usd <= 0.6 + 0.3
+    assert model.calls < 1 + len(files)
 
 
 def test_fan_out_without_budget_runs_concurrently():

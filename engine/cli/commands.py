@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
     from engine.check.compiler import CompiledSop
+    from engine.models.types import Price
     from engine.run.events import RunObserver
     from engine.run.team import RunResult
 
@@ -86,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     with _display(checked.compiled) as display:
         result = api.run(checked.compiled, inputs, model=args.model, max_rounds=args.rounds,
                          budget_usd=args.budget, workspace=args.out, allow_exec=args.allow_exec,
-                         observers=[display])
+                         api_base=args.api_base, price=args.price, observers=[display])
     return _print_result(result, args.format)
 
 
@@ -103,7 +106,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
               f"it are not reused for '{args.model}'", file=sys.stderr)
     with _display(folder.compiled) as display:
         result = api.resume(folder, budget=args.budget, rounds=args.rounds, model=args.model,
-                            allow_exec=args.allow_exec, force=args.force, observers=(display,))
+                            allow_exec=args.allow_exec, force=args.force, observers=(display,),
+                            api_base=args.api_base, price=args.price)
     return _print_result(result, args.format)
 
 
@@ -186,6 +190,37 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-exec", action="store_true",
                    help="allow actions of kind exec to run commands in the workspace")
     p.add_argument("--format", choices=["text", "json"], default="text", help="result format")
+    _add_hosted_flags(p)
+
+
+def _add_hosted_flags(p: argparse.ArgumentParser) -> None:
+    """Where hosted models live and what an unpriced one costs: the user's, never a file's."""
+    p.add_argument("--api-base", metavar="URL", type=_api_base,
+                   help="base URL of an OpenAI-compatible server for hosted models "
+                        "(default: litellm's, e.g. $OPENAI_API_BASE)")
+    p.add_argument("--price", metavar="IN,OUT", type=_price,
+                   help="USD per million prompt and completion tokens of a model litellm "
+                        "cannot price (a self-hosted one), e.g. 0.2,0.6")
+
+
+def _api_base(text: str) -> str:
+    if not re.match(r"https?://[^\s/]+", text):
+        raise argparse.ArgumentTypeError(f"not an http(s) URL: {text!r}")
+    return text
+
+
+def _price(text: str) -> Price:
+    from engine.models.types import Price
+
+    parts = text.split(",")
+    try:
+        given, taken = (float(part) for part in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected IN,OUT in USD per million tokens (e.g. 0.2,0.6), got {text!r}") from None
+    if not all(math.isfinite(v) and v >= 0 for v in (given, taken)):
+        raise argparse.ArgumentTypeError(f"prices must be finite and >= 0, got {text!r}")
+    return Price(given / 1e6, taken / 1e6)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -221,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-exec", action="store_true")
     p.add_argument("--force", action="store_true", help="resume even if the SOP file changed")
     p.add_argument("--format", choices=["text", "json"], default="text")
+    _add_hosted_flags(p)
     p.set_defaults(handler=cmd_resume)
 
     p = sub.add_parser("replay", help="re-run with every model answer taken from a run's journal")

@@ -63,6 +63,7 @@ def result_object(state: RunState) -> dict[str, Any]:
         "actions": [_action_json(s) for s in state.actions.values()],
         "retries": usage.retries,
         "reasks": usage.reasks,
+        "unpriced_calls": state.unpriced_calls,
     }
 
 
@@ -121,6 +122,10 @@ def format_show(state: RunState) -> str:
                  f"{usage.retries} retries, {usage.reasks} re-asks, "
                  f"{state.journaled_calls} journaled, {usage.prompt_tokens}+"
                  f"{usage.completion_tokens} tokens, ${usage.cost_usd:.4f}")
+    if state.unpriced_calls:
+        lines.append(f"cost unknown: {state.unpriced_calls} model call(s) priced $0 because "
+                     "their model's price is unknown (give one with --price or the file's "
+                     "llm.price)")
     if state.artifacts:
         lines.append("artifacts: " + ", ".join(sorted(state.artifacts)))
     return "\n".join(lines)

@@ -101,6 +101,7 @@ class RunState:
     logs: list[dict[str, Any]] = field(default_factory=list)    # RunLog payloads (warnings etc.)
     usage: Usage = Usage()         # the whole run's, counted as ActionStats are
     journaled_calls: int = 0       # rows of the answers table (replayed answers included)
+    unpriced_calls: int = 0        # paid answers of a model whose price is unknown (cost 0)
 
     @property
     def ended(self) -> bool:
@@ -216,6 +217,7 @@ def _on_model_event(state: RunState, event: ModelEvent, record: ActionRecord | N
     if isinstance(event, LLMCalled):
         usage = Usage(reused_calls=event.reused)
     elif isinstance(event, ModelAnswered) and not event.reused:
+        state.unpriced_calls += event.unpriced
         return
     stats = state.actions.setdefault(event.action, ActionStats(event.action))
     stats.usage += usage

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-__all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "InputSpec", "LLMSpec",
+__all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "InputSpec", "LLMSpec", "PriceSpec",
            "TeamSpec", "OutputNode", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
            "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir"]
 
@@ -57,6 +57,13 @@ class InputSpec(_Model):
     description: str = ""
 
 
+class PriceSpec(_Model):
+    """USD per million tokens of a model whose price litellm does not know (self-hosted)."""
+
+    input_per_million: float = Field(ge=0)
+    output_per_million: float = Field(ge=0)
+
+
 class LLMSpec(_Model):
     """Defaults for LLM calls; a role's and an action's `llm` override the file's."""
 
@@ -64,6 +71,7 @@ class LLMSpec(_Model):
     temperature: float | None = Field(default=None, ge=0, le=2)
     max_tokens: int | None = Field(default=None, ge=1)
     timeout_s: float | None = Field(default=None, gt=0)
+    price: PriceSpec | None = None
 
 
 class TeamSpec(_Model):

@@ -27,7 +27,7 @@ import re
 from typing import Any
 
 from engine.errors import LLMError
-from engine.models.types import CallSpec, ModelAnswer, ModelRequest
+from engine.models.types import FREE, CallSpec, ModelAnswer, ModelRequest, Price
 
 __all__ = ["FakeModel", "instance", "answer_text", "latency_s", "LATENCY_ENV"]
 
@@ -44,6 +44,9 @@ class FakeModel:
     def supports_schema(self, model: str) -> bool:
         """False: the schema goes into the prompt, so the fake exercises the prompt parsers."""
         return False
+
+    def price(self, model: str) -> Price:
+        return FREE
 
     async def complete(self, request: ModelRequest) -> ModelAnswer:
         delay = latency_s()

@@ -18,17 +18,23 @@
    `ActionFailed` names the action and the last error. `choice` answers are never invalid.
 
 Transport: our own retry with exponential backoff (and jitter) for rate limits, timeouts,
-connection and 5xx errors (`TransientModelError`); litellm runs with `num_retries=0` and no
+connection and 5xx errors (`TransientModelError`), or after the server's `Retry-After` when
+it sent one (capped at `backoff_max_s`); litellm runs with `num_retries=0` and no
 cache. Other provider errors become `LLMError` with a clear message; a missing key names the
 environment variable to set. Key values are redacted from every message we raise.
 
 Budget: checked before every model call. `usage.cost_usd` is what this invocation paid.
 Answers reused from the journal were paid when they were recorded: they are not paid again
 (not added to `cost_usd`), but their recorded cost counts toward the budget once, through
-`usage.reused_cost_usd`, so a resumed run keeps the budget of the whole run. Concurrent
-calls (for_each fan-out) are admitted while the spend plus every in-flight call, each
-estimated at the dearest call seen so far, stays under the budget; before any cost is known
-calls go one at a time. So a run overspends by at most about one call.
+`usage.reused_cost_usd`, so a resumed run keeps the budget of the whole run. Every call
+reserves its worst-case cost before it starts: its prompt tokens bounded from the request's
+text (a token is at least one byte), its completion by `max_tokens` (else the model's most
+output tokens, else DEFAULT_COMPLETION_CAP), at the model's price (the provider's `price`;
+a provider that does not tell its price is reserved at the dearest call seen so far). A call
+starts only if spend + every in-flight reservation + its own stays within the budget, and
+always when nothing is in flight (so a run makes progress); when it ends its reservation is
+released and its real cost counted. So a run overspends by at most one call, however the
+calls' costs vary (a fan-out of dearer calls no longer starts at once).
 
 Events: the gateway reports through the run's one event stream (`emit`, which the Team plugs
 in; they are run events, see `engine.run.events`): `ModelAnswered` for every answer read (each
@@ -46,6 +52,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import random
 import time
 from dataclasses import dataclass, field
@@ -71,6 +79,7 @@ from engine.models.types import (
     ModelAnswered,
     ModelRequest,
     ModelRetried,
+    Price,
     Provider,
     StoredAnswer,
     TransientModelError,
@@ -81,6 +90,14 @@ __all__ = ["Gateway"]
 
 
 _NO_WAIT: AsyncContextManager[Any] = contextlib.nullcontext()
+
+
+DEFAULT_COMPLETION_CAP = 4096
+"""Completion tokens reserved for a call without `max_tokens` whose model's limit is unknown."""
+
+
+_TOKENS_PER_MESSAGE = 4     # chat-template tokens around each message (OpenAI: 3-4)
+_TOKENS_PER_REQUEST = 3     # tokens that prime the answer
 
 
 # --------------------------------------------------------------------------- the gateway
@@ -104,9 +121,14 @@ class Gateway:
     backoff_max_s: float = 30.0
     sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
     """How backoff waits (tests pass a recorder instead of sleeping)."""
+    api_base: str | None = None
+    """Where hosted models are reached (`--api-base`); never from a SOP file (see hosted)."""
+    price: Price | None = None
+    """`--price`: the price of every model whose price litellm does not know (over the file's)."""
     _hosted: Provider | None = field(default=None, repr=False)
     _admission: tuple[Any, asyncio.Condition] | None = field(default=None, repr=False)
     _in_flight: int = field(default=0, repr=False)
+    _reserved: float = field(default=0.0, repr=False)
     _max_call_cost: float | None = field(default=None, repr=False)
 
     def provider(self, model: str) -> Provider:
@@ -116,7 +138,8 @@ class Gateway:
     def _hosted_provider(self) -> Provider:
         """litellm, for every model name that is not registered (imported on first use)."""
         if self._hosted is None:
-            self._hosted = LiteLLMProvider()
+            self._hosted = LiteLLMProvider(
+                completion_kwargs={"api_base": self.api_base} if self.api_base else {})
         return self._hosted
 
     def preflight(self, model: str) -> None:
@@ -128,6 +151,8 @@ class Gateway:
     async def call(self, spec: CallSpec) -> CallResult:
         """The accepted answer for `spec`, or ActionFailed / LLMError / BudgetExceeded / ReplayDivergence."""
         _check_spec(spec)
+        if self.price is not None:
+            spec = dataclasses.replace(spec, fallback_price=self.price)
         provider = self.provider(spec.model)
         schema_mode = spec.kind == "json" and provider.supports_schema(spec.model)
         rformat = answers.response_format(spec) if schema_mode else None
@@ -165,10 +190,11 @@ class Gateway:
                 f"replay diverged at action {request.spec.action} (role {request.spec.role}, "
                 f"attempt {request.attempt}): request {key[:12]} is not in the journal",
                 hint="the SOP, its inputs or the engine changed since the run was recorded")
-        async with self._admit(request.spec):
+        async with self._admit(provider, request):
             answer, seconds = await self._complete(provider, request, result)
             event = _answered(request, key, answer.prompt_tokens, answer.completion_tokens,
-                              max(float(answer.cost_usd or 0.0), 0.0), round(seconds, 3))
+                              max(float(answer.cost_usd or 0.0), 0.0), round(seconds, 3),
+                              unpriced=not answer.priced)
             self._count(event, result)  # before the admission slot frees: the budget sees it
             self._max_call_cost = max(self._max_call_cost or 0.0, event.cost_usd)
         if self.store is not None:  # recorded before it is reported or parsed: never lost
@@ -190,7 +216,7 @@ class Gateway:
             except TransientModelError as exc:
                 if retry == self.transient_retries:
                     raise LLMError(f"{exc.message} (gave up after {retry + 1} attempts)") from None
-                wait = min(delay, self.backoff_max_s) * random.uniform(0.5, 1.0)
+                wait = self._retry_wait(exc, delay)
                 self._report(ModelRetried(spec.round, spec.role, spec.action, request.attempt,
                                          retry + 1, exc.message, round(wait, 3)), result)
                 await self.sleep(wait)
@@ -201,6 +227,12 @@ class Gateway:
                 raise LLMError(f"model '{spec.model}' failed for action {spec.action}: "
                                f"{type(exc).__name__}: {exc}") from None
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _retry_wait(self, exc: TransientModelError, delay: float) -> float:
+        """The server's Retry-After when it gave one, else jittered backoff; capped either way."""
+        if exc.retry_after_s is not None:
+            return min(max(exc.retry_after_s, 0.0), self.backoff_max_s)
+        return min(delay, self.backoff_max_s) * random.uniform(0.5, 1.0)
 
     def _report(self, event: GatewayEvent, result: CallResult) -> None:
         """Count an event in the totals (the gateway's, and its call's) and send it to the run."""
@@ -215,26 +247,40 @@ class Gateway:
         if self.emit is not None:
             self.emit(event)
 
-    def _admit(self, spec: CallSpec) -> AsyncContextManager[Any]:
+    def _admit(self, provider: Provider, request: ModelRequest) -> AsyncContextManager[Any]:
         """Budget admission (see module docstring); without a budget nothing waits, and the
         shared no-op costs a fraction of a generator-based context manager on every call."""
-        return self._admitted(spec) if self.budget_usd > 0 else _NO_WAIT
+        return self._admitted(provider, request) if self.budget_usd > 0 else _NO_WAIT
 
     @contextlib.asynccontextmanager
-    async def _admitted(self, spec: CallSpec) -> Any:
+    async def _admitted(self, provider: Provider, request: ModelRequest) -> Any:
+        price = _price_of(provider, request.spec)
+        tokens = (_prompt_token_bound(request), _completion_token_bound(request.spec, price))
         cond = self._condition()
         async with cond:
-            while not self._may_start(spec):
+            while True:
+                reserve = self._reservation(price, tokens)
+                if self._may_start(request.spec, reserve):
+                    break
                 await cond.wait()
+            reserve = reserve or 0.0
             self._in_flight += 1
+            self._reserved += reserve
         try:
             yield
         finally:
             async with cond:
                 self._in_flight -= 1
+                self._reserved -= reserve
                 cond.notify_all()
 
-    def _may_start(self, spec: CallSpec) -> bool:
+    def _reservation(self, price: Price | None, tokens: tuple[int, int]) -> float | None:
+        """A call's worst-case cost; unknown price: the dearest call seen (None before any)."""
+        if price is None:
+            return self._max_call_cost
+        return price.cost(*tokens)
+
+    def _may_start(self, spec: CallSpec, reserve: float | None) -> bool:
         spent = self.usage.budget_spent_usd
         if spent >= self.budget_usd:
             raise BudgetExceeded(
@@ -243,9 +289,9 @@ class Gateway:
                 hint="raise it with --budget (sopctl resume --budget continues the run)")
         if self._in_flight == 0:
             return True
-        if self._max_call_cost is None:
+        if reserve is None:
             return False
-        return spent + (self._in_flight + 1) * self._max_call_cost < self.budget_usd
+        return spent + self._reserved + reserve <= self.budget_usd
 
     def _condition(self) -> asyncio.Condition:
         loop = asyncio.get_running_loop()
@@ -256,10 +302,35 @@ class Gateway:
 
 
 def _answered(request: ModelRequest, key: str, prompt_tokens: int, completion_tokens: int,
-              cost: float, seconds: float, *, reused: bool = False) -> ModelAnswered:
+              cost: float, seconds: float, *, reused: bool = False,
+              unpriced: bool = False) -> ModelAnswered:
     spec = request.spec
     return ModelAnswered(spec.round, spec.role, spec.action, request.attempt, key, prompt_tokens,
-                         completion_tokens, cost, seconds, reused)
+                         completion_tokens, cost, seconds, reused, unpriced)
+
+
+def _price_of(provider: Provider, spec: CallSpec) -> Price | None:
+    """The model's price per token: the provider's, else the user's for an unpriced model."""
+    told = getattr(provider, "price", None)
+    price = told(spec.model) if told is not None else None
+    return price if price is not None else spec.fallback_price
+
+
+def _prompt_token_bound(request: ModelRequest) -> int:
+    """At most as many prompt tokens as UTF-8 bytes (a byte-level BPE token covers at least
+    one), plus the chat template's: an upper bound, without a tokenizer."""
+    size = sum(len(m.get("content", "").encode("utf-8")) for m in request.messages)
+    if request.response_format is not None:
+        size += len(json.dumps(request.response_format, ensure_ascii=False).encode("utf-8"))
+    return size + _TOKENS_PER_MESSAGE * len(request.messages) + _TOKENS_PER_REQUEST
+
+
+def _completion_token_bound(spec: CallSpec, price: Price | None) -> int:
+    """The most tokens the answer can have: the call's max_tokens, else the model's limit."""
+    if spec.max_tokens is not None:
+        return spec.max_tokens
+    limit = price.max_output_tokens if price is not None else None
+    return limit or DEFAULT_COMPLETION_CAP
 
 
 def _check_spec(spec: CallSpec) -> None:

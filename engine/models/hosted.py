@@ -7,24 +7,42 @@ import never fetches a price list from the network).
 
 Errors are mapped here: rate limits, timeouts, connection and 5xx errors become
 `TransientModelError` (the gateway retries them with backoff; litellm's own retries are off),
-a missing or rejected key becomes an `LLMError` whose hint names the environment variable,
-anything else an `LLMError` with litellm's message. Every message goes through `redact`
-first, so no key value ever reaches an error, a log or a journal.
+carrying the server's `Retry-After` (seconds or an HTTP date) on a 429 or 503; a missing or
+rejected key becomes an `LLMError` whose hint names the environment variable, anything else
+an `LLMError` with litellm's message. Every message goes through `redact` first, so no key
+value ever reaches an error, a log or a journal.
+
+Manners: every call has a timeout (the action's, role's or file's `llm.timeout_s`, else
+DEFAULT_TIMEOUT_S; litellm's own default is 6,000 s). An answer without choices is a transient
+error (retried, then a clear LLMError), not an IndexError. An answer without `usage` has its
+tokens counted here (`litellm.token_counter`), not recorded as zeros. A model whose price
+litellm does not know (a self-hosted one) is priced by the user's `--price` or the file's
+`llm.price`, else at 0 and marked unpriced, so `sopctl show` can say its cost is unknown.
+
+Where the model lives: litellm reads `OPENAI_API_BASE` (and each provider's own variables)
+from the environment, and `sopctl run --api-base URL` passes one; never from a SOP file,
+which could send the user's key to its author's host.
 """
 
 from __future__ import annotations
 
+import email.utils
 import os
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import LLMError, RunError, UsageError
 from engine.models.registry import check_real_model_allowed
-from engine.models.types import CallSpec, ModelAnswer, ModelRequest, TransientModelError
+from engine.models.types import CallSpec, ModelAnswer, ModelRequest, Price, TransientModelError
 
-__all__ = ["LiteLLMProvider", "litellm_module", "redact"]
+__all__ = ["LiteLLMProvider", "litellm_module", "redact", "DEFAULT_TIMEOUT_S"]
+
+
+DEFAULT_TIMEOUT_S = 120.0
+"""Seconds a hosted call may take when no `llm.timeout_s` is set (then it is retried)."""
 
 
 _LITELLM: list[Any] = []
@@ -72,6 +90,13 @@ class LiteLLMProvider:
     """Extra arguments for litellm (e.g. `api_base`, or `mock_response` in tests)."""
     transient: bool = True
     """False: every error is final (an in-process model is not helped by waiting)."""
+    _prices: dict[str, Price | None] = field(default_factory=dict, repr=False)
+
+    def price(self, model: str) -> Price | None:
+        """The model's price per token from litellm's cost map; None: unknown (self-hosted)."""
+        if model not in self._prices:
+            self._prices[model] = _litellm_price(model)
+        return self._prices[model]
 
     def supports_schema(self, model: str) -> bool:
         try:
@@ -107,14 +132,15 @@ class LiteLLMProvider:
             response = await litellm.acompletion(**self._kwargs(model, request))
         except Exception as exc:  # noqa: BLE001 - converted to our error family here
             raise self._convert(exc, request.spec) from None
-        return _answer_of(litellm, response)
+        return self._answer_of(litellm, model, request, response)
 
     def _kwargs(self, model: str, request: ModelRequest) -> dict[str, Any]:
         spec = request.spec
         kwargs: dict[str, Any] = {"model": model, "messages": list(request.messages),
-                                  "num_retries": 0, "drop_params": True}
+                                  "num_retries": 0, "drop_params": True,
+                                  "timeout": spec.timeout_s or DEFAULT_TIMEOUT_S}
         for name, value in (("temperature", spec.temperature), ("max_tokens", spec.max_tokens),
-                            ("timeout", spec.timeout_s), ("response_format", request.response_format)):
+                            ("response_format", request.response_format)):
             if value is not None:
                 kwargs[name] = value
         return {**kwargs, **self.completion_kwargs}
@@ -128,8 +154,31 @@ class LiteLLMProvider:
             return LLMError(f"model '{spec.model}' has no valid API key (action {spec.action})",
                             hint=_key_hint(spec.model))
         if self.transient and _is_transient(exc):
-            return TransientModelError(f"model '{spec.model}' for action {spec.action}: {message}")
+            return TransientModelError(f"model '{spec.model}' for action {spec.action}: {message}",
+                                       retry_after_s=_retry_after_s(exc))
         return LLMError(f"model '{spec.model}' failed for action {spec.action}: {message}")
+
+    def _answer_of(self, litellm: Any, model: str, request: ModelRequest, response: Any) -> ModelAnswer:
+        """Text, tokens and cost of a response; tokens counted here when the body has no usage."""
+        spec = request.spec
+        choices = getattr(response, "choices", None)
+        if not choices:
+            raise TransientModelError(f"model '{spec.model}' for action {spec.action}: the answer "
+                                      "has no choices (an empty `choices` list)")
+        text = choices[0].message.content or ""
+        prompt_tokens, completion_tokens = _usage_of(response)
+        counted = prompt_tokens == 0 and completion_tokens == 0   # no usage: litellm says 0, 0
+        if counted:
+            prompt_tokens, completion_tokens = _count_tokens(litellm, model, request, text)
+        price = self.price(model)
+        if price is None:  # unknown to litellm: the user's price, else 0 and said so
+            given = spec.fallback_price
+            cost = given.cost(prompt_tokens, completion_tokens) if given is not None else 0.0
+            return ModelAnswer(text, prompt_tokens, completion_tokens, cost, priced=given is not None)
+        cost = price.cost(prompt_tokens, completion_tokens)
+        if not counted:
+            cost = _litellm_cost(litellm, response, cost)
+        return ModelAnswer(text, prompt_tokens, completion_tokens, cost)
 
 
 # litellm reports a missing key for some providers as a 500 ("Missing credentials..."):
@@ -166,13 +215,71 @@ def _key_hint(model: str) -> str:
     return "check the provider's API key variable in the environment (see litellm's docs)"
 
 
-def _answer_of(litellm: Any, response: Any) -> ModelAnswer:
-    text = response.choices[0].message.content or ""
+def _usage_of(response: Any) -> tuple[int, int]:
     usage = getattr(response, "usage", None)
+    return (int(getattr(usage, "prompt_tokens", 0) or 0),
+            int(getattr(usage, "completion_tokens", 0) or 0))
+
+
+def _count_tokens(litellm: Any, model: str, request: ModelRequest, text: str) -> tuple[int, int]:
+    """Tokens of a request and its answer, counted locally (litellm's tokenizer for the model,
+    else its default one; at worst a quarter of the characters)."""
     try:
-        cost = float(litellm.completion_cost(completion_response=response) or 0.0)
-    except Exception:  # noqa: BLE001 - unknown price: 0, as MetaGPT does
-        cost = 0.0
-    return ModelAnswer(text=text, prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-                       completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
-                       cost_usd=cost)
+        return (int(litellm.token_counter(model=model, messages=list(request.messages))),
+                int(litellm.token_counter(model=model, text=text, count_response_tokens=True)))
+    except Exception:  # noqa: BLE001 - an estimate is better than zeros
+        chars = sum(len(m.get("content", "")) for m in request.messages)
+        return chars // 4 + 1, len(text) // 4 + 1
+
+
+def _litellm_cost(litellm: Any, response: Any, estimate: float) -> float:
+    """litellm's cost of a response (cached and reasoning tokens priced right), else ours."""
+    try:
+        return float(litellm.completion_cost(completion_response=response))
+    except Exception:  # noqa: BLE001 - our price times the tokens
+        return estimate
+
+
+_RETRY_AFTER_STATUSES = (429, 503)
+
+
+def _retry_after_s(exc: Exception) -> float | None:
+    """The server's `Retry-After` on a 429 or 503: seconds, or an HTTP date (None: not given)."""
+    if getattr(exc, "status_code", None) not in _RETRY_AFTER_STATUSES:
+        return None
+    headers = getattr(exc, "litellm_response_headers", None)
+    if headers is None:
+        headers = getattr(getattr(exc, "response", None), "headers", None)
+    if headers is None:
+        return None
+    millis = _parse_retry_after(str(headers.get("retry-after-ms") or ""))  # OpenAI's finer one
+    if millis is not None:
+        return millis / 1000
+    value = headers.get("retry-after")
+    return _parse_retry_after(str(value)) if value else None
+
+
+def _parse_retry_after(value: str) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+def _litellm_price(model: str) -> Price | None:
+    try:
+        info = litellm_module().get_model_info(model=model)
+    except Exception:  # noqa: BLE001 - "This model isn't mapped yet": unknown price
+        return None
+    given, taken = info.get("input_cost_per_token"), info.get("output_cost_per_token")
+    if given is None or taken is None:
+        return None
+    limit = info.get("max_output_tokens") or info.get("max_tokens")
+    return Price(float(given), float(taken), int(limit) if limit else None)

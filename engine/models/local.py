@@ -58,7 +58,7 @@ from typing import Any, Callable
 
 from engine.errors import LLMError, RunError, SopError
 from engine.models.registry import check_real_model_allowed
-from engine.models.types import ModelAnswer, ModelRequest
+from engine.models.types import FREE, ModelAnswer, ModelRequest, Price
 
 __all__ = ["LocalModel", "N_CTX", "MAX_TOKENS", "MAX_JSON_TOKENS", "MAX_STRING_CHARS",
            "MAX_LIST_ITEMS", "REPEAT_PENALTY", "check_available", "model_path", "tighten_schema",
@@ -117,6 +117,9 @@ class LocalModel:
     def supports_schema(self, model: str) -> bool:
         """True: the schema becomes a llama.cpp grammar."""
         return True
+
+    def price(self, model: str) -> Price:
+        return FREE
 
     def preflight(self, model: str) -> None:
         if self.llama is None:

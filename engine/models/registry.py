@@ -14,7 +14,7 @@ import os
 from typing import Any, Callable, Iterator, Mapping
 
 from engine.check.compiler import CompiledSop
-from engine.models.types import CallSpec, Provider, RealModelBlocked
+from engine.models.types import CallSpec, Price, Provider, RealModelBlocked
 
 __all__ = ["DEFAULT_MODEL", "MODEL_ENV", "choose_model", "resolve_llm", "default_model", "register_model",
            "unregister_model", "override_model", "real_models_blocked", "check_real_model_allowed"]
@@ -32,7 +32,7 @@ def choose_model(override: str | None, declared: str | None) -> str:
 def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str,
                 override: str | None) -> dict[str, Any]:
     """Model and sampling settings of one action: each from the action, else its role, else
-    the file; the model by `choose_model`."""
+    the file; the model by `choose_model`; `price` (per token) for a model litellm cannot price."""
     spec = compiled.spec
     layers = [spec.actions[action_id].llm, spec.roles[role_id].llm, spec.llm]
     picked: dict[str, Any] = {}
@@ -40,6 +40,9 @@ def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str,
         picked[key] = next((getattr(layer, key) for layer in layers
                             if layer and getattr(layer, key) is not None), None)
     picked["model"] = choose_model(override, picked["model"])
+    given = next((layer.price for layer in layers if layer and layer.price is not None), None)
+    picked["price"] = (Price(given.input_per_million / 1e6, given.output_per_million / 1e6)
+                       if given is not None else None)
     return picked
 
 

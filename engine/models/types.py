@@ -14,7 +14,7 @@ from typing import Any, Literal, Mapping, Protocol
 
 from engine.errors import LLMError
 
-__all__ = ["CallSpec", "is_secret_name", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
+__all__ = ["Price", "FREE", "CallSpec", "is_secret_name", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
            "ModelAnswered", "ModelRetried", "AnswerRejected", "GatewayEvent", "ModelRequest",
            "ModelAnswer", "Provider", "TransientModelError", "RealModelBlocked", "request_hash"]
 
@@ -28,6 +28,23 @@ def is_secret_name(name: str) -> bool:
 
 
 CallKind = Literal["json", "text", "code", "choice"]
+
+
+@dataclass(frozen=True)
+class Price:
+    """A model's price in USD per token, and the most tokens it answers when known (what the
+    gateway's budget admission reserves for a call without `max_tokens`)."""
+
+    input_per_token: float
+    output_per_token: float
+    max_output_tokens: int | None = None
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return prompt_tokens * self.input_per_token + completion_tokens * self.output_per_token
+
+
+FREE = Price(0.0, 0.0)
+"""The price of `fake`, `local` and a test's scripted model."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +67,9 @@ class CallSpec:
     max_tokens: int | None = None
     timeout_s: float | None = None
     round: int = 0                   # the run's round, named in its events (not in the request)
+    fallback_price: Price | None = None
+    """The price the user gave (`--price`, the file's `llm.price`) for a model whose price
+    litellm does not know (a self-hosted model); never overrides a known price."""
 
 
 @dataclass(frozen=True)
@@ -151,6 +171,7 @@ class ModelAnswered(_Reported):
     cost_usd: float
     seconds: float                 # the model's time (a reused answer: as recorded)
     reused: bool = False           # taken from the journal: not paid again
+    unpriced: bool = False         # the model's price is unknown: cost_usd 0 is not a real cost
 
     @property
     def usage(self) -> Usage:
@@ -234,10 +255,16 @@ class ModelAnswer:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    priced: bool = True
+    """False: the model's price is unknown and `cost_usd` is 0 for want of one."""
 
 
 class Provider(Protocol):
-    """Anything that answers model requests: litellm, `fake`, `local`, a test's ScriptedModel."""
+    """Anything that answers model requests: litellm, `fake`, `local`, a test's ScriptedModel.
+
+    Optional: `price(model) -> Price | None` (None: unknown), which lets budget admission
+    reserve a call's worst-case cost before it starts; `preflight(model)`, checked before a
+    run starts."""
 
     def supports_schema(self, model: str) -> bool:
         """True: a `json` request carries the schema as `response_format`."""
@@ -247,7 +274,12 @@ class Provider(Protocol):
 
 
 class TransientModelError(LLMError):
-    """Rate limit, timeout, connection or server error: the gateway retries with backoff."""
+    """Rate limit, timeout, connection or server error: the gateway retries with backoff, or
+    after `retry_after_s` when the server said when (its `Retry-After`)."""
+
+    def __init__(self, message: str, hint: str = "", *, retry_after_s: float | None = None) -> None:
+        super().__init__(message, hint)
+        self.retry_after_s = retry_after_s
 
 
 class RealModelBlocked(LLMError):

@@ -210,7 +210,8 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
                     prompt=prompt, kind=kind, model=llm["model"],  # type: ignore[arg-type]
                     schema=ctx.compiled.output_schemas.get(action_id), code_lang=lang,
                     format=action.format, retries=action.retries, temperature=llm["temperature"],
-                    max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"], round=round_)
+                    max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"], round=round_,
+                    fallback_price=llm["price"])
     try:
         result = await call_gateway(ctx, spec)
     except ActionFailed as exc:  # the answers never fitted what the action declares

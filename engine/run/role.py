@@ -147,7 +147,8 @@ class Role:
                         prompt=choice_prompt(self.ctx, self.spec, self.memory, previous),
                         kind="choice", model=llm["model"], retries=0, n_choices=len(actions),
                         previous_choice=previous, temperature=llm["temperature"],
-                        timeout_s=llm["timeout_s"], round=self._round)
+                        timeout_s=llm["timeout_s"], round=self._round,
+                        fallback_price=llm["price"])
         result = await call_gateway(self.ctx, spec)  # a model error fails the run
         choice = parse_choice(result.value, result.text, len(actions))
         if choice < 0:

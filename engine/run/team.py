@@ -22,7 +22,7 @@ from engine.check.diagnostics import format_failure
 from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError
 from engine.models.gateway import Gateway
 from engine.models.registry import default_model, resolve_llm
-from engine.models.types import AnswerStore, Usage
+from engine.models.types import AnswerStore, Price, Usage
 from engine.run.actions import RunContext, used_actions
 from engine.run.environment import Environment
 from engine.run.events import (
@@ -63,6 +63,8 @@ class RunOptions:
     store: AnswerStore | None = None
     replay: bool = False
     gateway: Gateway | None = None
+    api_base: str | None = None      # where hosted models are reached (`--api-base`)
+    price: Price | None = None       # `--price`, for models litellm cannot price
 
 
 @dataclass
@@ -139,7 +141,8 @@ class Team:
         root = options.workspace or Path("runs") / self.run_id
         self.workspace = Workspace(root)
         self._artifacts: dict[str, str] = {}
-        gateway = options.gateway or Gateway(store=options.store, replay=options.replay)
+        gateway = options.gateway or Gateway(store=options.store, replay=options.replay,
+                                             api_base=options.api_base, price=options.price)
         gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
         gateway.emit = self._emit         # its attempts, retries and re-asks are run events
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
