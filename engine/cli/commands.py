@@ -342,7 +342,7 @@ def _refuse_undecodable_args(args: argparse.Namespace) -> None:
     for name, value in vars(args).items():
         for text in value if isinstance(value, list) else [value]:
             if isinstance(text, str) and not _is_utf8(text):
-                from engine.run.inputs import require_utf8   # only on the refusal path
+                from engine.run.inputs import require_utf8  # only on the refusal path
 
                 require_utf8(text, _ARG_NAMES.get(name, "--" + name.replace("_", "-")))
 
