@@ -1,0 +1,228 @@
+"""Exec isolation: what a command from a shared file can see, what it leaves in the journal,
+and what it leaves running (issue 10, "Exec isolation")."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from run_helpers import default_answer, run_sop, sop_text
+
+from engine.check.compiler import compile_text
+from engine.load.secrets import REDACTED, is_secret_name, scrub, secret_values
+from engine.testing import ScriptedModel
+
+SECRETS = {
+    "OPENAI_KEY": "sk-openai-SENTINEL-0123456789",
+    "GITHUB_PAT": "github_pat_SENTINEL_abcdefghij",
+    "ANTHROPIC_AUTH": "anthropic-SENTINEL-auth-987654",
+    "DATABASE_URL": "postgres://app:db-SENTINEL-pw-42@db.internal:5432/prod",
+}
+"""Shapes that reached the child (and the journal) when the environment was a denylist."""
+
+PRINT_ENV = '["python", "-c", "import os, json; print(json.dumps(dict(os.environ)))"]'
+
+
+def _exec_source(command: str, extra: str = "", timeout: float = 30) -> str:
+    return f"""
+apiVersion: sop/v1
+name: cmd
+inputs: {{idea: {{type: str}}}}
+actions:
+  Run: {{kind: exec, command: {command}, timeout_s: {timeout}, send_to: ["<none>"]{extra}}}
+roles:
+  Runner: {{actions: [Run], watch: [UserRequirement]}}
+"""
+
+
+def _exec_sop(command: str, extra: str = "", timeout: float = 30) -> Any:
+    return sop_text(_exec_source(command, extra, timeout))
+
+
+def _child_environ(result: Any) -> dict[str, str]:
+    out = result.messages[-1].out
+    assert out["exit_code"] == 0, out["stderr"]
+    return json.loads(out["stdout"])
+
+
+@pytest.fixture
+def secret_env(monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    for name, value in SECRETS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SOPCTL_DECLARED", "declared-value")
+    monkeypatch.setenv("SOPCTL_UNDECLARED", "undeclared-value")
+    return SECRETS
+
+
+# --- 1. the child's environment is an allowlist ---------------------------------------------
+
+def test_exec_child_gets_no_secret_and_nothing_undeclared(tmp_path: Path, secret_env: dict) -> None:
+    result = run_sop(_exec_sop(PRINT_ENV), ScriptedModel(default_answer), tmp_path, allow_exec=True)
+    seen = _child_environ(result)
+    assert not set(secret_env) & set(seen)
+    assert not any(value in json.dumps(seen) for value in secret_env.values())
+    assert "SOPCTL_UNDECLARED" not in seen and "SOPCTL_DECLARED" not in seen
+    assert seen["PATH"] == os.environ["PATH"]
+
+
+def test_exec_child_gets_the_names_its_action_declares(tmp_path: Path, secret_env: dict) -> None:
+    compiled = _exec_sop(PRINT_ENV, ", env: [SOPCTL_DECLARED, NOT_SET_ANYWHERE]")
+    seen = _child_environ(run_sop(compiled, ScriptedModel(default_answer), tmp_path, allow_exec=True))
+    assert seen["SOPCTL_DECLARED"] == "declared-value"
+    assert "NOT_SET_ANYWHERE" not in seen and "SOPCTL_UNDECLARED" not in seen
+    assert not set(secret_env) & set(seen)
+
+
+def test_declaring_a_secret_looking_name_is_a_warning() -> None:
+    compiled = _exec_sop(PRINT_ENV, ", env: [PYTHONPATH, OPENAI_KEY]")
+    found = [(d.code, d.pointer) for d in compiled.warnings if d.code == "SOP214"]
+    assert found == [("SOP214", "/actions/Run/env/1")]
+
+
+def test_env_must_be_names() -> None:
+    from engine.errors import CompileError
+
+    with pytest.raises(CompileError) as err:
+        compile_text(_sop_source(', env: ["A=b"]'))
+    assert [d.code for d in err.value.diagnostics] == ["SOP105"]
+    assert "'A=b' is not an environment variable name" in str(err.value)
+
+
+def test_env_on_an_llm_action_is_ignored_with_a_warning() -> None:
+    compiled = sop_text("""
+apiVersion: sop/v1
+name: cmd
+actions:
+  Say: {prompt: hi, env: [HOME], send_to: ["<none>"]}
+roles:
+  Sayer: {actions: [Say], watch: [UserRequirement]}
+""")
+    found = [(d.code, d.pointer) for d in compiled.warnings if d.code == "SOP209"]
+    assert found == [("SOP209", "/actions/Say/env")]
+
+
+def _sop_source(extra: str) -> str:
+    return f"""
+apiVersion: sop/v1
+name: cmd
+actions:
+  Run: {{kind: exec, command: ["true"], send_to: ["<none>"]{extra}}}
+roles:
+  Runner: {{actions: [Run], watch: [UserRequirement]}}
+"""
+
+
+@pytest.mark.parametrize("name", ["OPENAI_KEY", "GITHUB_PAT", "ANTHROPIC_AUTH", "OPENAI_API_KEY",
+                                  "SLACK_TOKEN", "AWS_SECRET_ACCESS_KEY", "PGPASSWORD", "DB_PASS",
+                                  "GOOGLE_APPLICATION_CREDENTIALS", "private_key"])
+def test_secret_names(name: str) -> None:
+    assert is_secret_name(name)
+
+
+@pytest.mark.parametrize("name", ["PATH", "HOME", "MONKEY", "COMPAT_MODE", "AUTHOR", "KEYBOARD", "PYTHONPATH"])
+def test_ordinary_names(name: str) -> None:
+    assert not is_secret_name(name)
+
+
+# --- 2. the journal never holds those shapes in clear ---------------------------------------
+
+def _journal_bytes(workspace: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in (workspace / ".sopctl").iterdir() if p.is_file())
+
+
+def test_secrets_in_answers_and_command_output_never_reach_the_journal(tmp_path: Path,
+                                                                       secret_env: dict) -> None:
+    stranger_url = "mysql://root:S3cret-not-in-env@10.0.0.1/app"  # in no variable at all
+    leaky = " ".join([*secret_env.values(), stranger_url])
+    compiled = sop_text(f"""
+apiVersion: sop/v1
+name: leaky
+inputs: {{idea: {{type: str}}}}
+actions:
+  Say: {{prompt: "say it", send_to: [Runner]}}
+  Run:
+    kind: exec
+    command: ["python", "-c", "import os, sys; print(sys.argv[1], *(os.environ[n] for n in sys.argv[2:]))",
+              "{stranger_url}", {", ".join(secret_env)}]
+    env: [{", ".join(secret_env)}]
+    send_to: ["<none>"]
+roles:
+  Sayer: {{actions: [Say], watch: [UserRequirement]}}
+  Runner: {{actions: [Run], watch: [Say]}}
+""")
+    result = run_sop(compiled, ScriptedModel(lambda spec, _: f"here: {leaky}"), tmp_path / "ws",
+                     allow_exec=True)
+    assert result.status == "idle"
+    assert all(v in result.messages[-1].out["stdout"] for v in secret_env.values())  # the run had them
+    blobs = _journal_bytes(tmp_path / "ws")
+    for secret in [*secret_env.values(), "db-SENTINEL-pw-42", "S3cret-not-in-env"]:
+        assert secret.encode() not in blobs, secret
+    assert b"mysql://root:" + REDACTED.encode() + b"@10.0.0.1/app" in blobs
+
+
+def test_url_passwords_are_scrubbed_in_any_text() -> None:
+    text = 'a "redis://:pw-long-enough@cache:6379/0" and https://u:p@h/x and https://example.com/a:b@c'
+    scrubbed = scrub(text, ())
+    assert "pw-long-enough" not in scrubbed and "u:[REDACTED]@h" in scrubbed
+    assert "https://example.com/a:b@c" in scrubbed  # a path, not a password
+    assert scrub(scrubbed, ()) == scrubbed
+
+
+def test_url_password_of_an_env_value_is_a_secret_value() -> None:
+    values = secret_values({"DATABASE_URL": "postgres://app:long-password-1@db/x", "SHORT": "x://a:b@c"})
+    assert "long-password-1" in values and "b" not in values
+
+
+
+# --- 4. no process outlives its action -----------------------------------------------------
+
+def _gone(pid: int) -> bool:
+    """No such process: not running, and not a zombie left for nobody to reap."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+linux_only = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reaping needs Linux /proc")
+
+LEAVE_ESCAPEES = """
+import os, subprocess, sys, time
+if sys.argv[1:] == ["child"]:  # in its own session: start a grandchild, tell its pids, linger
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    print(os.getpid(), grandchild.pid, flush=True)
+    time.sleep(60)
+child = subprocess.Popen([sys.executable, __file__, "child"], start_new_session=True,
+                         stdout=subprocess.PIPE, text=True)
+print(child.stdout.readline().strip(), flush=True)
+if sys.argv[1:] == ["linger"]:
+    time.sleep(60)
+"""
+"""The command starts a `setsid` child (sleeping 60 s) that starts a grandchild of its own,
+prints both pids and exits, leaving them behind (or lingers itself with `linger`)."""
+
+
+def _escapee_script(tmp_path: Path) -> str:
+    script = tmp_path / "escape.py"
+    script.write_text(LEAVE_ESCAPEES)
+    return str(script)
+
+
+@linux_only
+def test_a_setsid_child_and_its_own_child_do_not_outlive_the_action(tmp_path: Path) -> None:
+    compiled = _exec_sop(json.dumps(["python", _escapee_script(tmp_path)]))
+    result = run_sop(compiled, ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True)
+    out = result.messages[-1].out
+    assert out["exit_code"] == 0, out["stderr"]
+    pids = [int(p) for p in out["stdout"].split()]
+    assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+
+
+@linux_only
+def test_a_timed_out_command_leaves_no_setsid_child_and_keeps_its_output(tmp_path: Path) -> None:
+    compiled = _exec_sop(json.dumps(["python", _escapee_script(tmp_path), "linger"]), timeout=2)
+    result = run_sop(compiled, ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True)
+    out = result.messages[-1].out
+    assert out["exit_code"] == 124 and "timeout" in out["stderr"]
+    pids = [int(p) for p in out["stdout"].split()]  # the pipes closed: nothing was lost
+    assert len(pids) == 2 and all(_gone(pid) for pid in pids)
