@@ -7,8 +7,10 @@ timeout kills the whole group), no stdin, and bounded stdout and stderr."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import secrets
+import shutil
 import signal
 import sys
 from collections.abc import Mapping
@@ -19,6 +21,7 @@ from engine.check.sandbox import TemplateFailure, render_template
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
 from engine.load.spec import ActionSpec
+from engine.run.isolation import Sandbox
 from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.workspace import Workspace
 
@@ -30,7 +33,8 @@ MAX_STREAM_BYTES = 64 * 1024
 
 
 async def run_command(action_id: str, action: ActionSpec, variables: dict[str, Any], *,
-                      workspace: Workspace, allow_exec: bool) -> dict[str, Any]:
+                      workspace: Workspace, allow_exec: bool, sandbox: Sandbox | None = None
+                      ) -> dict[str, Any]:
     """`kind: exec`: no shell, cwd = workspace, timeout kills the process group, bounded output,
     and nothing the command started outlives it (engine/run/reaper.py)."""
     command = join_pointer("/actions", action_id, "command")
@@ -40,12 +44,18 @@ async def run_command(action_id: str, action: ActionSpec, variables: dict[str, A
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable  # "python" means the interpreter running sopctl
     mark = secrets.token_hex(8)
+    env = {**child_env(action.env), MARK_ENV: mark}
+    if sandbox is not None:
+        env["TMPDIR"] = "/tmp"  # the sandbox's own; the user's may be read-only in there
+        program = _program(argv[0], env, workspace.root)
+        if program is None:
+            raise _cannot_start(action_id, command, argv[0], os.strerror(errno.ENOENT))
+        argv = sandbox.wrap([program, *argv[1:]], workspace.root)
     with subreaper():
         try:
-            proc, exited = await _start(argv, cwd=workspace.root, env={**child_env(action.env), MARK_ENV: mark})
+            proc, exited = await _start(argv, cwd=workspace.root, env=env)
         except OSError as exc:
-            raise ActionFailed(action_id, f"cannot start {argv[0]!r}: {exc.strerror or exc}",
-                               code="SOP503", pointer=f"{command}/0") from None
+            raise _cannot_start(action_id, command, argv[0], exc.strerror or str(exc)) from None
         return await _collect(proc, exited, action.timeout_s, mark)
 
 
@@ -72,6 +82,20 @@ async def _start(argv: list[str], *, cwd: Path, env: dict[str, str]
         stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
     return asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
+
+
+def _program(name: str, env: dict[str, str], cwd: Path) -> str | None:
+    """The program as the child would find it (PATH, or a path from the workspace), looked up
+    now: inside the sandbox a missing one would only be bwrap's exit code 1."""
+    if os.sep in name:
+        path = cwd / name
+        return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+    return shutil.which(name, path=env.get("PATH", os.defpath))
+
+
+def _cannot_start(action_id: str, command: str, program: str, why: str) -> ActionFailed:
+    return ActionFailed(action_id, f"cannot start {program!r}: {why}", code="SOP503",
+                        pointer=f"{command}/0")
 
 
 def _argv(action_id: str, action: ActionSpec, variables: dict[str, Any], command: str) -> list[str]:

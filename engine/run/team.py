@@ -25,6 +25,7 @@ from engine.models.registry import default_model, resolve_llm
 from engine.models.types import AnswerStore, Usage
 from engine.run.actions import RunContext, used_actions
 from engine.run.environment import Environment
+from engine.run.isolation import find_sandbox
 from engine.run.events import (
     ActionCompleted,
     CompletedActions,
@@ -57,6 +58,10 @@ class RunOptions:
     budget_usd: float | None = None
     workspace: str | Path | None = None
     allow_exec: bool = False
+    isolate: bool = False
+    """Run exec commands under bubblewrap (engine/run/isolation.py)."""
+    allow_network: bool = False
+    """With `isolate`: keep the network (without it, commands see only a private loopback)."""
     run_id: str | None = None
     observers: Sequence[RunObserver] = ()
     completed: CompletedActions | None = None
@@ -162,6 +167,11 @@ class Team:
             raise RunError(f"this SOP runs commands; actions of kind exec need --allow-exec: "
                            f"{', '.join(needing)}",
                            hint="read what they run first; then pass --allow-exec")
+        if self.options.allow_network and not self.options.isolate:
+            raise RunError("--allow-network only applies with --isolate",
+                           hint="commands already have the network unless --isolate is given")
+        if self.options.isolate:
+            self.ctx.sandbox = find_sandbox(self.options.allow_network)
         preflight = getattr(self.ctx.gateway, "preflight", None)
         if preflight is not None and not self.options.replay:
             for model in self.models():
