@@ -203,7 +203,9 @@ prints both pids and exits, leaving them behind (or lingers itself with `linger`
 
 
 def _escapee_script(tmp_path: Path) -> str:
-    script = tmp_path / "escape.py"
+    """The script in the workspace-to-be (where a sandboxed command can read it too)."""
+    script = tmp_path / "ws" / "escape.py"
+    script.parent.mkdir(exist_ok=True)
     script.write_text(LEAVE_ESCAPEES)
     return str(script)
 
@@ -226,3 +228,168 @@ def test_a_timed_out_command_leaves_no_setsid_child_and_keeps_its_output(tmp_pat
     assert out["exit_code"] == 124 and "timeout" in out["stderr"]
     pids = [int(p) for p in out["stdout"].split()]  # the pipes closed: nothing was lost
     assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+
+
+@linux_only
+def test_a_cancelled_run_leaves_no_setsid_child(tmp_path: Path) -> None:
+    """Ctrl-C (and SIGTERM, handled alike) cancels the run: the command's escapees go too."""
+    import asyncio
+
+    from engine import api
+
+    pid_file = tmp_path / "pids"
+    script = tmp_path / "escape.py"
+    script.write_text(LEAVE_ESCAPEES.replace("print(child.stdout.readline().strip(), flush=True)",
+                                             f"open({str(pid_file)!r}, 'w').write(child.stdout.readline())"))
+    compiled = _exec_sop(json.dumps(["python", str(script), "linger"]))
+
+    async def cancel_mid_command() -> None:
+        task = asyncio.ensure_future(api.run_async(compiled, {"idea": "x"}, model="fake", journal=False,
+                                                   workspace=tmp_path / "ws", allow_exec=True))
+        while not (pid_file.exists() and pid_file.read_text().strip()) and not task.done():
+            await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(cancel_mid_command())
+    pids = [int(p) for p in pid_file.read_text().split()]
+    assert len(pids) == 2 and all(_gone(pid) for pid in pids)
+
+
+# --- 3. --isolate: bubblewrap ------------------------------------------------------------------
+
+def _bwrap_works() -> bool:
+    import shutil
+    import subprocess
+
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False
+    try:
+        probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "true"],
+                               capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return probe.returncode == 0
+
+
+needs_bwrap = pytest.mark.skipif(not _bwrap_works(), reason="bwrap missing or cannot create namespaces here")
+
+SNOOP = """
+import json, os, socket, sys
+visible = [p for p in os.listdir("/proc") if p.isdigit()]
+environs = []
+for pid in visible:  # every environment it can read, its parent's included
+    try:
+        environs.append(open(f"/proc/{pid}/environ", "rb").read().decode(errors="replace"))
+    except OSError:
+        pass
+def attempt(what):
+    try:
+        what()
+        return "ok"
+    except OSError as exc:
+        return type(exc).__name__
+open("inside.txt", "w").write("written")
+json.dump({
+    "visible": len(visible), "environs": environs,
+    "root_write": attempt(lambda: open("/sopctl-isolation-probe", "w")),
+    "outside_write": attempt(lambda: open(sys.argv[1], "w").write("escaped")),
+    "network": attempt(lambda: socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=5)),
+}, open("report.json", "w"))
+"""
+"""Reads every process's environment it can see, writes in the workspace, at / and outside the
+workspace, and connects to a port the test listens on (on the host's loopback)."""
+
+
+def _snoop(tmp_path: Path, *flags: str) -> tuple[dict[str, Any], Path]:
+    """`sopctl run --allow-exec --isolate FLAGS` as a real process with the secrets in *its*
+    environment (what /proc/$PPID/environ shows), running SNOOP."""
+    import socket
+    import subprocess
+    import sys
+
+    from run_helpers import ROOT, sopctl_env
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "snoop.py").write_text(SNOOP)  # in the workspace: /tmp is private in there
+    outside = tmp_path / "outside.txt"
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        command = json.dumps(["python", "snoop.py", str(outside), str(server.getsockname()[1])])
+        (tmp_path / "snoop.sop.yaml").write_text(_exec_source(command))
+        done = subprocess.run(
+            [sys.executable, "-m", "engine.cli", "run", str(tmp_path / "snoop.sop.yaml"), "--idea", "x",
+             "--model", "fake", "--allow-exec", "--isolate", *flags, "--out", str(workspace)],
+            cwd=ROOT, env=sopctl_env({**SECRETS, "PYTHONPATH": str(ROOT)}), capture_output=True,
+            text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return json.loads((workspace / "report.json").read_text()), outside
+
+
+@needs_bwrap
+def test_isolate_hides_the_parent_and_confines_writes_and_network(tmp_path: Path) -> None:
+    seen, outside = _snoop(tmp_path)
+    assert seen["environs"]  # it could read its own, so it would have read sopctl's
+    assert not any(value in "".join(seen["environs"]) for value in SECRETS.values())
+    assert seen["visible"] <= 3  # bwrap's init and the command: no other process is visible
+    assert seen["root_write"] != "ok" and seen["network"] != "ok"
+    assert not outside.exists()  # /tmp in there is the sandbox's own
+    assert (tmp_path / "ws" / "inside.txt").read_text() == "written"
+
+
+@needs_bwrap
+def test_isolate_with_allow_network_keeps_the_network(tmp_path: Path) -> None:
+    seen, _ = _snoop(tmp_path, "--allow-network")
+    assert seen["network"] == "ok" and seen["root_write"] != "ok"
+
+
+@needs_bwrap
+def test_isolate_missing_program_is_a_clear_failure(tmp_path: Path) -> None:
+    result = run_sop(_exec_sop('["no-such-program-sopctl"]'), ScriptedModel(default_answer), tmp_path,
+                     allow_exec=True, isolate=True)
+    assert result.status == "failed" and "cannot start 'no-such-program-sopctl'" in result.error
+
+
+@needs_bwrap
+def test_isolate_leaves_no_setsid_child(tmp_path: Path) -> None:
+    compiled = _exec_sop(json.dumps(["python", _escapee_script(tmp_path)]))
+    result = run_sop(compiled, ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True, isolate=True)
+    assert result.messages[-1].out["exit_code"] == 0
+    assert _no_process_carries(result)
+
+
+def _no_process_carries(result: Any) -> bool:
+    """No process left whose command line is the escapee script (pids differ in the sandbox)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            if b"escape.py" in (entry / "cmdline").read_bytes():
+                return False
+        except OSError:
+            continue
+    return True
+
+
+def test_isolate_without_bwrap_refuses_before_the_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli.commands import main as sopctl
+
+    sop_file = tmp_path / "cmd.sop.yaml"
+    sop_file.write_text(_exec_source(PRINT_ENV))
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))  # no bwrap on it
+    code = sopctl(["run", str(sop_file), "--idea", "x", "--model", "fake", "--allow-exec", "--isolate",
+                   "--out", str(tmp_path / "ws")])
+    assert code == 2
+    assert "--isolate needs bubblewrap (`bwrap`)" in capsys.readouterr().err
+    assert not (tmp_path / "ws").exists()
+
+
+def test_allow_network_without_isolate_is_refused(tmp_path: Path) -> None:
+    from engine.errors import RunError
+
+    with pytest.raises(RunError, match="--allow-network only applies with --isolate"):
+        run_sop(_exec_sop(PRINT_ENV), ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True,
+                allow_network=True)
+    assert not (tmp_path / "ws").exists()
