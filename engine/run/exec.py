@@ -1,8 +1,10 @@
 """`kind: exec`: run one command in the workspace, never through a shell.
 
-The argv items are templates rendered in the sandbox; `python` means the interpreter running
-sopctl. The child gets an allowlisted environment (`child_env`), its own process group (a
-timeout kills the whole group), no stdin, and bounded stdout and stderr."""
+The argv items are templates rendered in the template sandbox; `python` means the interpreter
+running sopctl. The child gets an allowlisted environment (`child_env`), its own process group
+(a timeout kills the whole group), no stdin, and bounded stdout and stderr; when it ends, what
+it left running is killed (engine/run/reaper.py); with `--isolate` it runs under bubblewrap
+(engine/run/isolation.py)."""
 
 from __future__ import annotations
 
@@ -115,7 +117,8 @@ CHILD_ENV_ALLOWED = ("PATH", "HOME", "LANG", "TMPDIR", "TERM")
 declares in `env`)."""
 
 
-def child_env(declared: list[str] | tuple[str, ...] = (), environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def child_env(declared: list[str] | tuple[str, ...] = (),
+              environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """An allowlist, not a denylist: a command from a shared file sees only what it needs to run
     and what its action names, never the user's keys under a name no rule foresaw (`OPENAI_KEY`,
     `DATABASE_URL` with a password...). The checker warns when a declared name looks secret."""
@@ -146,7 +149,7 @@ async def _collect(proc: asyncio.subprocess.Process, exited: asyncio.Future[None
             if transport is not None:
                 transport.close()
         if code is None:
-            await proc.wait()  # killed above: the exit status arrives at once
+            await exited  # killed above: the exit status arrives at once
             return {"exit_code": 124, "stdout": stdout,
                     "stderr": stderr + f"\n[sopctl: killed after {timeout_s:g} s timeout]"}
         return {"exit_code": code, "stdout": stdout, "stderr": stderr}
