@@ -145,9 +145,7 @@ async def _collect(proc: asyncio.subprocess.Process, exited: asyncio.Future[None
             stdout, stderr = await asyncio.wait_for(asyncio.shield(streams), DRAIN_AFTER_KILL_S)
         except asyncio.TimeoutError:
             stdout, stderr = "", "[sopctl: output lost: a process outside the group kept the pipes open]"
-            transport = getattr(proc, "_transport", None)  # close our ends of the pipes now
-            if transport is not None:
-                transport.close()
+            _close_pipes(proc)
         if code is None:
             await exited  # killed above: the exit status arrives at once
             return {"exit_code": 124, "stdout": stdout,
@@ -157,6 +155,15 @@ async def _collect(proc: asyncio.subprocess.Process, exited: asyncio.Future[None
         if not streams.done():  # cancelled (Ctrl-C, a failing sibling) or abandoned above
             streams.cancel()
             await asyncio.gather(streams, return_exceptions=True)
+            _close_pipes(proc)
+
+
+def _close_pipes(proc: asyncio.subprocess.Process) -> None:
+    """Close our ends of the pipes now, not when the event loop is gone (an escaped process
+    may hold the other ends for as long as it lives)."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 DRAIN_AFTER_KILL_S = 5.0
