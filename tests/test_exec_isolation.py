@@ -292,18 +292,15 @@ def test_ctrl_c_to_sopctl_leaves_no_setsid_child(tmp_path: Path) -> None:
 # --- 3. --isolate: bubblewrap ------------------------------------------------------------------
 
 def _bwrap_works() -> bool:
-    import shutil
-    import subprocess
+    """bwrap installed and able to make the sandbox here (the probe `--isolate` itself runs)."""
+    from engine.errors import RunError
+    from engine.run.isolation import find_sandbox
 
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return False
     try:
-        probe = subprocess.run([bwrap, "--ro-bind", "/", "/", "--unshare-pid", "--unshare-net", "true"],
-                               capture_output=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+        find_sandbox(allow_network=False)
+    except RunError:
         return False
-    return probe.returncode == 0
+    return True
 
 
 needs_bwrap = pytest.mark.skipif(not _bwrap_works(), reason="bwrap missing or cannot create namespaces here")
