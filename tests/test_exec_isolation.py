@@ -324,6 +324,7 @@ open("inside.txt", "w").write("written")
 json.dump({
     "visible": len(visible), "environs": environs,
     "root_write": attempt(lambda: open("/sopctl-isolation-probe", "w")),
+    "journal_write": attempt(lambda: open(".sopctl/journal.sqlite", "ab")),
     "outside_write": attempt(lambda: open(sys.argv[1], "w").write("escaped")),
     "network": attempt(lambda: socket.create_connection(("127.0.0.1", int(sys.argv[2])), timeout=5)),
 }, open("report.json", "w"))
@@ -366,6 +367,7 @@ def test_isolate_hides_the_parent_and_confines_writes_and_network(tmp_path: Path
     assert not any(value in "".join(seen["environs"]) for value in SECRETS.values())
     assert seen["visible"] <= 3  # bwrap's init and the command: no other process is visible
     assert seen["root_write"] != "ok" and seen["network"] != "ok"
+    assert seen["journal_write"] != "ok"  # the run's own files stay the run's
     assert not outside.exists()  # /tmp in there is the sandbox's own
     assert (tmp_path / "ws" / "inside.txt").read_text() == "written"
 

@@ -4,7 +4,8 @@ Without it a command runs as the user: it reads what the user can read, includin
 own environment through `/proc/$PPID/environ` (the allowlisted environment only narrows what
 it is *given*). With it, each command runs under `bwrap`:
 
-- `/` read-only, the workspace read-write (the one place a run writes), a private `/tmp`;
+- `/` read-only, the workspace read-write (the one place a run writes) except its `.sopctl`
+  (the journal and its lock), a private `/tmp`;
 - a new PID namespace with its own `/proc`: sopctl and every other process are invisible,
   and when the command ends the kernel kills whatever it left in there;
 - no network (a private loopback only) unless `--allow-network`;
@@ -29,6 +30,11 @@ __all__ = ["Sandbox", "find_sandbox"]
 _PROBE_TIMEOUT_S = 10.0
 
 
+_ENGINE_DIR = ".sopctl"
+"""The run's own folder in the workspace (engine/journal/store.py, JOURNAL_DIR, a layer above):
+a sandboxed command can write the workspace but not the journal or its lock."""
+
+
 @dataclass(frozen=True)
 class Sandbox:
     """How to run one command isolated: bwrap's path and whether the network stays."""
@@ -37,9 +43,10 @@ class Sandbox:
     allow_network: bool = False
 
     def wrap(self, argv: list[str], workspace: Path) -> list[str]:
-        """`argv` as run inside the sandbox, in the workspace."""
+        """`argv` as run inside the sandbox, in the workspace (its journal folder read-only)."""
+        engine_dir = str(workspace / _ENGINE_DIR)
         return [self.bwrap, *self._options(), "--bind", str(workspace), str(workspace),
-                "--chdir", str(workspace), "--", *argv]
+                "--ro-bind-try", engine_dir, engine_dir, "--chdir", str(workspace), "--", *argv]
 
     def _options(self) -> list[str]:
         return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
