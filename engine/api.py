@@ -76,8 +76,9 @@ async def run_async(compiled: CompiledSop, inputs: Mapping[str, Any] | None = No
     """Run to the end, journaled in the workspace unless `journal=False`.
 
     Options: model, max_rounds, budget_usd, workspace (default runs/<run-id>), allow_exec,
-    run_id, observers, completed, store, gateway, api_base (where hosted models are reached),
-    price (a `Price` for models litellm cannot price). A run cannot start (UsageError, RunError)
+    isolate and allow_network (exec commands under bubblewrap), run_id, observers, completed,
+    store, gateway, api_base (where hosted models are reached), price (a `Price` for models
+    litellm cannot price). A run cannot start (UsageError, RunError)
     before any model call or file write: bad inputs, exec not allowed, an unusable model.
     """
     team = prepare(compiled, inputs, **options)
@@ -139,7 +140,8 @@ async def _drive(team: Team, journal: Journal | None, store: ReplayStore | None 
 def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: int | None = None,
            model: str | None = None, allow_exec: bool = False, force: bool = False,
            observers: tuple[Any, ...] = (), api_base: str | None = None,
-           price: Price | None = None) -> RunResult:
+           price: Price | None = None, isolate: bool = False,
+           allow_network: bool = False) -> RunResult:
     """Continue an interrupted (or ended) run in its own workspace: same run id, completed
     actions and journaled answers reused, so nothing is paid twice.
 
@@ -154,7 +156,8 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
         options = resume_options(folder, budget=budget, rounds=rounds, model=model,
                                  allow_exec=allow_exec)
         team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
-                       api_base=api_base, price=price, **options)
+                       api_base=api_base, price=price, isolate=isolate,
+                       allow_network=allow_network, **options)
         team.check()
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock
@@ -174,7 +177,8 @@ class Replayed:
 
 
 def replay(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = False,
-           observers: tuple[Any, ...] = ()) -> Replayed:
+           observers: tuple[Any, ...] = (), isolate: bool = False, allow_network: bool = False
+           ) -> Replayed:
     """Run the SOP again in `out` with every answer from the run's journal; no model is called.
 
     A divergence (the SOP, its inputs or the engine changed) ends the replay `failed` with
@@ -183,7 +187,8 @@ def replay(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = F
     folder = run if isinstance(run, RunFolder) else open_for_replay(run)
     with folder:
         options = replay_options(folder, out, allow_exec=allow_exec)
-        team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers, **options)
+        team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
+                       isolate=isolate, allow_network=allow_network, **options)
         target = _journal_of(team, True)
         assert target is not None
         store = ReplayStore(folder.journal, target)

@@ -293,14 +293,23 @@ def test_exec_timeout_kills_the_process(tmp_path: Path) -> None:
 
 
 def test_exec_timeout_does_not_wait_for_a_child_that_left_the_group(tmp_path: Path, monkeypatch) -> None:
+    """A process that leaves the session *and* clears its environment, whose parent exits at
+    once, escapes the reaper's mark (tests/test_exec_isolation.py reaps the others): the run
+    still goes on, without waiting for the pipes it holds."""
     import engine.run.exec as exec_runner
 
     monkeypatch.setattr(exec_runner, "DRAIN_AFTER_KILL_S", 0.5)
-    escape = ("import os, subprocess, sys, time; "
-              "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'], start_new_session=True); "
-              "time.sleep(60)")
-    compiled = _exec_sop(f'["python", "-c", "{escape}"]', timeout=0.5)
-    result = run_sop(compiled, ScriptedModel(default_answer), tmp_path, allow_exec=True)
+    script = tmp_path / "escape.py"
+    script.write_text(
+        "import subprocess, sys, time\n"
+        "if sys.argv[1:] == ['middle']:\n"
+        "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)'],"
+        " start_new_session=True, env={})\n"
+        "    sys.exit()\n"
+        "subprocess.run([sys.executable, __file__, 'middle'])\n"
+        "time.sleep(60)\n")
+    compiled = _exec_sop(f'["python", "{script}"]', timeout=2)
+    result = run_sop(compiled, ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True)
     out = result.messages[-1].out
     assert result.status == "idle"
     assert out["exit_code"] == 124 and "kept the pipes open" in out["stderr"]
@@ -344,6 +353,6 @@ def test_exec_does_not_see_api_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret-value-123456")
     monkeypatch.setenv("SOPCTL_VISIBLE", "yes")
     compiled = _exec_sop('["python", "-c", "import os; print(os.environ.get(\'OPENAI_API_KEY\'), '
-                         'os.environ.get(\'SOPCTL_VISIBLE\'))"]')
+                         'os.environ.get(\'SOPCTL_VISIBLE\'))"], env: [SOPCTL_VISIBLE]')
     result = run_sop(compiled, ScriptedModel(default_answer), tmp_path, allow_exec=True)
     assert result.messages[-1].out["stdout"] == "None yes\n"

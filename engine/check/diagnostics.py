@@ -57,11 +57,12 @@ CODES: dict[str, str] = {
     "SOP206": "react_mode plan_and_act without a `planner`",
     "SOP207": "a planner action whose output is not a plan (`tasks` with task_id, dependent_task_ids, instruction)",
     "SOP208": "warning: `planner` on a role whose react_mode is not plan_and_act",
-    "SOP209": "warning: `command` on an action that is not of kind exec",
+    "SOP209": "warning: `command` or `env` on an action that is not of kind exec",
     "SOP210": "two roles share an address (id or name)",
     "SOP211": "warning: an action no role runs",
     "SOP212": "an action redefines the built-in UserRequirement",
     "SOP213": "an input's default does not have the input's type",
+    "SOP214": "warning: an exec action's `env` names a secret-looking variable (a key, token, password)",
     # the watch graph (engine/check/watch.py)
     "SOP301": "a cycle of activations on which no action declares `max_runs`",
     "SOP302": "warning: a role no message can ever reach",

@@ -19,6 +19,7 @@ from engine.check.rules import Context, error, rule, unknown, warning
 from engine.errors import Diagnostic
 from engine.load.outputs import TypeSyntaxError, parse_type
 from engine.load.schema import did_you_mean
+from engine.load.secrets import is_secret_name
 from engine.load.source import join_pointer
 from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, Sop
 
@@ -187,13 +188,21 @@ def _plan_problem(output: Any) -> str:
     return ""
 
 
-@rule("SOP209")
+@rule("SOP209", "SOP214")
 def exec_actions(ctx: Context) -> Iterator[Diagnostic]:
-    """`command` only means something for kind exec (whose need of one the schema checks: SOP104)."""
+    """`command` and `env` only mean something for kind exec (whose need of a command the schema
+    checks: SOP104); an `env` name that looks like a key hands the user's secret to the command."""
     for aid, action in ctx.spec.actions.items():
-        if action.kind == "llm" and action.command:
-            yield warning("SOP209", f"/actions/{aid}/command", "`command` is ignored: the action is of kind llm",
-                          "add `kind: exec` to run the command instead of an LLM")
+        for key in ("command", "env"):
+            if action.kind == "llm" and getattr(action, key):
+                yield warning("SOP209", f"/actions/{aid}/{key}", f"`{key}` is ignored: the action is of kind llm",
+                              "add `kind: exec` to run the command instead of an LLM")
+        for index, name in enumerate(action.env):
+            if action.kind == "exec" and is_secret_name(name):
+                yield warning("SOP214", f"/actions/{aid}/env/{index}",
+                              f"`env` gives the command the user's secret {name}",
+                              "a command from a shared file can copy it anywhere; "
+                              "drop the name unless the command truly needs that key")
 
 
 @rule("SOP210")

@@ -20,7 +20,14 @@ from engine.check.rules import Context, error, rule, warning
 from engine.check.sandbox import TemplateFailure, environment, parse
 from engine.errors import Diagnostic
 from engine.load.schema import did_you_mean
-from engine.load.spec import ENGINE_DIR, USER_REQUIREMENT, ActionSpec, OutputNode, Sop, in_engine_dir
+from engine.load.spec import (
+    ENGINE_DIR,
+    USER_REQUIREMENT,
+    ActionSpec,
+    OutputNode,
+    Sop,
+    in_engine_dir,
+)
 
 __all__ = ["BASE_VARIABLES", "RULES"]
 

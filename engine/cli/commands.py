@@ -89,7 +89,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     with _display(checked.compiled) as display:
         result = api.run(checked.compiled, inputs, model=args.model, max_rounds=args.rounds,
                          budget_usd=args.budget, workspace=args.out, allow_exec=args.allow_exec,
-                         api_base=args.api_base, price=args.price, observers=[display])
+                         api_base=args.api_base, price=args.price, isolate=args.isolate,
+                         allow_network=args.allow_network, observers=[display])
     return _print_result(result, args.format)
 
 
@@ -107,7 +108,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
     with _display(folder.compiled) as display:
         result = api.resume(folder, budget=args.budget, rounds=args.rounds, model=args.model,
                             allow_exec=args.allow_exec, force=args.force, observers=(display,),
-                            api_base=args.api_base, price=args.price)
+                            api_base=args.api_base, price=args.price, isolate=args.isolate,
+                            allow_network=args.allow_network)
     return _print_result(result, args.format)
 
 
@@ -118,7 +120,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     folder = api.open_for_replay(args.run_dir)
     interrupted = not folder.origin.ended_status
     with _display(folder.compiled) as display:
-        replayed = api.replay(folder, args.out, allow_exec=args.allow_exec, observers=(display,))
+        replayed = api.replay(folder, args.out, allow_exec=args.allow_exec, observers=(display,),
+                              isolate=args.isolate, allow_network=args.allow_network)
     code = _print_result(replayed.result, args.format)
     if replayed.diverged:
         note = (" (the recorded run was interrupted: its journal has answers only up to where "
@@ -189,6 +192,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="DIR", help="workspace folder (default ./runs/<run-id>)")
     p.add_argument("--allow-exec", action="store_true",
                    help="allow actions of kind exec to run commands in the workspace")
+    _add_isolation_flags(p)
     p.add_argument("--format", choices=["text", "json"], default="text", help="result format")
     _add_hosted_flags(p)
 
@@ -223,6 +227,13 @@ def _price(text: str) -> Price:
     return Price(given / 1e6, taken / 1e6)
 
 
+def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--isolate", action="store_true",
+                   help="run exec commands under bubblewrap: / read-only, the workspace writable, "
+                        "no view of other processes, no network")
+    p.add_argument("--allow-network", action="store_true", help="with --isolate: keep the network")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sopctl", description="Declarative multi-agent SOP pipelines: "
                      "validate, inspect and run SOP files (MetaGPT semantics).")
@@ -254,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, metavar="N", help="override max_rounds")
     p.add_argument("--model", help="override the model the run started with")
     p.add_argument("--allow-exec", action="store_true")
+    _add_isolation_flags(p)
     p.add_argument("--force", action="store_true", help="resume even if the SOP file changed")
     p.add_argument("--format", choices=["text", "json"], default="text")
     _add_hosted_flags(p)
@@ -263,6 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--out", metavar="DIR", required=True, help="workspace of the replay")
     p.add_argument("--allow-exec", action="store_true")
+    _add_isolation_flags(p)
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.set_defaults(handler=cmd_replay)
 

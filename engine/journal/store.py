@@ -26,8 +26,9 @@ which resume re-creates by re-executing with the journaled answers, at no cost
 (bench/journal_bench.py measures both).
 
 Secrets never reach the file: the journal stores only what events and answers carry, and
-also redacts the value of any secret-looking environment variable (`*_API_KEY`,
-`*_TOKEN`, ...) before writing.
+redacts before writing the value of any secret-looking environment variable (`*_API_KEY`,
+`*_KEY`, `*_PAT`, `*_TOKEN`, `*_AUTH`, ...) and the password of any `scheme://user:pass@host`
+URL (engine/load/secrets.py: the one rule, shared with exec and the checker).
 
 The run folder's own files (`.sopctl/`, the journal and its `-wal`/`-shm`, `writer.lock`)
 are never followed through a symlink: a workspace can come from someone else (a shared or
@@ -65,8 +66,9 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 from engine import __version__
 from engine.errors import JournalError
+from engine.load.secrets import scrub, secret_values
 from engine.load.spec import ENGINE_DIR
-from engine.models.types import StoredAnswer, is_secret_name
+from engine.models.types import StoredAnswer
 from engine.run import events as _events
 from engine.run.events import ActionCompleted, RunEvent, RunStarted, event_type
 
@@ -101,9 +103,6 @@ SYNC_ENV = "SOPCTL_JOURNAL_SYNC"
 
 _FSYNCED_EVENTS = frozenset({"RunEnded"})
 """Events fsynced before `on_event` returns; answers always are (see the module docstring)."""
-
-
-_REDACTED = "[REDACTED]"
 
 
 _EVENT_TYPES: dict[str, type] = {
@@ -244,25 +243,6 @@ def _guard(path: Path, doing: str) -> Iterator[None]:
         raise _explain(exc, path, doing) from None
 
 
-# --- secrets --------------------------------------------------------------------------
-
-
-def _secret_values(environ: dict[str, str] | None = None) -> tuple[str, ...]:
-    """Values of secret-looking environment variables, longest first (never written)."""
-    env = os.environ if environ is None else environ
-    found = {v for k, v in env.items() if is_secret_name(k) and len(v) >= 8}
-    # also as it appears inside JSON text (quotes, backslashes, control characters escaped)
-    found |= {json.dumps(v, ensure_ascii=False)[1:-1] for v in found}
-    return tuple(sorted(found, key=len, reverse=True))
-
-
-def _scrub(text: str, secrets: tuple[str, ...]) -> str:
-    for value in secrets:
-        if value in text:
-            text = text.replace(value, _REDACTED)
-    return text
-
-
 def _crash_point(name: str) -> int:
     raw = os.environ.get(name, "").strip()
     return int(raw) if raw.isdigit() else 0
@@ -282,7 +262,7 @@ class Journal:
         self.path = path
         self._conn = conn
         self._writable = writable
-        self._secrets = _secret_values()
+        self._secrets = secret_values()
         self._events_written = 0
         self._answers_written = 0
         self._crash_event = _crash_point(CRASH_AFTER_EVENT_ENV)
@@ -506,7 +486,7 @@ class Journal:
             self._check_same_run(event.run_id)
             self._remember_sop_path(event.sop_file)
         key = getattr(event, "key", None)
-        text = _scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
+        text = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
         with _guard(self.path, "write an event to"):
             self._sync(full=event_type(event) in _FSYNCED_EVENTS)
             self._conn.execute("INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)",
@@ -571,7 +551,7 @@ class Journal:
 
     def _store_answer(self, request_hash: str, action: str, answer: StoredAnswer, origin: str) -> None:
         self._require_writable()
-        text = _scrub(answer.text, self._secrets)
+        text = scrub(answer.text, self._secrets)
         with _guard(self.path, "write an answer to"):
             self._sync(full=True)
             self._conn.execute(

@@ -25,6 +25,7 @@ _PATTERNS = {
     r"^[a-z][a-z0-9_-]*$": "a name: a lower-case letter, then lower-case letters, digits, _ or -",
     r"^[a-z_][a-z0-9_]*$": "a lower-case identifier",
     r"^[a-z][a-z0-9_+-]*$": "a lower-case language name such as python",
+    r"^[A-Za-z_][A-Za-z0-9_]*$": "an environment variable name: letters, digits or _, not starting with a digit",
 }
 
 

@@ -28,6 +28,9 @@ ROLE_ID = r"^[A-Z][A-Za-z0-9_]*$"
 SOP_NAME = r"^[a-z][a-z0-9_-]*$"
 
 
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
 USER_REQUIREMENT = "UserRequirement"
 """Built-in action id of the run's first message (the idea)."""
 
@@ -39,6 +42,9 @@ ActionId = Annotated[str, StringConstraints(pattern=ACTION_ID)]
 
 
 RoleId = Annotated[str, StringConstraints(pattern=ROLE_ID)]
+
+
+EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME)]
 
 
 class _Model(BaseModel):
@@ -148,6 +154,9 @@ class ActionSpec(_Model):
     publish: Literal["last", "each"] = "last"
     command: list[str] | None = None
     timeout_s: float = Field(default=60, gt=0, le=3600)
+    env: list[EnvName] = Field(default_factory=list)
+    """kind exec: names of the user's environment variables the command may see, besides PATH,
+    HOME, LANG, LC_*, TMPDIR and TERM. Names only: a shared file never sets a value."""
     llm: LLMSpec | None = None
 
     @model_validator(mode="after")

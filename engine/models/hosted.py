@@ -35,8 +35,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import LLMError, RunError, UsageError
+from engine.load.secrets import secret_values
 from engine.models.registry import check_real_model_allowed
-from engine.models.types import CallSpec, ModelAnswer, ModelRequest, Price, TransientModelError
+from engine.models.types import (
+    CallSpec,
+    ModelAnswer,
+    ModelRequest,
+    Price,
+    TransientModelError,
+)
 
 __all__ = ["LiteLLMProvider", "litellm_module", "redact", "DEFAULT_TIMEOUT_S"]
 
@@ -68,17 +75,14 @@ def litellm_module() -> Any:
         return _LITELLM[0]
 
 
-_KEYISH = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|CREDENTIAL)", re.I)
-
-
 _KEY_SHAPES = re.compile(r"\b(?:(?:sk|pk|rk|gsk|xai|hf|ghp|github_pat)[-_][-_A-Za-z0-9]{12,}|AIza[-_A-Za-z0-9]{20,})")
 
 
 def redact(text: str) -> str:
-    """Remove every secret-looking environment value and key-shaped token from `text`."""
-    for name, value in os.environ.items():
-        if _KEYISH.search(name) and len(value) >= 8:
-            text = text.replace(value, "***")
+    """Remove every secret value of the environment (engine/load/secrets.py: the rule the
+    journal and exec share) and every key-shaped token from `text`."""
+    for value in secret_values():
+        text = text.replace(value, "***")
     return _KEY_SHAPES.sub("***", text)
 
 

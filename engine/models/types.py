@@ -8,23 +8,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, Protocol
 
 from engine.errors import LLMError
+from engine.load.secrets import is_secret_name  # re-exported: the one rule lives there
 
 __all__ = ["Price", "FREE", "CallSpec", "is_secret_name", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
            "ModelAnswered", "ModelRetried", "AnswerRejected", "GatewayEvent", "ModelRequest",
            "ModelAnswer", "Provider", "TransientModelError", "RealModelBlocked", "request_hash"]
-
-
-_SECRET_NAME = re.compile(r"(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY)", re.I)
-
-
-def is_secret_name(name: str) -> bool:
-    """An environment variable that holds a key: never journaled, never given to commands."""
-    return bool(_SECRET_NAME.search(name))
 
 
 CallKind = Literal["json", "text", "code", "choice"]

@@ -23,6 +23,7 @@ from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec
 from engine.run.events import RunEvent
 from engine.run.exec import exec_content, run_command
+from engine.run.isolation import Sandbox
 from engine.run.memory import Memory
 from engine.run.message import Message, content_of
 from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
@@ -47,6 +48,8 @@ class RunContext:
     emit: Callable[[RunEvent], None]
     model_override: str | None = None
     allow_exec: bool = False
+    sandbox: Sandbox | None = None
+    """`--isolate`: exec commands run in it (set by the team's checks before the run starts)."""
 
 
 @dataclass
@@ -192,7 +195,7 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
     action = ctx.compiled.spec.actions[action_id]
     if action.kind == "exec":
         out = await run_command(action_id, action, variables, workspace=ctx.workspace,
-                                allow_exec=ctx.allow_exec)
+                                allow_exec=ctx.allow_exec, sandbox=ctx.sandbox)
         return out, exec_content(out)
     try:
         prompt = render_template(action.prompt, variables)

@@ -1,25 +1,33 @@
 """`kind: exec`: run one command in the workspace, never through a shell.
 
-The argv items are templates rendered in the sandbox; `python` means the interpreter running
-sopctl. The child gets the environment minus secret-looking variables, its own process
-group (a timeout kills the whole group), no stdin, and bounded stdout and stderr."""
+The argv items are templates rendered in the template sandbox; `python` means the interpreter
+running sopctl. The child gets an allowlisted environment (`child_env`), its own process group
+(a timeout kills the whole group), no stdin, and bounded stdout and stderr; when it ends, what
+it left running is killed (engine/run/reaper.py); with `--isolate` it runs under bubblewrap
+(engine/run/isolation.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
+import secrets
+import shutil
 import signal
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from engine.check.sandbox import TemplateFailure, render_template
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
 from engine.load.spec import ActionSpec
-from engine.models.types import is_secret_name
+from engine.run.isolation import Sandbox
+from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.workspace import Workspace
 
-__all__ = ["MAX_STREAM_BYTES", "run_command", "exec_content"]
+__all__ = ["MAX_STREAM_BYTES", "CHILD_ENV_ALLOWED", "child_env", "run_command", "exec_content"]
 
 
 MAX_STREAM_BYTES = 64 * 1024
@@ -27,22 +35,69 @@ MAX_STREAM_BYTES = 64 * 1024
 
 
 async def run_command(action_id: str, action: ActionSpec, variables: dict[str, Any], *,
-                      workspace: Workspace, allow_exec: bool) -> dict[str, Any]:
-    """`kind: exec`: no shell, cwd = workspace, timeout kills the process group, bounded output."""
+                      workspace: Workspace, allow_exec: bool, sandbox: Sandbox | None = None
+                      ) -> dict[str, Any]:
+    """`kind: exec`: no shell, cwd = workspace, timeout kills the process group, bounded output,
+    and nothing the command started outlives it (engine/run/reaper.py)."""
     command = join_pointer("/actions", action_id, "command")
     if not allow_exec:  # the run refuses to start before this; a second lock, never a bypass
         raise ActionFailed(action_id, "kind exec needs --allow-exec", code="SOP503", pointer=command)
     argv = _argv(action_id, action, variables, command)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable  # "python" means the interpreter running sopctl
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=workspace.root, stdin=asyncio.subprocess.DEVNULL, env=_child_env(),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
-    except OSError as exc:
-        raise ActionFailed(action_id, f"cannot start {argv[0]!r}: {exc.strerror or exc}",
-                           code="SOP503", pointer=f"{command}/0") from None
-    return await _collect(proc, action.timeout_s)
+    mark = secrets.token_hex(8)
+    env = {**child_env(action.env), MARK_ENV: mark}
+    if sandbox is not None:
+        env["TMPDIR"] = "/tmp"  # the sandbox's own; the user's may be read-only in there
+        program = _program(argv[0], env, workspace.root)
+        if program is None:
+            raise _cannot_start(action_id, command, argv[0], os.strerror(errno.ENOENT))
+        argv = sandbox.wrap([program, *argv[1:]], workspace.root)
+    with subreaper():
+        try:
+            proc, exited = await _start(argv, cwd=workspace.root, env=env)
+        except OSError as exc:
+            raise _cannot_start(action_id, command, argv[0], exc.strerror or str(exc)) from None
+        return await _collect(proc, exited, action.timeout_s, mark)
+
+
+class _ExitAware(asyncio.subprocess.SubprocessStreamProtocol):
+    """Says when the command exits. asyncio's `wait()` also waits for the pipes to close, and
+    a process the command left behind may hold them for as long as it lives."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+async def _start(argv: list[str], *, cwd: Path, env: dict[str, str]
+                 ) -> tuple[asyncio.subprocess.Process, asyncio.Future[None]]:
+    """`asyncio.create_subprocess_exec`, plus a future done when the command exits."""
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _ExitAware(limit=2 ** 16, loop=loop), *argv, cwd=cwd,  # asyncio's default limit
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
+    return asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
+
+
+def _program(name: str, env: dict[str, str], cwd: Path) -> str | None:
+    """The program as the child would find it (PATH, or a path from the workspace), looked up
+    now: inside the sandbox a missing one would only be bwrap's exit code 1."""
+    if os.sep in name:
+        path = cwd / name
+        return str(path) if path.is_file() and os.access(path, os.X_OK) else None
+    return shutil.which(name, path=env.get("PATH", os.defpath))
+
+
+def _cannot_start(action_id: str, command: str, program: str, why: str) -> ActionFailed:
+    return ActionFailed(action_id, f"cannot start {program!r}: {why}", code="SOP503",
+                        pointer=f"{command}/0")
 
 
 def _argv(action_id: str, action: ActionSpec, variables: dict[str, Any], command: str) -> list[str]:
@@ -57,36 +112,58 @@ def _argv(action_id: str, action: ActionSpec, variables: dict[str, Any], command
     return argv
 
 
-def _child_env() -> dict[str, str]:
-    """The environment minus secret-looking variables: a command from a shared file never
-    sees the user's API keys (so it cannot copy them into the workspace or its output)."""
-    return {k: v for k, v in os.environ.items() if not is_secret_name(k)}
+CHILD_ENV_ALLOWED = ("PATH", "HOME", "LANG", "TMPDIR", "TERM")
+"""What every exec child gets from the user's environment (plus `LC_*` and the names the action
+declares in `env`)."""
 
 
-async def _collect(proc: asyncio.subprocess.Process, timeout_s: float) -> dict[str, Any]:
-    readers = asyncio.gather(_read_bounded(proc.stdout), _read_bounded(proc.stderr), proc.wait())
+def child_env(declared: list[str] | tuple[str, ...] = (),
+              environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """An allowlist, not a denylist: a command from a shared file sees only what it needs to run
+    and what its action names, never the user's keys under a name no rule foresaw (`OPENAI_KEY`,
+    `DATABASE_URL` with a password...). The checker warns when a declared name looks secret."""
+    env = os.environ if environ is None else environ
+    allowed = set(CHILD_ENV_ALLOWED) | set(declared)
+    return {k: v for k, v in env.items() if k in allowed or k.startswith("LC_")}
+
+
+async def _collect(proc: asyncio.subprocess.Process, exited: asyncio.Future[None], timeout_s: float,
+                   mark: str) -> dict[str, Any]:
+    """Wait for the command (at most `timeout_s`), then end whatever it left running (its
+    group, and what carries its mark), so the pipes close and the output is complete."""
+    streams = asyncio.gather(_read_bounded(proc.stdout), _read_bounded(proc.stderr))
     try:
         try:
-            stdout, stderr, code = await asyncio.wait_for(asyncio.shield(readers), timeout_s)
-            return {"exit_code": code, "stdout": stdout, "stderr": stderr}
+            await asyncio.wait_for(asyncio.shield(exited), timeout_s)
+            code = proc.returncode
         except asyncio.TimeoutError:
-            pass
-        finally:
-            if proc.returncode is None:
-                _kill_group(proc.pid)
-        note = f"\n[sopctl: killed after {timeout_s:g} s timeout]"
-        try:  # a process that left the group may still hold the pipes: do not wait forever
-            stdout, stderr, _ = await asyncio.wait_for(asyncio.shield(readers), DRAIN_AFTER_KILL_S)
+            code = None
+        finally:  # also when cancelled (Ctrl-C, SIGTERM, a failing sibling)
+            _kill_group(proc.pid)
+            reap(mark, proc.pid)
+        try:  # a process that escaped the mark may still hold the pipes: do not wait forever
+            stdout, stderr = await asyncio.wait_for(asyncio.shield(streams), DRAIN_AFTER_KILL_S)
         except asyncio.TimeoutError:
             stdout, stderr = "", "[sopctl: output lost: a process outside the group kept the pipes open]"
-            transport = getattr(proc, "_transport", None)  # close our ends of the pipes now
-            if transport is not None:
-                transport.close()
-        return {"exit_code": 124, "stdout": stdout, "stderr": stderr + note}
+            _close_pipes(proc)
+        if code is None:
+            await exited  # killed above: the exit status arrives at once
+            return {"exit_code": 124, "stdout": stdout,
+                    "stderr": stderr + f"\n[sopctl: killed after {timeout_s:g} s timeout]"}
+        return {"exit_code": code, "stdout": stdout, "stderr": stderr}
     finally:
-        if not readers.done():  # cancelled (Ctrl-C, a failing sibling) or abandoned above
-            readers.cancel()
-            await asyncio.gather(readers, return_exceptions=True)
+        if not streams.done():  # cancelled (Ctrl-C, a failing sibling) or abandoned above
+            streams.cancel()
+            await asyncio.gather(streams, return_exceptions=True)
+            _close_pipes(proc)
+
+
+def _close_pipes(proc: asyncio.subprocess.Process) -> None:
+    """Close our ends of the pipes now, not when the event loop is gone (an escaped process
+    may hold the other ends for as long as it lives)."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
 
 
 DRAIN_AFTER_KILL_S = 5.0

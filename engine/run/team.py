@@ -36,6 +36,7 @@ from engine.run.events import (
     RunStarted,
     RunStatus,
 )
+from engine.run.isolation import find_sandbox
 from engine.run.message import Message, user_requirement
 from engine.run.role import Role
 from engine.run.workspace import Workspace
@@ -57,6 +58,10 @@ class RunOptions:
     budget_usd: float | None = None
     workspace: str | Path | None = None
     allow_exec: bool = False
+    isolate: bool = False
+    """Run exec commands under bubblewrap (engine/run/isolation.py)."""
+    allow_network: bool = False
+    """With `isolate`: keep the network (without it, commands see only a private loopback)."""
     run_id: str | None = None
     observers: Sequence[RunObserver] = ()
     completed: CompletedActions | None = None
@@ -165,6 +170,11 @@ class Team:
             raise RunError(f"this SOP runs commands; actions of kind exec need --allow-exec: "
                            f"{', '.join(needing)}",
                            hint="read what they run first; then pass --allow-exec")
+        if self.options.allow_network and not self.options.isolate:
+            raise RunError("--allow-network only applies with --isolate",
+                           hint="commands already have the network unless --isolate is given")
+        if self.options.isolate:
+            self.ctx.sandbox = find_sandbox(self.options.allow_network)
         preflight = getattr(self.ctx.gateway, "preflight", None)
         if preflight is not None and not self.options.replay:
             for model in self.models():

@@ -1,0 +1,75 @@
+"""`--isolate`: exec commands in a bubblewrap sandbox (Linux, off by default).
+
+Without it a command runs as the user: it reads what the user can read, including sopctl's
+own environment through `/proc/$PPID/environ` (the allowlisted environment only narrows what
+it is *given*). With it, each command runs under `bwrap`:
+
+- `/` read-only, the workspace read-write (the one place a run writes) except its `.sopctl`
+  (the journal and its lock), a private `/tmp`;
+- a new PID namespace with its own `/proc`: sopctl and every other process are invisible,
+  and when the command ends the kernel kills whatever it left in there;
+- no network (a private loopback only) unless `--allow-network`;
+- no capabilities, a new session (no terminal injection), and the sandbox dies with sopctl.
+
+bwrap missing, or unable to create namespaces here (some containers forbid it), refuses the
+run before it starts: isolation the user asked for is never silently dropped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import RunError
+
+__all__ = ["Sandbox", "find_sandbox"]
+
+
+_PROBE_TIMEOUT_S = 10.0
+
+
+_ENGINE_DIR = ".sopctl"
+"""The run's own folder in the workspace (engine/journal/store.py, JOURNAL_DIR, a layer above):
+a sandboxed command can write the workspace but not the journal or its lock."""
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """How to run one command isolated: bwrap's path and whether the network stays."""
+
+    bwrap: str
+    allow_network: bool = False
+
+    def wrap(self, argv: list[str], workspace: Path) -> list[str]:
+        """`argv` as run inside the sandbox, in the workspace (its journal folder read-only)."""
+        engine_dir = str(workspace / _ENGINE_DIR)
+        return [self.bwrap, *self._options(), "--bind", str(workspace), str(workspace),
+                "--ro-bind-try", engine_dir, engine_dir, "--chdir", str(workspace), "--", *argv]
+
+    def _options(self) -> list[str]:
+        return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+                "--unshare-pid", "--unshare-ipc", *([] if self.allow_network else ["--unshare-net"]),
+                "--cap-drop", "ALL", "--new-session", "--die-with-parent"]
+
+
+def find_sandbox(allow_network: bool) -> Sandbox:
+    """The sandbox `--isolate` asks for, checked to work here; RunError (exit 2) if it cannot."""
+    found = shutil.which("bwrap")
+    if found is None:
+        raise RunError("--isolate needs bubblewrap (`bwrap`), which is not installed",
+                       hint="install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
+                            "bubblewrap), or run without --isolate inside a container or a throwaway VM")
+    sandbox = Sandbox(found, allow_network)
+    try:
+        probe = subprocess.run([found, *sandbox._options(), "--", "true"], capture_output=True,
+                               text=True, timeout=_PROBE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        problem = (probe.stderr.strip() or f"exit code {probe.returncode}") if probe.returncode else ""
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        problem = str(exc)
+    if problem:
+        raise RunError(f"--isolate: bubblewrap cannot create a sandbox here: {problem}",
+                       hint="this machine or container forbids the namespaces bwrap needs (user "
+                            "namespaces); run without --isolate inside a container or a throwaway VM")
+    return sandbox
