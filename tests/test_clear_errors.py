@@ -131,3 +131,16 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
     with Journal.open(ws) as journal:            # ended by sopctl, not killed: RunEnded is there
         ended = [e.data for e in journal.events() if e.type == "RunEnded"]
     assert [e["status"] for e in ended] == ["interrupted"]
+
+
+def test_a_lone_surrogate_escape_is_a_located_load_error(capsys: pytest.CaptureFixture[str],
+                                                         tmp_path: Path) -> None:
+    sop = tmp_path / "surrogate.sop.yaml"
+    sop.write_text(SOP.read_text(encoding="utf-8").replace(
+        '"Write release notes."', '"Write release notes \\ud800."'), encoding="utf-8")
+    where = "surrogate.sop.yaml:49:13: error[SOP003]: text holds a lone surrogate (\\ud800)"
+    code, out, _ = sopctl(capsys, "validate", str(sop))
+    assert code == 1 and where in out, out
+    code, _, err = sopctl(capsys, *run_args(tmp_path / "ws", sop=sop))
+    assert code == 2 and where in err and "internal error" not in err
+    assert not (tmp_path / "ws").exists()         # refused at load, before the run began
