@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 from run_helpers import sopctl_env
@@ -131,3 +133,84 @@ def test_sigterm_stops_a_run_as_ctrl_c_does(tmp_path: Path) -> None:
     with Journal.open(ws) as journal:            # ended by sopctl, not killed: RunEnded is there
         ended = [e.data for e in journal.events() if e.type == "RunEnded"]
     assert [e["status"] for e in ended] == ["interrupted"]
+
+
+def test_a_lone_surrogate_escape_is_a_located_load_error(capsys: pytest.CaptureFixture[str],
+                                                         tmp_path: Path) -> None:
+    sop = tmp_path / "surrogate.sop.yaml"
+    sop.write_text(SOP.read_text(encoding="utf-8").replace(
+        '"Write release notes."', '"Write release notes \\ud800."'), encoding="utf-8")
+    where = "surrogate.sop.yaml:49:13: error[SOP003]: text holds a lone surrogate (\\ud800)"
+    code, out, _ = sopctl(capsys, "validate", str(sop))
+    assert code == 1 and where in out, out
+    code, _, err = sopctl(capsys, *run_args(tmp_path / "ws", sop=sop))
+    assert code == 2 and where in err and "internal error" not in err
+    assert not (tmp_path / "ws").exists()         # refused at load, before the run began
+
+
+def _tamper(sql: str) -> Callable[[Path], None]:
+    def damage(path: Path) -> None:
+        with sqlite3.connect(path) as conn:   # the append-only triggers guard sopctl's own writes
+            conn.executescript("DROP TRIGGER events_no_update; DROP TRIGGER events_no_delete;" + sql)
+        conn.close()
+    return damage
+
+
+def _cut_in_half(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def _garble_the_middle(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle - 4000: middle + 4000] = b"\xde\xad" * 4000
+    path.write_bytes(bytes(data))
+
+
+_DAMAGES = {
+    "cut in half": (_cut_in_half, "torn or corrupted"),
+    "garbage in the middle": (_garble_the_middle, "torn or corrupted"),
+    "unknown event type": (_tamper("INSERT INTO events (ts, type, key, json) VALUES (1, 'Bogus', NULL, '{}')"),
+                           "unknown type 'Bogus'"),
+    "field of the wrong type": (_tamper("""UPDATE events SET json = '{"status": "idle", "rounds": "x"}'
+                                        WHERE type = 'RunEnded'"""),
+                                'rounds = "x", which is not a whole number'),
+    "message not an object": (_tamper("""UPDATE events SET json = '{"message": 5}'
+                                       WHERE seq = (SELECT MAX(seq) FROM events WHERE type = 'MessagePublished')"""),
+                              "message = 5, which is not an object"),
+    "artifact not an object": (_tamper("""UPDATE events SET json = replace(json, '"artifacts": [', '"artifacts": [7, ')
+                                        WHERE json LIKE '%"artifacts": [{%'"""), "artifacts = [7"),
+}
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ws = tmp_path_factory.mktemp("finished") / "good"
+    assert main(run_args(ws)) == 0
+    return ws
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGES))
+def test_a_damaged_journal_is_named_and_the_other_runs_still_list(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, finished_run: Path, damage: str) -> None:
+    """Damage by hand or by disk: `show`, `replay` and `resume` name the file (exit 2, before
+    anything runs); `runs` lists the damaged run among the others."""
+    damage_file, words = _DAMAGES[damage]
+    shutil.copytree(finished_run, tmp_path / "good")
+    bad = tmp_path / "bad"
+    shutil.copytree(finished_run, bad)
+    for side_file in journal_path(bad).parent.glob("journal.sqlite-*"):
+        side_file.unlink()
+    damage_file(journal_path(bad))
+    for command in (["show", str(bad)], ["replay", str(bad), "--out", str(tmp_path / "re")],
+                    ["resume", str(bad)]):
+        code, _, err = sopctl(capsys, *command)
+        assert code == 2, (command, err)
+        assert str(journal_path(bad)) in err and "internal error" not in err, (command, err)
+        if command[0] == "show":
+            assert words in err, err
+    assert not (tmp_path / "re").exists()
+    code, out, _ = sopctl(capsys, "runs", str(tmp_path))
+    assert code == 0
+    lines = {line.split()[-1] if "unreadable" not in line else "bad": line for line in out.splitlines()[1:]}
+    assert "idle" in lines[str(tmp_path / "good")] and words in lines["bad"]

@@ -340,3 +340,28 @@ def test_resume_takes_api_base_and_price_from_its_own_command_line(server, sop_f
                             "--price", "1,2", "--format", "json")
     assert code == 0, err
     assert len(server.requests) == 2 and json.loads(out)["cost_usd"] == pytest.approx(17e-6)
+
+
+def test_a_failing_fan_out_item_leaves_no_never_awaited_warning(server, tmp_path, monkeypatch):
+    """Its siblings are cancelled, some inside litellm's executor step: no warning may say
+    a coroutine was never awaited (the process's stderr is the user's screen)."""
+    import gc
+    import warnings
+    from pathlib import Path
+
+    from engine.cli.commands import main
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-local-test-key-0000")
+    code = answer("```python\nprint(1)\n```")
+    files = [f"f{i}.py" for i in range(8)]
+    server.replies = [(200, {}, answer(json.dumps({"Task list": files}))), (200, {}, code),
+                      (400, {}, {"error": {"message": "bad request", "type": "invalid_request_error"}}),
+                      *[(200, {}, code)] * 8]
+    fanout = Path(__file__).parent / "sops" / "fanout.sop.yaml"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        status = main(["run", str(fanout), "--idea", "x", "--model", MODEL, "--api-base", server.base,
+                       "--out", str(tmp_path / "ws")])
+        gc.collect()
+    assert status == 1
+    assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []

@@ -139,3 +139,11 @@ def test_crlf_line_endings_keep_positions() -> None:
     source = load_text("a: 1\r\nb:\r\n  c: [x, y]\r\n")
     assert source.data == {"a": 1, "b": {"c": ["x", "y"]}}
     assert source.map.values["/b/c/1"] == (3, 10)
+
+
+def test_escaped_surrogates_pair_up_or_are_refused() -> None:
+    assert load_text('a: "\\ud83d\\ude00"\n').data == {"a": "\U0001F600"}   # JSON's emoji escape
+    with pytest.raises(LoadError) as caught:
+        load_text('a: "x\\ud800"\n"k\\udc00": 1\nb: ["\\ude00\\ud83d"]\n')
+    found = [(d.code, d.line, d.col, d.pointer) for d in caught.value.diagnostics]
+    assert found == [("SOP003", 1, 4, "/a"), ("SOP003", 2, 1, ""), ("SOP003", 3, 5, "/b/0")]

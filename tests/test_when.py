@@ -82,3 +82,22 @@ def test_the_checker_reads_when_like_any_template():
         compile_text(LOOP.replace("msgs.Work[-1].out['done']", "msgs.Work[-1].out['dnoe']"))
     assert any("dnoe" in d.message and d.pointer == "/actions/Review/when"
                for d in info.value.diagnostics)
+
+
+def test_a_sandbox_refusal_in_when_or_for_each_is_a_located_run_error(tmp_path):
+    """An unsafe attribute comes back from the sandbox as an undefined value, which raised
+    only when used: the refusal is the action's located SOP504, not an internal error."""
+    refused = "access to attribute '__class__' of 'str' object is unsafe"
+    fan_out = LOOP.replace('    prompt: "review it"', '    for_each: "{{ X }}"\n    prompt: "review it"')
+    cases = [(LOOP.replace("not msgs.Work[-1].out['done']", "inputs.idea.__class__"), "when"),
+             (LOOP.replace("not msgs.Work[-1].out['done']", "''.__class__.__mro__"), "when"),
+             (fan_out.replace("{{ X }}", "{{ inputs.idea.__class__ }}"), "for_each")]
+    for index, (text, field) in enumerate(cases):
+        with use_model(_work_answers(done_on=2)):
+            result = run(compile_text(text), {"idea": "x"}, model="fake",
+                         workspace=tmp_path / f"ws{index}", journal=False)
+        assert result.status == "failed", field
+        assert refused in result.error and "internal error" not in result.error, result.error
+        diagnostic = result.diagnostic
+        assert diagnostic is not None and diagnostic.code == "SOP504"
+        assert diagnostic.pointer == f"/actions/Review/{field}"

@@ -29,7 +29,7 @@ CODES: dict[str, str] = {
     # loading (engine/load/source.py): the file is refused before anything else looks at it
     "SOP001": "file missing, unreadable, a directory, or not a regular file (a FIFO, socket or device)",
     "SOP002": "file larger than the size limit (1 MB)",
-    "SOP003": "file is binary or not UTF-8",
+    "SOP003": "file is binary or not UTF-8, or holds a lone surrogate escape (`\"\\ud800\"`)",
     "SOP004": "file is empty",
     "SOP005": "not valid YAML (syntax), or more than one document",
     "SOP006": "a tag outside YAML's core schema (e.g. !!python/object), or a value its tag refuses",

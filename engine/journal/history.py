@@ -30,6 +30,7 @@ from engine.journal.store import (
     EventRow,
     Journal,
     decode_event,
+    naming,
     writer_active,
 )
 from engine.models.types import Usage
@@ -110,7 +111,7 @@ class RunState:
 
 def read_run(run_dir: str | Path) -> RunState:
     """Open a run folder's journal read-only and rebuild its state (JournalError if unusable)."""
-    with Journal.open(run_dir) as journal:
+    with Journal.open(run_dir) as journal, naming(journal.path):
         state = rebuild(journal.events(), run_dir=str(run_dir))
         _add_answers(state, journal)
         _mark_live(state, run_dir)

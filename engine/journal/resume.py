@@ -18,7 +18,13 @@ from typing import Any
 from engine.check.compiler import CompiledSop, compile_path
 from engine.errors import JournalError, LoadError, UsageError
 from engine.journal.history import rebuild
-from engine.journal.store import JOURNAL_DIR, JOURNAL_FILE, Journal, decode_event
+from engine.journal.store import (
+    JOURNAL_DIR,
+    JOURNAL_FILE,
+    Journal,
+    decode_event,
+    naming,
+)
 from engine.models.registry import default_model
 from engine.run.events import RunStarted, RunStatus
 
@@ -85,7 +91,9 @@ def open_for_replay(run_dir: str | Path) -> RunFolder:
 def _open(run_dir: str | Path, *, force: bool) -> RunFolder:
     journal = Journal.open(run_dir)
     try:
-        origin = read_origin(journal, run_dir)
+        journal.check_intact()
+        with naming(journal.path):
+            origin = read_origin(journal, run_dir)
         if not force:
             _check_unchanged(origin)
         return RunFolder(Path(run_dir), journal, origin, _compile(origin.sop_path))

@@ -57,8 +57,19 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
+from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Iterator,
+    Union,
+    get_args,
+    get_origin,
+    get_type_hints,
+)
 
 try:
     import fcntl
@@ -77,7 +88,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "JOURNAL_DIR", "JOURNAL_FILE", "CRASH_AFTER_EVENT_ENV",
            "CRASH_AFTER_ANSWER_ENV", "SYNC_ENV", "EventRow", "AnswerRow", "Journal", "ReplayStore",
-           "journal_path", "writer_active", "decode_event"]
+           "journal_path", "writer_active", "decode_event", "naming"]
 
 
 SCHEMA_VERSION = 1
@@ -175,12 +186,86 @@ def decode_event(row: EventRow) -> RunEvent:
     if cls is None:
         raise JournalError(f"journal event {row.seq} has an unknown type {row.type!r}",
                            "the journal was written by a newer sopctl; upgrade sopctl")
+    _check_shape(row, cls)
     try:
         event: RunEvent = cls(**row.data)
     except TypeError as exc:
         raise JournalError(f"journal event {row.seq} ({row.type}) does not match this sopctl: {exc}",
                            "the journal was written by another sopctl version") from None
     return event
+
+
+_DAMAGED = "the journal was damaged outside sopctl; start a new run, or restore the file from a backup"
+
+
+_MESSAGE_FIELDS: dict[str, Any] = {"id": str, "cause_by": str, "sent_from": str, "round": int,
+                                   "content": str, "send_to": list[str]}
+"""What `Message.from_json` reads from a recorded message (`id`, `cause_by`, `sent_from` required)."""
+
+
+def _check_shape(row: EventRow, cls: type) -> None:
+    """Every recorded field has its declared type, so a hand-edited or damaged row is a
+    JournalError here, not an AttributeError deep in `show` or `resume`."""
+    hints = _field_types(cls)
+    for name, value in row.data.items():
+        if name in hints and not _fits(value, hints[name]):
+            raise JournalError(f"journal event {row.seq} ({row.type}) has {name} = {_short(value)}, "
+                               f"which is not {_describe(hints[name])}", _DAMAGED)
+    messages = [row.data.get("message")] if row.type == "MessagePublished" else \
+        row.data.get("messages", []) if row.type == "ActionCompleted" else []
+    for message in messages:
+        problem = _message_problem(message)
+        if problem:
+            raise JournalError(f"journal event {row.seq} ({row.type}) holds a message that {problem}",
+                               _DAMAGED)
+
+
+@cache
+def _field_types(cls: type) -> dict[str, Any]:
+    return get_type_hints(cls)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """A shallow structural check of JSON data against a dataclass field's type."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin is Union:
+        return any(_fits(value, a) for a in args)
+    if origin is list:
+        return isinstance(value, list) and all(_fits(v, args[0]) for v in value) if args else isinstance(value, list)
+    if origin is dict:
+        return isinstance(value, dict) and (not args or all(_fits(v, args[1]) for v in value.values()))
+    if hint is bool or hint is str or hint is list or hint is dict:
+        return isinstance(value, hint)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        return isinstance(value, str)   # an unknown value gets its own message where it is read
+    return hint is Any or hint is type(None) and value is None
+
+
+def _message_problem(message: Any) -> str:
+    if not isinstance(message, dict):
+        return f"is {_short(message)}, not an object"
+    missing = [k for k in ("id", "cause_by", "sent_from") if k not in message]
+    if missing:
+        return f"has no {missing[0]}"
+    wrong = next((k for k, hint in _MESSAGE_FIELDS.items() if k in message and not _fits(message[k], hint)), None)
+    return f"has {wrong} = {_short(message[wrong])}, which is not {_describe(_MESSAGE_FIELDS[wrong])}" if wrong else ""
+
+
+def _describe(hint: Any) -> str:
+    names = {str: "a string", int: "a whole number", float: "a number", bool: "true or false"}
+    origin, args = get_origin(hint) or hint, get_args(hint)
+    if origin is list and args and args[0] is not Any:
+        return f"a list of which each item is {_describe(args[0])}"
+    return names.get(hint) or {list: "a list", dict: "an object"}.get(origin, "a string")
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 # --- sqlite errors -> JournalError ------------------------------------------------------
@@ -231,6 +316,18 @@ def _explain(exc: BaseException, path: Path, doing: str) -> JournalError:
     what, hint = _PROBLEMS[kind]
     detail = f" ({exc})" if kind in ("corrupt", "cantopen", "busy") else ""
     return JournalError(f"cannot {doing} journal {path}: {what}{detail}", hint)
+
+
+@contextmanager
+def naming(path: Path) -> Iterator[None]:
+    """A JournalError raised while reading the journal at `path` names the file (a damaged
+    row's message alone does not say which run's journal it is in)."""
+    try:
+        yield
+    except JournalError as exc:
+        if str(path) in exc.message:
+            raise
+        raise JournalError(f"journal {path} is damaged: {exc.message}", exc.hint) from None
 
 
 @contextmanager
@@ -413,6 +510,15 @@ class Journal:
         self.close()
 
     # reading ---------------------------------------------------------------------------
+
+    def check_intact(self) -> None:
+        """SQLite's structural check of every page: a resume or replay reads the answers
+        table lazily, so damage there would otherwise surface mid-run, as a failed run."""
+        with _guard(self.path, "read"):
+            verdict = self._conn.execute("PRAGMA quick_check(1)").fetchone()
+        if verdict != ("ok",):
+            what, hint = _PROBLEMS["corrupt"]
+            raise JournalError(f"cannot read journal {self.path}: {what} (SQLite's page check fails)", hint)
 
     def meta(self) -> dict[str, str]:
         """The meta rows; a file without them was never initialised (a JournalError)."""

@@ -361,7 +361,9 @@ class _Converter:
                 self.report(key_node, "SOP011", "a mapping key must be a plain scalar",
                             "use a string key", pointer)
                 continue
-            key = str(key_node.value)
+            key = self._unicode(key_node, str(key_node.value), pointer)  # the key cannot name itself
+            if key is None:
+                continue
             child = join_pointer(pointer, key)
             if key in first:
                 self._duplicate(key_node, key, first[key], child)
@@ -382,12 +384,42 @@ class _Converter:
 
     def _scalar(self, node: Any, pointer: str) -> Any:
         tag, text = node.tag[len(_CORE):] if node.tag.startswith(_CORE) else "", str(node.value)
+        text = self._unicode(node, text, pointer)
+        if text is None:
+            return None
         try:
             return _SCALARS.get(tag, str)(text)
         except ValueError:
             self.report(node, "SOP006", f"'{text}' is not a valid !!{tag}",
                         f"write a plain {tag} or quote the value", pointer)
             return None
+
+    def _unicode(self, node: Any, text: str, pointer: str) -> str | None:
+        """`text` with escaped surrogate pairs (`"\\ud83d\\ude00"`, JSON's way to write an
+        emoji) joined into their character; None, reported, if a lone surrogate is left
+        (`"\\ud800"`): it is no character, so no prompt, journal or file could hold it."""
+        if not _SURROGATE.search(text):
+            return text
+        text = _SURROGATE_PAIR.sub(_join_pair, text)
+        found = _SURROGATE.search(text)
+        if found is None:
+            return text
+        self.report(node, "SOP003", f"text holds a lone surrogate (\\u{ord(found.group()):04x}), "
+                    "which is not a Unicode character and cannot be written as UTF-8",
+                    "remove the escape, or write the character itself (or a \\U0001xxxx escape)",
+                    pointer)
+        return None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+_SURROGATE_PAIR = re.compile("([\ud800-\udbff])([\udc00-\udfff])")
+
+
+def _join_pair(match: re.Match[str]) -> str:
+    high, low = (ord(c) for c in match.groups())
+    return chr(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
 
 
 class _Abort(Exception):

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
+from jinja2 import Undefined
+
 from engine.check.compiler import CompiledSop
 from engine.check.sandbox import TemplateFailure, compile_expression, render_template
 from engine.errors import ActionFailed, BudgetExceeded, LLMError
@@ -184,7 +186,10 @@ def _evaluate(action_id: str, field: str, source: str, variables: dict[str, Any]
     match = re.fullmatch(r"\{\{(.*)\}\}", source.strip(), re.S)
     expression = match.group(1) if match else source
     try:
-        return compile_expression(expression)(**variables)
+        value = compile_expression(expression)(**variables)
+        if isinstance(value, Undefined):
+            bool(value)   # a refused attribute comes back as a StrictUndefined: its use raises
+        return value
     except Exception as exc:  # noqa: BLE001 - any jinja/sandbox failure is the action's
         raise ActionFailed(action_id, f"{field} expression failed: {type(exc).__name__}: {exc}",
                            code="SOP504", pointer=join_pointer("/actions", action_id, field)) from None
