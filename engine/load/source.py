@@ -383,8 +383,8 @@ class _Converter:
             related=(Related(message="first defined here", pointer=pointer, line=line, col=col),)))
 
     def _scalar(self, node: Any, pointer: str) -> Any:
-        tag, text = node.tag[len(_CORE):] if node.tag.startswith(_CORE) else "", str(node.value)
-        text = self._unicode(node, text, pointer)
+        tag = node.tag[len(_CORE):] if node.tag.startswith(_CORE) else ""
+        text = self._unicode(node, str(node.value), pointer)
         if text is None:
             return None
         try:
