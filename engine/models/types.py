@@ -14,7 +14,7 @@ from typing import Any, Literal, Mapping, Protocol
 from engine.errors import LLMError
 from engine.load.secrets import is_secret_name  # re-exported: the one rule lives there
 
-__all__ = ["Price", "FREE", "CallSpec", "is_secret_name", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
+__all__ = ["Event", "Price", "FREE", "CallSpec", "is_secret_name", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
            "ModelAnswered", "ModelRetried", "AnswerRejected", "GatewayEvent", "ModelRequest",
            "ModelAnswer", "Provider", "TransientModelError", "RealModelBlocked", "request_hash"]
 
@@ -144,13 +144,15 @@ class AnswerStore(Protocol):
 
 
 @dataclass(frozen=True)
-class _Reported:
+class Event:
+    """The base of every run event: frozen, JSON-friendly fields, one journal row each."""
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
 @dataclass(frozen=True)
-class ModelAnswered(_Reported):
+class ModelAnswered(Event):
     """One answer read by the gateway: from the model (paid) or reused from the journal."""
 
     round: int
@@ -172,7 +174,7 @@ class ModelAnswered(_Reported):
 
 
 @dataclass(frozen=True)
-class ModelRetried(_Reported):
+class ModelRetried(Event):
     """A model request failed with a transient error (rate limit, timeout, 5xx) and is sent
     again after `delay_s`."""
 
@@ -190,7 +192,7 @@ class ModelRetried(_Reported):
 
 
 @dataclass(frozen=True)
-class AnswerRejected(_Reported):
+class AnswerRejected(Event):
     """An answer that failed validation: the model is asked again with the error (`reask`),
     or, its retries spent, the action fails."""
 

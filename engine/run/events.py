@@ -19,13 +19,14 @@ row, as the old per-call `LLMCalled` summary was; only what happens rarely adds 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
 from engine.models.types import (
     AnswerRejected,
     AnswerStore,
+    Event,
     GatewayEvent,
     ModelAnswered,
     ModelRetried,
@@ -54,13 +55,7 @@ class RunStatus(str, Enum):
 
 
 @dataclass(frozen=True)
-class _Event:
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class RunStarted(_Event):
+class RunStarted(Event):
     run_id: str
     sop_file: str
     sop_name: str
@@ -74,13 +69,13 @@ class RunStarted(_Event):
 
 
 @dataclass(frozen=True)
-class RoundStarted(_Event):
+class RoundStarted(Event):
     round: int
     active_roles: list[str]
 
 
 @dataclass(frozen=True)
-class ActionStarted(_Event):
+class ActionStarted(Event):
     round: int
     role: str
     action: str
@@ -88,7 +83,7 @@ class ActionStarted(_Event):
 
 
 @dataclass(frozen=True)
-class LLMCalled(_Event):
+class LLMCalled(Event):
     """One gateway call's totals, as sopctl journaled them before the gateway's own events.
 
     Never emitted now: kept so that `sopctl show` reads journals written by those versions.
@@ -110,7 +105,7 @@ class LLMCalled(_Event):
 
 
 @dataclass(frozen=True)
-class ActionCompleted(_Event):
+class ActionCompleted(Event):
     round: int
     role: str
     action: str
@@ -120,12 +115,12 @@ class ActionCompleted(_Event):
 
 
 @dataclass(frozen=True)
-class MessagePublished(_Event):
+class MessagePublished(Event):
     message: dict[str, Any]        # Message.to_json(): id, round, content, out, cause_by, sent_from, send_to
 
 
 @dataclass(frozen=True)
-class RunEnded(_Event):
+class RunEnded(Event):
     status: RunStatus              # never RUNNING
     rounds: int
     error: str = ""
@@ -153,7 +148,7 @@ class RunJournal(RunObserver, CompletedActions, AnswerStore, Protocol):
 
 
 @dataclass(frozen=True)
-class RunLog(_Event):
+class RunLog(Event):
     """A line for the run's log: a skipped action (max_runs), a plan warning, a reused action.
 
     Informational only: nothing in a run's state depends on it, so a journal may store it or
