@@ -55,11 +55,11 @@ def secret_values(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return tuple(sorted(found, key=len, reverse=True))
 
 
-def scrub(text: str, secrets: tuple[str, ...]) -> str:
-    """`text` with every value of `secrets` and every URL password replaced by REDACTED."""
+def scrub(text: str, secrets: tuple[str, ...], mark: str = REDACTED) -> str:
+    """`text` with every value of `secrets` and every URL password replaced by `mark`."""
     for value in secrets:
         if value in text:
-            text = text.replace(value, REDACTED)
+            text = text.replace(value, mark)
     if "://" not in text:  # the common case costs one scan
         return text
-    return _URL_PASSWORD.sub(lambda m: m.group("head") + REDACTED, text)
+    return _URL_PASSWORD.sub(lambda m: m.group("head") + mark, text)

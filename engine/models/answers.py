@@ -1,6 +1,6 @@
 """How the gateway asks a model for an answer, and how it reads the answer back.
 
-Kept apart from `llm.py` so that the wording of our prompts and the tolerant parsers can be
+Kept apart from the gateway so that the wording of our prompts and the tolerant parsers can be
 read, tested and changed without touching transport, retries or the journal. Nothing here
 calls a model or imports litellm.
 

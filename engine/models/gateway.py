@@ -44,8 +44,8 @@ is re-asked). So the journal records them, the live display shows them and `sopc
 counts them. `usage` is folded from those same events; each call's `CallResult.events` lists
 its own (and `CallResult.usage` folds them).
 
-Hosted models live in `engine.models.hosted` (the only module that touches litellm), imported by
-the first call that needs it, never at `import engine`.
+Hosted models live in `engine.models.hosted`, the only module that touches litellm; it imports
+litellm on the first call that needs it, never at `import engine`.
 """
 
 from __future__ import annotations
@@ -136,7 +136,7 @@ class Gateway:
         return _resolve(model, self.providers, self._hosted_provider)
 
     def _hosted_provider(self) -> Provider:
-        """litellm, for every model name that is not registered (imported on first use)."""
+        """litellm, for every model name that is not registered (made on first use)."""
         if self._hosted is None:
             self._hosted = LiteLLMProvider(
                 completion_kwargs={"api_base": self.api_base} if self.api_base else {})

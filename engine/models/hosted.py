@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import LLMError, RunError, UsageError
-from engine.load.secrets import secret_values
+from engine.load.secrets import scrub, secret_values
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import (
     CallSpec,
@@ -75,8 +75,8 @@ def litellm_module() -> Any:
         return _LITELLM[0]
 
 
-_UNSENT_CALL = r"coroutine '(?!LiteLLMProvider\.)\w+\.acompletion' was never awaited"
-"""litellm's provider coroutine (`OpenAIChatCompletion.acompletion`...), our own excepted."""
+_UNSENT_CALL = r"coroutine '\w+\.acompletion' was never awaited"
+"""litellm's provider coroutine (`OpenAIChatCompletion.acompletion`...); ours is `complete`."""
 
 
 def _ignore_unsent_calls() -> None:
@@ -99,9 +99,7 @@ _KEY_SHAPES = re.compile(r"\b(?:(?:sk|pk|rk|gsk|xai|hf|ghp|github_pat)[-_][-_A-Z
 def redact(text: str) -> str:
     """Remove every secret value of the environment (engine/load/secrets.py: the rule the
     journal and exec share) and every key-shaped token from `text`."""
-    for value in secret_values():
-        text = text.replace(value, "***")
-    return _KEY_SHAPES.sub("***", text)
+    return _KEY_SHAPES.sub("***", scrub(text, secret_values(), mark="***"))
 
 
 @dataclass
@@ -110,8 +108,6 @@ class LiteLLMProvider:
 
     completion_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra arguments for litellm (e.g. `api_base`, or `mock_response` in tests)."""
-    transient: bool = True
-    """False: every error is final (an in-process model is not helped by waiting)."""
     _prices: dict[str, Price | None] = field(default_factory=dict, repr=False)
 
     def price(self, model: str) -> Price | None:
@@ -145,10 +141,7 @@ class LiteLLMProvider:
     async def complete(self, request: ModelRequest) -> ModelAnswer:
         if "mock_response" not in self.completion_kwargs:
             check_real_model_allowed(request.spec)
-        return await self.acompletion(request.spec.model, request)
-
-    async def acompletion(self, model: str, request: ModelRequest) -> ModelAnswer:
-        """Call litellm for `model` (may differ from spec.model, e.g. `local`'s provider)."""
+        model = request.spec.model
         litellm = litellm_module()
         _ignore_unsent_calls()   # each call: a test harness or host may have reset the filters
         try:
@@ -176,7 +169,7 @@ class LiteLLMProvider:
         if type(exc).__name__ == "AuthenticationError" or _MISSING_KEY.search(str(exc)):
             return LLMError(f"model '{spec.model}' has no valid API key (action {spec.action})",
                             hint=_key_hint(spec.model))
-        if self.transient and _is_transient(exc):
+        if _is_transient(exc):
             return TransientModelError(f"model '{spec.model}' for action {spec.action}: {message}",
                                        retry_after_s=_retry_after_s(exc))
         return LLMError(f"model '{spec.model}' failed for action {spec.action}: {message}")

@@ -237,7 +237,7 @@ def run_local(messages: list[dict[str, Any]], params: dict[str, Any], llama: Any
             max_tokens=max_tokens, seed=0, repeat_penalty=REPEAT_PENALTY, **constraint)
     usage = response.get("usage") or {}
     choice = response["choices"][0]
-    return {"text": choice["message"].get("content") or "", "finish_reason": choice.get("finish_reason"),
+    return {"text": choice["message"].get("content") or "",
             "prompt_tokens": int(usage.get("prompt_tokens", 0)),
             "completion_tokens": int(usage.get("completion_tokens", 0))}
 

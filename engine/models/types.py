@@ -12,9 +12,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, Protocol
 
 from engine.errors import LLMError
-from engine.load.secrets import is_secret_name  # re-exported: the one rule lives there
 
-__all__ = ["Event", "Price", "FREE", "CallSpec", "is_secret_name", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
+__all__ = ["Event", "Price", "FREE", "CallSpec", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
            "ModelAnswered", "ModelRetried", "AnswerRejected", "GatewayEvent", "ModelRequest",
            "ModelAnswer", "Provider", "TransientModelError", "RealModelBlocked", "request_hash"]
 
