@@ -161,6 +161,11 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
     (and with `warm` a second one in the same process, one-time costs already paid)."""
     os.environ["SOPCTL_FAKE_LATENCY_MS"] = str(latency_ms)
     t0 = time.perf_counter()
+    import engine.cli.commands  # noqa: F401 - what a run loads, counted here, not in the run
+    import engine.cli.live  # noqa: F401
+    import engine.cli.report  # noqa: F401
+    import engine.models.fake  # noqa: F401
+    import engine.testing  # noqa: F401
     from engine import api
     api.load(sop)  # the checker's libraries load lazily; import them here, as MetaGPT's are
     import_s = time.perf_counter() - t0

@@ -26,7 +26,6 @@ from engine.journal.resume import (
     RunFolder,
     open_for_replay,
     open_for_resume,
-    recorded_artifacts,
     remove_orphan_temp_files,
     replay_options,
     resume_options,
@@ -161,10 +160,10 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
         team.check()
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock
-        earlier = recorded_artifacts(folder)
         result = asyncio.run(_drive(team, folder.journal))
     # Actions reused from the journal do not write their files again: list those still there.
-    result.artifacts = sorted(set(result.artifacts) | {p for p in earlier if (folder.path / p).is_file()})
+    still_there = {p for p in folder.origin.artifacts if (folder.path / p).is_file()}
+    result.artifacts = sorted(set(result.artifacts) | still_there)
     return result
 
 

@@ -28,7 +28,7 @@ from engine.models.types import (
     Usage,
     request_hash,
 )
-from engine.run.events import ModelAnswered, ModelRetried, usage_of
+from engine.run.events import ModelAnswered, ModelRetried
 from engine.testing import (
     MemoryAnswerStore,
     ScriptedModel,
@@ -483,7 +483,7 @@ def test_events_tell_the_story_of_a_call():
         ("ModelAnswered", 0), ("AnswerRejected", 0), ("ModelAnswered", 1)]
     assert "no JSON object" in events[1].error and events[1].reask
     assert {(e.round, e.role, e.action) for e in events} == {(3, "PM", "WritePRD")}
-    assert sum((usage_of(e) for e in events), Usage()) == gateway.usage
+    assert sum((e.usage for e in events), Usage()) == gateway.usage
     again = Gateway(store=gateway.store, emit=events.append, providers={"scripted": ScriptedModel([])})
     events.clear()
     run(again, spec(round=3))

@@ -3,7 +3,7 @@
 Prompts, `for_each`, `when` and artifact paths and contents must parse in the sandbox, read
 only the variables their place has, and name only declared inputs, actions and output keys
 (`out['Key']`, `msgs.X[-1].out['Key']`); artifact paths must stay inside the workspace.
-Registered into `checks` on import, like every other phase's checks.
+Its rules are listed in `RULES`, which `check.phases` runs third.
 """
 
 from __future__ import annotations

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from engine import __version__
 from engine.errors import SopError
-from engine.run.events import RunStatus
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -101,7 +100,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     folder = api.open_for_resume(args.run_dir, force=args.force)
     origin = folder.origin
     print(f"sopctl: resuming run {origin.first.run_id} of {origin.first.sop_name} "
-          f"({origin.ended_status or RunStatus.INTERRUPTED})", file=sys.stderr)
+          f"({origin.ended_status or 'interrupted'})", file=sys.stderr)
     if args.model and args.model != origin.last.model:
         print(f"sopctl: note: the run used model '{origin.last.model}'; answers journaled for "
               f"it are not reused for '{args.model}'", file=sys.stderr)

@@ -25,7 +25,6 @@ from engine.run.events import (
     RunEvent,
     RunLog,
     RunStarted,
-    usage_of,
 )
 
 __all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "trouble_line"]
@@ -58,7 +57,7 @@ class RunStats:
             self._add_usage(event)
 
     def _add_usage(self, event: ModelEvent) -> None:
-        usage = usage_of(event)
+        usage = event.usage
         self.usage += usage
         answers = usage.llm_calls + usage.reused_calls
         self.role_calls[event.role] = self.role_calls.get(event.role, 0) + answers

@@ -6,15 +6,16 @@ from __future__ import annotations
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from engine.check.compiler import source_lines
 from engine.check.diagnostics import format_diagnostic
 from engine.errors import JournalError
 from engine.journal.history import ActionRecord, ActionStats, RunState
 from engine.models.types import Usage
 from engine.run.events import RunStatus
-from engine.run.team import RunResult
+
+if TYPE_CHECKING:
+    from engine.run.team import RunResult
 
 __all__ = ["runs_json", "result_object", "format_show", "format_runs", "summary", "print_result",
            "EXIT_CODES"]
@@ -209,6 +210,10 @@ def print_result(result: RunResult, fmt: str) -> int:
     else:
         print(summary(result))
     if result.diagnostic is not None:  # a run-time failure, shown as the checker shows one
+        from engine.check.compiler import (
+            source_lines,  # only a failed run reads its file again
+        )
+
         print(format_diagnostic(result.diagnostic, source_lines(result.diagnostic.file)), file=sys.stderr)
     elif result.error:
         print(f"sopctl: {result.status}: {result.error}", file=sys.stderr)

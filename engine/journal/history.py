@@ -45,7 +45,6 @@ from engine.run.events import (
     RunEnded,
     RunStarted,
     RunStatus,
-    usage_of,
 )
 
 __all__ = ["ActionStats", "ActionRecord", "RunState", "read_run", "rebuild", "find_runs",
@@ -211,7 +210,7 @@ def _on_action_started(state: RunState, event: ActionStarted) -> ActionRecord:
 
 
 def _on_model_event(state: RunState, event: ModelEvent, record: ActionRecord | None) -> None:
-    usage = usage_of(event)
+    usage = event.usage
     if record is not None:
         record.usage += usage
     # Paid answers are counted from the answers table (see the module docstring), not here.

@@ -29,7 +29,7 @@ from engine.models.registry import default_model
 from engine.run.events import RunStarted, RunStatus
 
 __all__ = ["Origin", "RunFolder", "read_origin", "open_for_resume", "open_for_replay",
-           "resume_options", "replay_options", "recorded_artifacts", "remove_orphan_temp_files"]
+           "resume_options", "replay_options", "remove_orphan_temp_files"]
 
 
 # --- resume and replay --------------------------------------------------------------------
@@ -43,6 +43,7 @@ class Origin:
     last: RunStarted               # the latest invocation: SOP hash, model, rounds, budget
     sop_path: Path
     ended_status: RunStatus | None  # None when the last invocation has no RunEnded
+    artifacts: frozenset[str]      # every file an action wrote, over all invocations
 
 
 def read_origin(journal: Journal, run_dir: str | Path) -> Origin:
@@ -55,7 +56,8 @@ def read_origin(journal: Journal, run_dir: str | Path) -> Origin:
     state = rebuild(rows, run_dir=str(run_dir))
     first, last = starts[0], starts[-1]
     assert isinstance(first, RunStarted) and isinstance(last, RunStarted)
-    return Origin(first, last, _sop_path(journal.meta(), last), state.status if state.ended else None)
+    return Origin(first, last, _sop_path(journal.meta(), last), state.status if state.ended else None,
+                  frozenset(state.artifacts))
 
 
 @dataclass
@@ -178,11 +180,6 @@ def remove_orphan_temp_files(workspace: Path) -> list[str]:
                 path.unlink(missing_ok=True)
                 removed.append(path.relative_to(workspace).as_posix())
     return removed
-
-
-def recorded_artifacts(folder: RunFolder) -> set[str]:
-    """Every file the run's journal says an action wrote, over all invocations."""
-    return set(rebuild(folder.journal.events(), run_dir=str(folder.path)).artifacts)
 
 
 def replay_options(folder: RunFolder, out: str | Path, *, allow_exec: bool) -> dict[str, Any]:

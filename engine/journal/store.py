@@ -276,8 +276,7 @@ _PROBLEMS: dict[str, tuple[str, str]] = {
              "nothing already journaled is lost"),
     "readonly": ("the workspace is read-only",
                  "choose a writable workspace (--out) or fix its permissions"),
-    "corrupt": ("the file is torn or corrupted", "the journal was damaged outside sopctl; "
-                "start a new run, or restore the file from a backup"),
+    "corrupt": ("the file is torn or corrupted", _DAMAGED),
     "cantopen": ("the file cannot be opened", "check that the folder exists and is writable"),
     "busy": ("another process holds it", "wait for the other sopctl process to finish"),
 }

@@ -68,7 +68,7 @@ class Usage:
     """What model answers came to: a value. `a + b` adds two; `Usage()` is zero.
 
     The gateway, `sopctl show` and the live display all fold it from the same gateway run
-    events (`engine.run.events.usage_of`), so their totals cannot disagree.
+    events (each event's `usage`), so their totals cannot disagree.
     """
 
     llm_calls: int = 0               # answers paid for: model calls made (re-asks included)

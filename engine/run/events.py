@@ -14,7 +14,7 @@ answer read (each attempt; paid, or reused from the journal), `ModelRetried` for
 sent again after a transient error (with its cause), `AnswerRejected` for an invalid answer
 (with the error, and whether the model is asked again). A call accepted first time is one
 row, as the old per-call `LLMCalled` summary was; only what happens rarely adds rows.
-`usage_of` is the one fold of these events into a `Usage` total.
+Each carries its own `usage`; every total is their sum.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from engine.models.types import (
 __all__ = ["RunStatus", "RunStarted", "RoundStarted", "ActionStarted", "ModelAnswered",
            "ModelRetried", "AnswerRejected", "LLMCalled", "ActionCompleted", "MessagePublished",
            "RunEnded", "RunLog", "RunEvent", "GatewayEvent", "ModelEvent", "RunObserver",
-           "CompletedActions", "RunJournal", "event_type", "usage_of"]
+           "CompletedActions", "RunJournal", "event_type"]
 
 
 class RunStatus(str, Enum):
@@ -168,14 +168,3 @@ ModelEvent = GatewayEvent | LLMCalled
 
 RunEvent = (RunStarted | RoundStarted | ActionStarted | ModelAnswered | ModelRetried
             | AnswerRejected | LLMCalled | ActionCompleted | MessagePublished | RunEnded | RunLog)
-
-
-_NO_USAGE = Usage()
-
-
-def usage_of(event: RunEvent) -> Usage:
-    """What an event adds to a run's model usage: the one fold of the gateway, `sopctl show`
-    and the live display (zero for every event that is not about a model call)."""
-    if isinstance(event, ModelEvent):
-        return event.usage
-    return _NO_USAGE

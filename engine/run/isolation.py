@@ -23,16 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import RunError
+from engine.load.spec import ENGINE_DIR
 
 __all__ = ["Sandbox", "find_sandbox"]
 
 
 _PROBE_TIMEOUT_S = 10.0
-
-
-_ENGINE_DIR = ".sopctl"
-"""The run's own folder in the workspace (engine/journal/store.py, JOURNAL_DIR, a layer above):
-a sandboxed command can write the workspace but not the journal or its lock."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +40,7 @@ class Sandbox:
 
     def wrap(self, argv: list[str], workspace: Path) -> list[str]:
         """`argv` as run inside the sandbox, in the workspace (its journal folder read-only)."""
-        engine_dir = str(workspace / _ENGINE_DIR)
+        engine_dir = str(workspace / ENGINE_DIR)
         return [self.bwrap, *self._options(), "--bind", str(workspace), str(workspace),
                 "--ro-bind-try", engine_dir, engine_dir, "--chdir", str(workspace), "--", *argv]
 
