@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.check.sandbox import TemplateFailure, render_template
+from engine.check import sandbox
+from engine.check.sandbox import TemplateFailure, compile_expression, render_template
 
 BOMBS = {
     "repeat": "{{ 'x' * 10**9 }}",
@@ -22,6 +23,20 @@ BOMBS = {
     "str.format width": "{{ '{:>1000000000}'.format('x') }}",
     "format filter width": "{{ '%1000000000s'|format('x') }}",
     "range": "{% for i in range(10**8) %}{% endfor %}",
+    "power": "{{ 2 ** (10**10) }}",
+    "squaring": "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
+    "percent width": "{{ '%999999999s' % 'x' }}",
+    "percent widths together": "{{ ('%999999s' * 50)|format(*range(50)) }}",
+    "bytes repeat": "{{ 'x'.encode() * 10**9 }}",
+    "lipsum": "{{ lipsum(1000000) }}",
+    "indent on a long text": "{% set t = 'x\n' * 400000 %}{{ t|indent(999999) }}",
+    "wordwrap string": "{{ ('x ' * 400000)|wordwrap(1, wrapstring='y' * 1000) }}",
+    "expandtabs": "{{ ('\t' * 100000).expandtabs(999999) }}",
+    "shared rows": "{% set a = [0] * 1000 %}{% set b = [a] * 1000 %}{{ [b] * 1000 }}",
+    "nested displays": "{% set a = ['x' * 1000] * 900 %}{% set b = [a, a, a, a, a, a, a, a, a, a] %}"
+                       "{{ [b, b, b, b, b, b, b, b, b, b] }}",
+    "format fields": "{{ ('{0}' * 1000).format('x' * 100000) }}",
+    "join of shared": "{{ (['x' * 100000] * 10)|join }}",
 }
 
 
@@ -60,3 +75,102 @@ def test_file_name_turns_model_text_into_a_safe_relative_path(value, expected):
 
 def test_slug_makes_an_identifier_from_model_text():
     assert render_template("{{ v | slug }}|{{ '' | slug }}", {"v": "Aerius 2048: The Game!"}) == "aerius_2048_the_game|x"
+
+
+# --- CPU time and memory: what no static rule catches stops at a bound, located ---------
+
+def test_a_long_loop_stops_at_the_cpu_bound_with_its_line(monkeypatch):
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.2)
+    template = "line one\n{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    with pytest.raises(TemplateFailure, match="CPU time") as failure:
+        render_template(template, {})
+    assert failure.value.line == 2
+
+
+def test_a_slow_accumulation_stops_at_the_memory_bound(monkeypatch):
+    monkeypatch.setattr(sandbox, "MAX_RENDER_MEMORY", 64 * 2**20)
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 600.0)   # memory, not time, must stop it
+    template = "{{ range(100000)|map('string')|map('center', 999999)|list|length }}"
+    with pytest.raises(TemplateFailure, match="grew memory"):
+        render_template(template, {})
+
+
+def test_a_when_or_for_each_expression_is_bounded_too(monkeypatch):
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.05)
+    evaluate = compile_expression("range(100000)|map('string')|map('center', 9)|map('trim')"
+                                  "|map('upper')|map('lower')|map('title')|list|length")
+    with pytest.raises(TemplateFailure, match="CPU time"):
+        evaluate()
+
+
+def test_a_render_under_its_bounds_leaves_nothing_behind():
+    # the watchdog's stop must never land in a later render or outside one
+    for _ in range(200):
+        assert render_template("{{ x }}", {"x": 1}) == "1"
+    assert not sandbox._WATCHDOG._renders
+
+
+# --- in a run -----------------------------------------------------------------------------
+
+SLOW_PROMPT = """
+apiVersion: sop/v1
+name: slow_prompt
+inputs:
+  idea: {type: str, required: true}
+actions:
+  Think:
+    prompt: |
+      {{ inputs.idea }}
+      {% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}
+roles:
+  Thinker: {actions: [Think], watch: [UserRequirement]}
+"""
+
+
+def _run_slow(tmp_path, **options):
+    from engine.api import run
+    from engine.check.compiler import compile_text
+    from engine.testing import ScriptedModel, use_model
+
+    model = ScriptedModel(lambda spec, attempt: "ok")
+    with use_model(model):
+        result = run(compile_text(SLOW_PROMPT), {"idea": "x"}, model="fake",
+                     workspace=tmp_path / "ws", **options)
+    return result, model
+
+
+def test_a_prompt_past_its_cpu_bound_fails_the_run_at_its_template_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.2)
+    result, model = _run_slow(tmp_path, journal=False)
+    assert result.status == "failed"
+    assert "error[SOP501]: action Think failed: prompt template: template used more than" in result.error
+    assert result.diagnostic.line == 10        # the loop's line in the file
+    assert model.requests == []
+
+
+def test_ctrl_c_stops_a_run_in_the_middle_of_a_render(tmp_path, monkeypatch):
+    import os
+    import signal
+    import threading
+
+    from engine.journal.history import read_run
+
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 600.0)   # only Ctrl-C can stop it
+
+    test_over = threading.Event()
+
+    def ctrl_c_once_the_loop_renders() -> None:
+        while not any(sandbox._cpu_seconds(r.cpu_clock) - r.cpu_start > 0.3
+                      for r in list(sandbox._WATCHDOG._renders.values())):
+            if test_over.wait(0.01):     # never a Ctrl-C into a later test
+                return
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_once_the_loop_renders, daemon=True).start()
+    try:
+        result, model = _run_slow(tmp_path)
+    finally:
+        test_over.set()
+    assert result.status == "interrupted" and model.requests == []
+    state = read_run(tmp_path / "ws")
+    assert state.ended and state.status == "interrupted"    # journaled, not a CPU-bound failure

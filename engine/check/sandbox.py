@@ -1,32 +1,59 @@
 """The sandboxed jinja2 environment shared by the compiler (static checks) and the runner.
 
 Templates come from shared, untrusted SOP files: they render in an
-`ImmutableSandboxedEnvironment` with `StrictUndefined`, and the rendered text is bounded so
-that a hostile template (`{{ 'x' * 10**9 }}`, nested loops) fails its action cleanly
-instead of eating memory.
+`ImmutableSandboxedEnvironment` with `StrictUndefined`, and every render is bounded three
+ways, so that a hostile template fails its action cleanly, located at its line, instead of
+hanging the run or eating memory:
+
+- **Size, before building:** every operation that can build a big value in one step of C
+  code (`*`, `**`, `+`, `%`, `~`, `center(n)`, format widths, `indent`, `replace`...) is
+  refused when its result would pass the output limit. Nothing can interrupt one C call,
+  so these checks come first.
+- **CPU time and memory, while running:** a watchdog thread looks at each render in
+  progress every few milliseconds and stops it (an exception raised in the rendering
+  thread, between two bytecodes) once it used more than MAX_RENDER_CPU_S seconds of its
+  thread's CPU time or grew the process by more than MAX_RENDER_MEMORY bytes: nested loops
+  and slow accumulations, which no static rule catches, end there.
+- **Ctrl-C:** inside `stop_renders_on_cancel()` (a run) a Ctrl-C or SIGTERM, which cancel
+  the run's task, stop the render in progress within a tick; the run then ends
+  `interrupted` as it does between renders.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import contextvars
 import functools
 import json
 import re
+import threading
+import time
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, TypeVar
 
 from jinja2 import StrictUndefined, Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+from jinja2.utils import _PassArg, generate_lorem_ipsum
 
-__all__ = ["MAX_RENDERED_CHARS", "TemplateFailure", "environment", "parse", "render_template",
-           "compile_expression"]
+__all__ = ["MAX_RENDERED_CHARS", "MAX_RENDER_CPU_S", "MAX_RENDER_MEMORY", "TemplateFailure",
+           "environment", "parse", "render_template", "compile_expression", "stop_renders_on_cancel"]
 
 
 MAX_RENDERED_CHARS = 1_000_000
 """Upper bound on one rendered template (prompt, path, artifact content)."""
 
+MAX_RENDER_CPU_S = 2.0
+"""CPU seconds one render may use (its thread's CPU clock: a busy machine does not count)."""
+
+MAX_RENDER_MEMORY = 512 * 2**20
+"""Bytes one render may grow the process's resident memory by."""
 
 _MAX_REPEAT = 100_000
+_MAX_INT_BITS = 100_000     # `2 ** 10**10` is one C call of minutes: refused before it starts
+_SIZED = (str, bytes, list, tuple)
 
 
 class TemplateFailure(Exception):
@@ -38,22 +65,50 @@ class TemplateFailure(Exception):
         self.line = line
 
 
+def _too_large() -> SecurityError:
+    return SecurityError("template builds a value larger than the output limit")
+
+
 def _check_size(value: Any) -> Any:
-    """Refuse a string or list past the output limit the moment a template builds one."""
-    if isinstance(value, (str, list, tuple)) and len(value) > MAX_RENDERED_CHARS:
-        raise SecurityError("template builds a value larger than the output limit")
+    """Refuse a value past the output limit the moment a template builds one."""
+    if _weight(value) > MAX_RENDERED_CHARS:
+        raise _too_large()
     return value
+
+
+def _weight(value: Any, limit: int = MAX_RENDERED_CHARS) -> int:
+    """What printing, comparing or serializing `value` costs: characters of its strings plus
+    one per item, counting a shared item each time it is reached (`[y] * 9` with `y` big is
+    nine `y`s to print). The walk stops as soon as it passes `limit`."""
+    total, stack = 0, [value]
+    while stack and total <= limit:
+        item = stack.pop()
+        if isinstance(item, (str, bytes)):
+            total += len(item)
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            total += 1 + len(item)
+            stack.extend(item)
+        elif isinstance(item, dict):
+            total += 1 + len(item)
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        else:
+            total += 1
+    return total
 
 
 def _bounded_join(parts: Any) -> str:
     """`a ~ b`: jinja's own join, but a doubling `{% set a = a ~ a %}` stops at the limit."""
-    pieces = [str(part) for part in parts]
-    if sum(len(piece) for piece in pieces) > MAX_RENDERED_CHARS:
-        raise SecurityError("template builds a value larger than the output limit")
-    return "".join(pieces)
+    if sum(_weight(part) for part in parts) > MAX_RENDERED_CHARS:
+        raise _too_large()
+    return "".join(str(part) for part in parts)
 
 
 class _BoundedCodeGenerator(CodeGenerator):
+    """Jinja's code generator, with `~` and the list, tuple and dict displays checked: with
+    `*` and `+` they are every way a template builds a value, so no value (not even
+    `[b, b, b]` where `b` is `[a, a, a]`...) can outgrow the limit unseen."""
+
     def visit_Concat(self, node: nodes.Concat, frame: Any) -> None:
         self.write("environment.bounded_join((")
         for arg in node.nodes:
@@ -61,55 +116,130 @@ class _BoundedCodeGenerator(CodeGenerator):
             self.write(", ")
         self.write("))")
 
+    def visit_List(self, node: nodes.List, frame: Any) -> None:
+        self._bounded(super().visit_List, node, frame)
+
+    def visit_Dict(self, node: nodes.Dict, frame: Any) -> None:
+        self._bounded(super().visit_Dict, node, frame)
+
+    def visit_Tuple(self, node: nodes.Tuple, frame: Any) -> None:
+        if node.ctx != "load":      # `{% for a, b in ... %}`: a target, not a value
+            return super().visit_Tuple(node, frame)
+        self._bounded(super().visit_Tuple, node, frame)
+
+    def _bounded(self, visit: Callable[..., None], node: nodes.Node, frame: Any) -> None:
+        self.write("environment.bounded_value(")
+        visit(node, frame)
+        self.write(")")
+
 
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     """The sandbox, plus size limits on what a template can build *before* any output check:
-    `*` and `+` on strings and lists, `~`, filter arguments such as `center(10**9)`, and
-    format widths. Without them a few lines of a shared file could exhaust memory."""
+    `*`, `**`, `+` and `%` on strings, numbers and lists, `~`, filter arguments such as
+    `center(10**9)`, and format widths. Without them a few lines of a shared file could
+    exhaust memory in one C call that nothing can interrupt."""
 
     code_generator_class = _BoundedCodeGenerator
-    intercepted_binops = frozenset({"*", "+"})
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
     bounded_join = staticmethod(_bounded_join)
+    bounded_value = staticmethod(_check_size)
 
     def call_binop(self, context, operator, left, right):  # type: ignore[override]
-        if operator == "*":
-            seq, count = (left, right) if isinstance(left, (str, list, tuple)) else (right, left)
-            if isinstance(seq, (str, list, tuple)) and isinstance(count, int) \
-                    and len(seq) * count > MAX_RENDERED_CHARS:
-                raise SecurityError("template builds a value larger than the output limit")
+        _check_binop(operator, left, right)
         return _check_size(super().call_binop(context, operator, left, right))
 
     def wrap_str_format(self, value: Any) -> Any:
         # `'{:>1000000000}'.format(x)` would allocate the width before anything could check it
         owner = getattr(value, "__self__", None)
-        if isinstance(owner, str) and getattr(value, "__name__", "") in ("format", "format_map") \
-                and re.search(r"\d{7,}", owner):
-            raise SecurityError("format width beyond the output limit")
+        if isinstance(owner, str) and getattr(value, "__name__", "") in ("format", "format_map"):
+            _check_format(owner, ())
         return super().wrap_str_format(value)
 
     def call(__self, __context, __obj, *args, **kwargs):  # type: ignore[override]  # noqa: N805
         """Method calls (`'x'.center(n)`): sizes checked before the call, the result after."""
-        _check_arguments(getattr(__obj, "__name__", "call"), args, kwargs)
+        name = getattr(__obj, "__name__", "call")
+        _check_arguments(name, args, kwargs)
+        owner = getattr(__obj, "__self__", None)
+        if isinstance(owner, (str, bytes)):
+            _check_method(owner, name, args)
         return _check_size(super().call(__context, __obj, *args, **kwargs))
 
 
+def _check_binop(operator: str, left: Any, right: Any) -> None:
+    """Refuse `'x' * 10**9`, `2 ** 10**10`, `big * big` and `'%999999999s' % x` unbuilt."""
+    if operator == "*":
+        seq, count = (left, right) if isinstance(left, _SIZED) else (right, left)
+        if isinstance(seq, _SIZED) and _is_int(count) and count > 0 \
+                and _weight(seq) * count > MAX_RENDERED_CHARS:
+            raise _too_large()
+        if _is_int(left) and _is_int(right) and left.bit_length() + right.bit_length() > _MAX_INT_BITS:
+            raise SecurityError("template builds a number beyond the limit")
+    elif operator == "**" and _is_int(left) and _is_int(right) and right > 0 \
+            and abs(left) > 1 and right * left.bit_length() > _MAX_INT_BITS:
+        raise SecurityError("template builds a number beyond the limit")
+    elif operator == "%" and isinstance(left, (str, bytes)):
+        _check_format(left, right if isinstance(right, tuple) else (right,))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_WIDTH = re.compile(r"%[-#0 +]*(\d+|\*)|\{[^{}]*:[^{}]*?(\d+)")
+
+
+def _check_format(template: str | bytes, args: tuple[Any, ...]) -> None:
+    """`'%999999s' * 9`, `'{:>999999}'`, `'%*s' % (10**6, x)`, `'{0}{0}{0}'.format(big)`:
+    the widths, and every field filled with all the arguments, bound what a format builds."""
+    text = template.decode("latin-1") if isinstance(template, bytes) else template
+    widths = 0
+    star_args = iter(a for a in args if _is_int(a))
+    for percent, brace in _WIDTH.findall(text):
+        width = percent or brace
+        widths += abs(next(star_args, 0)) if width == "*" else int(width)
+    fields = max(text.count("{"), text.count("%"), 1)
+    _check_growth(len(text) + widths + fields * sum(_weight(a) for a in args))
+
+
 def _check_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    numbers = [a for a in (*args, *kwargs.values()) if isinstance(a, int) and not isinstance(a, bool)]
+    numbers = [a for a in (*args, *kwargs.values()) if _is_int(a)]
     if any(abs(n) > MAX_RENDERED_CHARS for n in numbers):
         raise SecurityError(f"'{name}' called with a size beyond the output limit")
-    strings = [a for a in args if isinstance(a, str)]
-    if name == "format" and any(re.search(r"%\d{7,}", a) for a in strings):
-        raise SecurityError("format width beyond the output limit")
+
+
+def _check_method(owner: str | bytes, name: str, args: tuple[Any, ...]) -> None:
+    """Methods that grow their string by a factor: `expandtabs`, `replace`, `join`."""
+    if name == "expandtabs" and args and _is_int(args[0]):
+        tabs = owner.count("\t") if isinstance(owner, str) else owner.count(b"\t")
+        _check_growth(len(owner) + tabs * args[0])
+    elif name == "replace" and len(args) >= 2:
+        _check_replace([owner, *args[:2]], {})
+    elif name == "join" and args:
+        _check_joined(owner, args[0])
+    elif name in ("format", "format_map"):
+        _check_format(owner, args)
+
+
+def _check_joined(separator: Any, items: Any) -> None:
+    if isinstance(items, _SIZED):
+        _check_growth(len(str(separator)) * len(items) + _weight(items))
+
+
+def _check_growth(size: int) -> None:
+    if size > MAX_RENDERED_CHARS:
+        raise _too_large()
 
 
 def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     """A filter whose size arguments are checked before it runs and whose result after."""
+    grows = _FILTER_GROWTH.get(name)
+    skip = 0 if _PassArg.from_obj(func) is None else 1   # jinja's context/environment comes first
 
     @functools.wraps(func)  # keeps jinja's pass_context/pass_eval_ctx marks
     def bounded(*args: Any, **kwargs: Any) -> Any:
         _check_arguments(name, args, kwargs)
-        if name == "replace":
-            _check_replace([a for a in args if not hasattr(a, "environment")], kwargs)
+        if grows is not None:
+            grows(list(args[skip:]), kwargs)
         return _check_size(func(*args, **kwargs))
 
     return bounded
@@ -117,10 +247,41 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
 
 def _check_replace(args: list[Any], kwargs: dict[str, Any]) -> None:
     """`s|replace(old, new)` grows by count(old) * len(new): refuse before building it."""
-    if len(args) >= 3 and isinstance(args[0], str):
-        value, old, new = str(args[0]), str(args[1]), str(args[2])
-        if len(value) + (value.count(old) if old else len(value) + 1) * len(new) > MAX_RENDERED_CHARS:
-            raise SecurityError("template builds a value larger than the output limit")
+    if len(args) >= 3 and isinstance(args[0], (str, bytes)):
+        value, old, new = args[0], args[1], args[2]
+        count = value.count(old) if old else len(value) + 1
+        _check_growth(len(value) + count * len(new))
+
+
+def _check_indent(args: list[Any], kwargs: dict[str, Any]) -> None:
+    """`s|indent(width)` adds the width to every line: one `join` in C."""
+    if args and isinstance(args[0], str):
+        width = args[1] if len(args) > 1 else kwargs.get("width", 4)
+        size = width if _is_int(width) else len(str(width))
+        _check_growth(len(args[0]) + (args[0].count("\n") + 1) * size)
+
+
+def _check_wordwrap(args: list[Any], kwargs: dict[str, Any]) -> None:
+    """`s|wordwrap(1, wrapstring=long)` puts the wrap string after every character."""
+    if args and isinstance(args[0], str):
+        wrap = kwargs.get("wrapstring", args[3] if len(args) > 3 else "\n")
+        _check_growth(len(args[0]) * (1 + len(str(wrap or ""))))
+
+
+def _check_format_filter(args: list[Any], kwargs: dict[str, Any]) -> None:
+    if args and isinstance(args[0], str):
+        _check_format(args[0], (*args[1:], *kwargs.values()))
+
+
+def _check_join_filter(args: list[Any], kwargs: dict[str, Any]) -> None:
+    if args:
+        _check_joined(args[1] if len(args) > 1 else kwargs.get("d", ""), args[0])
+
+
+_FILTER_GROWTH: dict[str, Callable[[list[Any], dict[str, Any]], None]] = {
+    "replace": _check_replace, "indent": _check_indent, "wordwrap": _check_wordwrap,
+    "format": _check_format_filter, "join": _check_join_filter,
+}
 
 
 def _slug(value: Any, length: int = 60) -> str:
@@ -151,7 +312,15 @@ def environment() -> ImmutableSandboxedEnvironment:
     env.filters["file_name"] = _file_name
     env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals["range"] = _bounded_range
+    env.globals["lipsum"] = _bounded_lipsum
     return env
+
+
+def _bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002
+    """jinja's `lipsum`, at most 100 paragraphs of at most 1,000 words."""
+    if n > 100 or max > 1000:
+        raise SecurityError("lipsum() beyond 100 paragraphs of 1,000 words")
+    return str(generate_lorem_ipsum(n, html, min, max))
 
 
 def _bounded_range(*args: int) -> range:
@@ -179,21 +348,52 @@ def _template(source: str) -> Template:
 
 @lru_cache(maxsize=256)
 def compile_expression(source: str) -> Callable[..., Any]:
-    """A sandboxed jinja expression (`for_each`, `when`), compiled once per process."""
-    return environment().compile_expression(source, undefined_to_none=False)
+    """A sandboxed jinja expression (`for_each`, `when`), compiled once per process; calling
+    it evaluates under the same limits as a render (TemplateFailure past them)."""
+    expression = environment().compile_expression(source, undefined_to_none=False)
+
+    def evaluate(**variables: Any) -> Any:
+        return _within_limits(lambda: expression(**variables))
+
+    return evaluate
 
 
 def render_template(source: str, variables: dict[str, Any], limit: int = MAX_RENDERED_CHARS) -> str:
-    """Render with the sandbox and the size limit; every failure is a TemplateFailure."""
+    """Render with the sandbox and its limits; every failure is a TemplateFailure."""
+    template = _template(source)
+    return _within_limits(lambda: _generate(template, variables, limit))
+
+
+def _generate(template: Template, variables: dict[str, Any], limit: int) -> str:
+    pieces: list[str] = []
+    size = 0
+    for piece in template.generate(**variables):
+        size += len(piece)
+        if size > limit:
+            raise TemplateFailure(f"rendered text exceeds the limit of {limit:,} characters")
+        pieces.append(piece)
+    return "".join(pieces)
+
+
+_T = TypeVar("_T")
+
+
+def _within_limits(work: Callable[[], _T]) -> _T:
+    """Run one render or evaluation under the watchdog; its failures as TemplateFailure."""
     try:
-        pieces: list[str] = []
-        size = 0
-        for piece in _template(source).generate(**variables):
-            size += len(piece)
-            if size > limit:
-                raise TemplateFailure(f"rendered text exceeds the limit of {limit:,} characters")
-            pieces.append(piece)
-        return "".join(pieces)
+        render = _WATCHDOG.watch()
+    except _Interrupted:
+        raise asyncio.CancelledError() from None
+    try:
+        try:
+            return work()
+        finally:
+            _WATCHDOG.forget(render)
+    except _Stopped as exc:
+        _WATCHDOG.forget(render)  # the stop may have landed inside the `finally` above
+        if isinstance(exc, _Interrupted):
+            raise asyncio.CancelledError() from None
+        raise TemplateFailure(exc.message(), _failing_line(exc)) from None
     except TemplateFailure:
         raise
     except SecurityError as exc:
@@ -203,6 +403,169 @@ def render_template(source: str, variables: dict[str, Any], limit: int = MAX_REN
         raise TemplateFailure(f"template failed: {type(exc).__name__}: {exc}", _failing_line(exc)) from None
 
 
+# --------------------------------------------------------------------------- the watchdog
+
+class _Stopped(BaseException):
+    """Raised *into* a rendering thread (a BaseException: no `except Exception` on the way
+    may swallow it). Asynchronous exceptions are raised by class, so each reason is one."""
+
+    def message(self) -> str:
+        return "template stopped"
+
+
+class _OverCpu(_Stopped):
+    def message(self) -> str:
+        return f"template used more than {MAX_RENDER_CPU_S:g} s of CPU time (a loop too long?)"
+
+
+class _OverMemory(_Stopped):
+    def message(self) -> str:
+        return f"template grew memory by more than {MAX_RENDER_MEMORY // 2**20} MiB"
+
+
+class _Interrupted(_Stopped):
+    """Ctrl-C or SIGTERM during a render: the run is being interrupted."""
+
+
+@dataclass(eq=False)
+class _Render:
+    thread: int
+    cpu_clock: int | None
+    cpu_start: float
+    run: asyncio.Task[Any] | None       # the run it belongs to: stopped once that is cancelled
+    memory_start: int | None = None     # the watchdog's first look (renders under a tick: none)
+    stopped: bool = False
+
+
+@dataclass
+class _Watchdog:
+    """One daemon thread for the whole process that looks at the renders in progress every
+    TICK seconds and stops one past its CPU time or memory. Watching a render costs a dict
+    insert; the thread sleeps while nothing renders."""
+
+    TICK = 0.01
+    _renders: dict[int, _Render] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _wake: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def watch(self) -> _Render:
+        run = _RUN_TASK.get()
+        if _cancelling(run):
+            raise _Interrupted()
+        thread = threading.get_ident()
+        clock = _thread_cpu_clock(thread)
+        render = _Render(thread, clock, _cpu_seconds(clock), run)
+        with self._lock:
+            self._renders[id(render)] = render
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sopctl-render-watchdog",
+                                                daemon=True)
+                self._thread.start()
+        self._wake.set()
+        return render
+
+    def forget(self, render: _Render) -> None:
+        with self._lock:
+            self._renders.pop(id(render), None)
+            if render.stopped:  # a stop raised but not yet delivered must not land elsewhere
+                _raise_in_thread(render.thread, None)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while self._renders:
+                time.sleep(self.TICK)
+                self._look()
+
+    def _look(self) -> None:
+        memory = _resident_bytes()
+        with self._lock:
+            for render in list(self._renders.values()):
+                if render.memory_start is None:
+                    render.memory_start = memory
+                    continue
+                reason = _Interrupted if _cancelling(render.run) else _over_limit(render, memory)
+                if reason is not None and not render.stopped:
+                    render.stopped = True
+                    _raise_in_thread(render.thread, reason)
+
+
+def _over_limit(render: _Render, memory: int) -> type[_Stopped] | None:
+    if _cpu_seconds(render.cpu_clock) - render.cpu_start > MAX_RENDER_CPU_S:
+        return _OverCpu
+    if memory and render.memory_start and memory - render.memory_start > MAX_RENDER_MEMORY:
+        return _OverMemory
+    return None
+
+
+def _thread_cpu_clock(thread: int) -> int | None:
+    try:
+        return time.pthread_getcpuclockid(thread)
+    except (AttributeError, OSError):   # no per-thread CPU clock here: wall time stands in
+        return None
+
+
+def _cpu_seconds(clock: int | None) -> float:
+    try:
+        return time.clock_gettime(clock) if clock is not None else time.monotonic()
+    except OSError:     # the thread is gone: its render is over
+        return 0.0
+
+
+def _resident_bytes() -> int:
+    """This process's resident memory (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            return int(statm.read().split()[1]) * _PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_PAGE_SIZE = 4096
+try:
+    import os as _os
+
+    _PAGE_SIZE = _os.sysconf("SC_PAGE_SIZE")
+except (ImportError, ValueError, OSError, AttributeError):
+    pass
+
+
+def _raise_in_thread(thread: int, reason: type[_Stopped] | None) -> None:
+    """Raise `reason` in `thread` at its next bytecode (None: take back one not raised yet)."""
+    import ctypes
+
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
+                                               ctypes.py_object(reason) if reason else None)
+
+
+_WATCHDOG = _Watchdog()
+
+
+_RUN_TASK: contextvars.ContextVar[asyncio.Task[Any] | None] = \
+    contextvars.ContextVar("sopctl_run_task", default=None)
+
+
+@contextlib.contextmanager
+def stop_renders_on_cancel() -> Iterator[None]:
+    """Within (a run's task): once that task is cancelled (Ctrl-C and SIGTERM cancel it,
+    through asyncio's handler) the render in progress in any of its tasks stops within a
+    tick, and no new one starts. A render is synchronous, so without this the cancellation
+    would wait for it to end."""
+    token = _RUN_TASK.set(asyncio.current_task())
+    try:
+        yield
+    finally:
+        _RUN_TASK.reset(token)
+
+
+def _cancelling(task: asyncio.Task[Any] | None) -> bool:
+    """Whether `task` is being cancelled (read from any thread; Python 3.11+, else never)."""
+    cancelling = getattr(task, "cancelling", None)
+    return bool(cancelling()) if cancelling is not None else False
+
+
 def _failing_line(exc: BaseException) -> int:
     """The template line an error comes from: jinja rewrites a render's traceback so that
     template code appears as frames of the file `<template>` at template lines (as Python
@@ -210,6 +573,16 @@ def _failing_line(exc: BaseException) -> int:
     line, trace = getattr(exc, "lineno", None) or 0, exc.__traceback__
     while trace is not None:
         if trace.tb_frame.f_code.co_filename == "<template>":
-            line = trace.tb_lineno
+            line = _template_line(trace)
         trace = trace.tb_next
     return line
+
+
+def _template_line(trace: Any) -> int:
+    """A frame of template code: jinja's rewritten frames stand at the template line; a frame
+    of the compiled template itself (a watchdog stop is never rewritten) maps through the
+    template's debug info."""
+    template = trace.tb_frame.f_globals.get("__jinja_template__")
+    if template is None:
+        return int(trace.tb_lineno)
+    return int(template.get_corresponding_lineno(trace.tb_lineno))

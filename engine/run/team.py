@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from engine import __version__
 from engine.check.compiler import CompiledSop, locate_failure
 from engine.check.diagnostics import format_failure
+from engine.check.sandbox import stop_renders_on_cancel
 from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError
 from engine.models.gateway import Gateway
 from engine.models.registry import default_model, resolve_llm
@@ -208,7 +209,8 @@ class Team:
         status, error = RunStatus.INTERRUPTED, "interrupted"
         try:
             self.env.publish(user_requirement(str(self.inputs.get("idea", ""))))
-            status, error = await self._loop(), ""
+            with stop_renders_on_cancel():
+                status, error = await self._loop(), ""
         except BudgetExceeded as exc:
             status, error = RunStatus.BUDGET, str(exc)
         except SopError as exc:  # located like a checker diagnostic when it names its place
