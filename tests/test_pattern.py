@@ -15,7 +15,7 @@ import pytest
 from engine.cli.commands import main as sopctl
 from engine.errors import ActionFailed
 from engine.load.outputs import node_schema
-from engine.load.patterns import search
+from engine.load.patterns import problem, search
 from engine.load.spec import OutputNode
 from engine.models.answers import schema_errors
 from engine.models.fake import instance
@@ -127,6 +127,21 @@ def test_a_pattern_that_needs_backtracking_is_refused_before_any_run(tmp_path: P
     workspace = tmp_path / "ws"
     assert sopctl(["run", str(sop), "--idea", "a game", "--model", "fake", "--out", str(workspace)]) == 2
     assert "SOP109" in capsys.readouterr().err and not workspace.exists()
+
+
+@pytest.mark.parametrize("pattern, message, hint", [
+    (r"^a*+$", "a possessive quantifier `*+` is not supported", "linear time"),
+    (r"^(?>ab)c$", "an atomic group `(?>...)` is not supported", "linear time"),
+    (r"^(?P<x>a)(?P=x)$", "a named backreference `(?P=name)` is not supported", "no backreferences"),
+    (r"^a\Z", r"`\Z` is not supported", "write `$`"),
+    (r"^\u00e9$", r"`\u` is not supported", r"`\x{00e9}`"),
+    (r"^a{1001}$", "invalid repetition size: {1001}", "escape special characters"),
+    (r"^[a-z$", "missing ]: [a-z$", "escape special characters"),
+])
+def test_a_pattern_re2_cannot_run_says_why_and_what_to_write(pattern, message, hint):
+    refused = problem(pattern)
+    assert refused is not None and message in str(refused) and hint in refused.hint
+    assert problem(r"^(?i)[a-z_]+\.py$") is None
 
 
 def test_the_fake_model_runs_a_file_with_patterns_to_its_end(tmp_path: Path, capsys):

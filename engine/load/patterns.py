@@ -45,6 +45,13 @@ _UNSUPPORTED = (
 """RE2's error for a construct that needs backtracking, and the construct in the user's words."""
 
 
+_OTHER_SPELLING = {
+    "\\Z": "write `$` (or `\\z`) for the end of the text",
+    "\\u": "write a character by its code point as `\\x{00e9}`",
+}
+"""Escapes Python's `re` (or JavaScript) takes and RE2 spells otherwise."""
+
+
 _BACKREFERENCE = re.compile(r"invalid escape sequence: (\\[1-9])")
 
 
@@ -84,9 +91,10 @@ def _explained(reason: Any) -> PatternError:
     if construct:
         return PatternError(f"`pattern` needs a linear-time regular expression: {construct} is not supported",
                             _LINEAR_HINT)
-    if text.startswith("invalid escape sequence: \\Z"):
-        return PatternError("`pattern` is not a valid regular expression (RE2 syntax): `\\Z` is not supported",
-                            "write `$` (or `\\z`) for the end of the text")
+    escape = next((e for e in _OTHER_SPELLING if text == f"invalid escape sequence: {e}"), None)
+    if escape:
+        return PatternError(f"`pattern` is not a valid regular expression (RE2 syntax): `{escape}` is not supported",
+                            _OTHER_SPELLING[escape])
     if text.startswith("pattern too large"):
         return PatternError("`pattern` is too large for a linear-time regular expression "
                             f"(RE2 needs more than {MAX_MEMORY >> 20} MiB to compile it)",

@@ -385,7 +385,7 @@ def _linear_time_validator() -> tuple[Any, Any]:
     """Draft 2020-12 with `pattern` matched by RE2 (`engine.load.patterns`), not Python's
     backtracking `re`: a pattern from a shared file, an answer of the model's choosing, and
     `(a|a)+$` would otherwise hang the run. The schema check's `regex` format is RE2's too."""
-    from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators
+    from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators  # type: ignore[import-untyped]
 
     def pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
         if validator.is_type(instance, "string") and not patterns.search(pattern, instance):
