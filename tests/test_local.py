@@ -266,6 +266,10 @@ def test_real_local_model_writes_schema_valid_json(local_extra):
     (r"^\d+-\w+$", "^[0-9]+-[A-Za-z0-9_]+$"),
     (r"^[\]a.]+$", r"^[\]a.]+$"),                     # escapes inside a class are left alone
     (r"^a\bc$", None),                                # anything else: not given to the grammar
+    (r"[0-9]{3}", None),                              # the converter takes only ^...$
+    (r"^(?:ab)+$", None),                             # and no `(?` group
+    (r"^a{,3}$", None),                               # it reads {,3} as {0,3}, RE2 as text
+    (r"^(a)\1$", None),                               # a pattern RE2 refuses (SOP109) never goes
 ])
 def test_patterns_are_rewritten_for_the_grammar_or_left_out(pattern, expected):
     assert local.grammar_pattern(pattern) == expected

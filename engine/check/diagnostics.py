@@ -47,7 +47,7 @@ CODES: dict[str, str] = {
     "SOP106": "a badly formed action or role id (key)",
     "SOP107": "an output node `type` the type grammar does not accept",
     "SOP108": "a value the SOP models refuse although the schema allowed it (internal safety net)",
-    "SOP109": "an output node `pattern` that is not a valid regular expression",
+    "SOP109": "an output node `pattern` that is not a valid linear-time (RE2) regular expression",
     # references (engine/check/references.py)
     "SOP201": "a role's `actions` names an unknown action",
     "SOP202": "`watch` names an unknown action",

@@ -17,6 +17,7 @@ from typing import Any
 
 from engine.check.rules import Context, error, rule, unknown, warning
 from engine.errors import Diagnostic
+from engine.load import patterns
 from engine.load.outputs import TypeSyntaxError, parse_type
 from engine.load.schema import did_you_mean
 from engine.load.secrets import is_secret_name
@@ -50,11 +51,10 @@ def node_types(ctx: Context) -> Iterator[Diagnostic]:
 
 
 def _pattern_problem(pointer: str, pattern: str) -> Iterator[Diagnostic]:
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        yield error("SOP109", pointer, f"`pattern` is not a valid regular expression: {exc}",
-                    "anchor it with ^...$ and escape special characters, e.g. '^[a-z_]+\\.py$'")
+    """A pattern must compile with RE2, the linear-time engine every answer is matched with."""
+    problem = patterns.problem(pattern)
+    if problem is not None:
+        yield error("SOP109", pointer, str(problem), problem.hint)
 
 
 _TYPE_WORDS = ["str", "int", "float", "bool", "list[str]", "dict[str, str]", "optional[str]"]

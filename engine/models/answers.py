@@ -25,6 +25,8 @@ import re
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable
 
+from engine.load import patterns
+
 if TYPE_CHECKING:
     from engine.models.types import CallSpec
 
@@ -370,12 +372,31 @@ def _bullets(body: str) -> list[str] | None:
 
 @lru_cache(maxsize=256)
 def _validator(schema_json: str) -> Any:
-    from jsonschema import Draft202012Validator  # type: ignore[import-untyped]
     from referencing import Registry
 
     schema = json.loads(schema_json)
-    Draft202012Validator.check_schema(schema)
-    return Draft202012Validator(schema, registry=Registry())
+    validator_class, formats = _linear_time_validator()
+    validator_class.check_schema(schema, format_checker=formats)
+    return validator_class(schema, registry=Registry())
+
+
+@lru_cache(maxsize=1)
+def _linear_time_validator() -> tuple[Any, Any]:
+    """Draft 2020-12 with `pattern` matched by RE2 (`engine.load.patterns`), not Python's
+    backtracking `re`: a pattern from a shared file, an answer of the model's choosing, and
+    `(a|a)+$` would otherwise hang the run. The schema check's `regex` format is RE2's too."""
+    from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators  # type: ignore[import-untyped]
+
+    def pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
+        if validator.is_type(instance, "string") and not patterns.search(pattern, instance):
+            yield ValidationError(f"{instance!r} does not match {pattern!r}")  # jsonschema's own wording
+
+    def regex(instance: Any) -> bool:
+        return not isinstance(instance, str) or patterns.compiled(instance) is not None
+
+    formats = FormatChecker()
+    formats.checks("regex", raises=patterns.PatternError)(regex)
+    return validators.extend(Draft202012Validator, {"pattern": pattern}), formats
 
 
 def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:

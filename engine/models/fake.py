@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 from engine.errors import LLMError
+from engine.load import patterns
 from engine.models.types import FREE, CallSpec, ModelAnswer, ModelRequest, Price
 
 __all__ = ["FakeModel", "instance", "answer_text", "latency_s", "LATENCY_ENV"]
@@ -182,9 +183,9 @@ def _matching(pattern: str, text: str, index: int | None) -> str:
     for candidate in (text, *(c.replace(".", suffix + ".", 1) if "." in c else c + suffix
                               for c in _PATTERN_CANDIDATES)):
         try:
-            if re.search(pattern, candidate):
+            if patterns.search(pattern, candidate):
                 return candidate
-        except re.error:
+        except patterns.PatternError:
             return text
     return text
 

@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engine.errors import LLMError, RunError, SopError
+from engine.load import patterns
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import FREE, ModelAnswer, ModelRequest, Price
 
@@ -327,7 +328,10 @@ def grammar_pattern(pattern: str) -> str | None:
     not an error). So escaped punctuation becomes a one-character class (`[.]`), `\\d`,
     `\\w`, `\\s` become classes, and a pattern with any other escape outside a class is
     not given to the grammar at all: the answer is still validated against it afterwards.
+    Only a pattern RE2 runs (SOP109) is rewritten, and only into one the converter takes.
     """
+    if patterns.problem(pattern) is not None:
+        return None
     out: list[str] = []
     in_class, i = False, 0
     while i < len(pattern):
@@ -347,7 +351,15 @@ def grammar_pattern(pattern: str) -> str | None:
         in_class = (in_class and char != "]") or (not in_class and char == "[")
         out.append(char)
         i += 1
-    return "".join(out)
+    rewritten = "".join(out)
+    return rewritten if _converter_takes(rewritten) else None
+
+
+def _converter_takes(pattern: str) -> bool:
+    """The converter fails the call on a pattern not written `^...$` and on any `(?` group,
+    and reads `{,n}` as `{0,n}` where RE2 reads it literally (its grammar would then force
+    answers the gateway refuses)."""
+    return pattern.startswith("^") and pattern.endswith("$") and "(?" not in pattern and "{," not in pattern
 
 
 def _size(schema: Any) -> tuple[int, int]:
