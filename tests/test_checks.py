@@ -95,6 +95,31 @@ def test_earlier_action_of_a_by_order_role_is_consumed_through_memory() -> None:
     assert _codes(_sop(actions.replace("b, ", "b, context: none, "), roles)) == ["SOP303"]
 
 
+BY_ORDER = "  R: {actions: [A, B], watch: [UserRequirement], react_mode: by_order}\n"
+
+
+@pytest.mark.parametrize("reader", [
+    "prompt: \"{{ msgs.A[-1].content }}\"",
+    "prompt: x, when: \"{{ msgs['A'] | length > 0 }}\"",
+    "prompt: \"{{ item }}\", for_each: \"{{ msgs.A[-1].out.Items }}\"",
+    "prompt: x, artifacts: [{path: \"{{ msgs.A[0].out.Items[0] }}.md\", content: x}]",
+    "kind: exec, command: [echo, \"{{ msgs.A[-1].content }}\"]",
+    "prompt: \"{% for k, v in msgs.items() %}{{ k }}{% endfor %}\"",  # msgs as a whole
+])
+def test_an_output_read_by_a_later_template_is_used(reader: str) -> None:
+    actions = ("  A: {prompt: a, send_to: ['<none>'], output: {Items: {type: 'list[str]'}}}\n"
+               f"  B: {{context: none, {reader}}}\n")
+    assert "SOP303" not in _codes(_sop(actions, BY_ORDER))
+    unread = actions.replace("msgs.A", "msgs.B").replace("msgs['A']", "msgs['B']").replace("msgs.items()", "[]")
+    assert "SOP303" in _codes(_sop(unread, BY_ORDER))
+
+
+def test_the_last_output_of_a_run_is_its_result() -> None:
+    actions = f"  A: {{prompt: a, {ART}}}\n  B: {{prompt: b, send_to: ['<none>']}}\n"
+    roles = "  R: {actions: [A], watch: [UserRequirement]}\n  S: {actions: [B], watch: [A]}\n"
+    assert _codes(_sop(actions, roles)) == []
+
+
 def test_phases_stop_at_the_first_with_errors() -> None:
     # an unknown watch (references) would also make the role unreachable (graph): only the first shows
     assert _codes(_sop(f"  A: {{prompt: '{{{{ bad }}}}', {ART}}}\n",

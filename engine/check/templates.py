@@ -29,7 +29,7 @@ from engine.load.spec import (
     in_engine_dir,
 )
 
-__all__ = ["BASE_VARIABLES", "RULES"]
+__all__ = ["BASE_VARIABLES", "RULES", "read_by_templates"]
 
 
 BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run"})
@@ -309,6 +309,47 @@ def _step(node: Any) -> Any:
     if not isinstance(node, OutputNode) or node.children is None:
         return None
     return (node.children,) if (node.type or "").strip() == "list" else node.children
+
+
+def read_by_templates(spec: Sop) -> set[str] | None:
+    """The actions whose messages some template reads by name (`msgs.X`, `msgs['X']`) in a
+    prompt, `when`, `for_each`, artifact or exec command; None when one reads `msgs` as a whole
+    (`msgs[name]`, `msgs | tojson`): then any action may be read. A template that does not
+    parse reads nothing here (the template phase reports it)."""
+    sources = [t.source for t in _templates(spec)]
+    sources += [part for action in spec.actions.values() if action.kind == "exec" for part in action.command or []]
+    read: set[str] = set()
+    for source in sources:
+        try:
+            names = _msgs_names(parse(source))
+        except TemplateFailure:
+            continue
+        if names is None:
+            return None
+        read |= names
+    return read
+
+
+def _msgs_names(ast: Any) -> set[str] | None:
+    """`X` of each `msgs.X` in a template; None when `msgs` is read other than by a name."""
+    names: set[str] = set()
+    stack = [ast]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (nodes.Getattr, nodes.Getitem)):
+            chain = _chain(node)
+            if chain is not None and chain[0] == "msgs":
+                if not chain[1] or not isinstance(chain[1][0], str) or chain[1][0] in _DICT_METHODS:
+                    return None
+                names.add(chain[1][0])
+                stack.extend(_beside_chain(node)[:-1])  # subscripts, not the `msgs` root
+                continue
+            stack.extend(_beside_chain(node))
+            continue
+        if isinstance(node, nodes.Name) and node.name == "msgs" and node.ctx == "load":
+            return None
+        stack.extend(node.iter_child_nodes())
+    return names
 
 
 _REFERENCE_RULES = {"inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule}
