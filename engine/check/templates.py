@@ -9,8 +9,9 @@ Its rules are listed in `RULES`, which `check.phases` runs third.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from jinja2 import nodes
@@ -34,6 +35,18 @@ __all__ = ["BASE_VARIABLES", "RULES", "read_by_templates"]
 
 BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run"})
 """Names every template may read (contract §3)."""
+
+
+VARIABLE_FIELDS: dict[str, frozenset[str]] = {
+    "role": frozenset({"id", "name", "profile",
+                       "vars"}),  # role variables: a mapping; its keys are checked per role
+    "run": frozenset({"id", "round"}),
+}
+"""The fields of the mapping variables, as `run.actions.template_variables` builds them."""
+
+
+MESSAGE_FIELDS = frozenset({"content", "out", "sent_from", "cause_by", "round"})
+"""The fields of a message in `news[i]` and `msgs.X[i]` (`run.message.Message.template_view`)."""
 
 
 _DICT_METHODS = frozenset({"items", "keys", "values", "get"})
@@ -189,15 +202,16 @@ def template_variables(ctx: Context) -> Iterator[Diagnostic]:
                         f"available here: {', '.join(sorted(template.allowed))}", line=found.loads[name])
 
 
-@rule("SOP403", "SOP404", "SOP407", "SOP408")
+@rule("SOP402", "SOP403", "SOP404", "SOP407", "SOP408")
 def template_references(ctx: Context) -> Iterator[Diagnostic]:
-    """`inputs.X`, `msgs.X` and `out['Key']` must name declared inputs, actions and keys."""
+    """`inputs.X`, `msgs.X` and `out['Key']` must name declared inputs, actions and keys;
+    `role.X`, `run.X` and a message's `.X` the fields those variables have."""
     for template, found in _parsed(ctx):
         if isinstance(found, Exception):
             continue
         for name, path, line in found.chains:
             rule = _REFERENCE_RULES.get(name)
-            if rule is None:
+            if rule is None or name in found.stores:  # a name the template rebinds is its own
                 continue
             for diag in rule(ctx, template, path):
                 yield replace(diag, line=line)
@@ -230,6 +244,8 @@ def _msgs_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[D
         yield error("SOP407", template.pointer, f"msgs.{source}: no action '{source}'", did_you_mean(source, known))
         return
     yield from _never_delivered(ctx, template.action, source, template.pointer, f"msgs.{source}")
+    if len(path) > 2 and not isinstance(path[1], str):
+        yield from _message_field(template.pointer, f"msgs.{source}[...]", path[2])
     if source == USER_REQUIREMENT or len(path) < 4 or path[2] != "out" or isinstance(path[1], str):
         return
     producer = spec.actions[source]
@@ -239,6 +255,29 @@ def _msgs_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[D
             return
         keys = keys[1:]
     yield from _key_rule(spec, template, source, producer, keys)
+
+
+def _fields_rule(variable: str, ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    """`role.X`, `run.X`: a field the variable has (an unknown one fails only at run time)."""
+    field_name = path[0] if path else None
+    if not isinstance(field_name, str) or field_name in _DICT_METHODS:
+        return
+    known = VARIABLE_FIELDS[variable]
+    if field_name not in known:
+        yield error("SOP402", template.pointer, f"{variable} has no field '{field_name}'",
+                    did_you_mean(field_name, sorted(known)) or f"{variable}'s fields: {', '.join(sorted(known))}")
+
+
+def _news_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    if len(path) > 1 and not isinstance(path[0], str):
+        yield from _message_field(template.pointer, "news[...]", path[1])
+
+
+def _message_field(pointer: str, what: str, field_name: Any) -> Iterator[Diagnostic]:
+    if isinstance(field_name, str) and field_name not in MESSAGE_FIELDS and field_name not in _DICT_METHODS:
+        fields = sorted(MESSAGE_FIELDS)
+        yield error("SOP402", pointer, f"a message ({what}) has no field '{field_name}'",
+                    did_you_mean(field_name, fields) or f"a message's fields: {', '.join(fields)}")
 
 
 def _out_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
@@ -352,7 +391,11 @@ def _msgs_names(ast: Any) -> set[str] | None:
     return names
 
 
-_REFERENCE_RULES = {"inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule}
+_ReferenceRule = Callable[[Context, _Template, list[Any]], Iterator[Diagnostic]]
+
+
+_REFERENCE_RULES: dict[str, _ReferenceRule] = {"inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule, "news": _news_rule,
+                    **{name: partial(_fields_rule, name) for name in VARIABLE_FIELDS}}
 
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
