@@ -100,12 +100,12 @@ def resolve_send_to(send_to: Iterable[str], sender: str) -> frozenset[str]:
     return frozenset(targets) if targets else frozenset({ALL})
 
 
-def content_of(kind: str, value: Any, code_lang: str | None = None) -> str:
-    """A readable message content for an output: JSON text, the text, or a fenced block."""
+def content_of(kind: str, value: Any) -> str:
+    """A readable message content for an output: JSON text, or the text itself. A code
+    answer is its code alone, without the fence the model wrapped it in (MetaGPT's
+    `parse_code`): later prompts and `msgs.X[i].content` see what the artifact holds."""
     if kind == "json" or not isinstance(value, str):
         return json.dumps(value, indent=2, ensure_ascii=False)
-    if kind == "code":
-        return f"```{code_lang or ''}\n{value.rstrip()}\n```"
     return value
 
 
