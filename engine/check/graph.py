@@ -121,7 +121,7 @@ def _indexes(spec: Sop) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
 
 
 def _senders(spec: Sop) -> Iterator[tuple[str, list[str]]]:
-    yield USER_REQUIREMENT, ["<all>"]
+    yield USER_REQUIREMENT, list(spec.team.send_to)  # the idea: to everyone unless the file addresses it
     for aid, action in spec.actions.items():
         yield aid, list(action.send_to)
 

@@ -14,7 +14,7 @@ from engine.check.graph import (
 from engine.check.rules import Context, error, rule, warning
 from engine.check.templates import read_by_templates
 from engine.errors import Diagnostic, Related
-from engine.load.spec import Sop
+from engine.load.spec import USER_REQUIREMENT, Sop
 
 __all__ = ["RULES"]
 
@@ -102,13 +102,15 @@ def watched_but_not_sent(ctx: Context) -> Iterator[Diagnostic]:
     for rid, role in ctx.spec.roles.items():
         for i, aid in enumerate(role.watch):
             action = ctx.spec.actions.get(aid)
-            if action is None:
+            idea = aid == USER_REQUIREMENT
+            if action is None and not idea:
                 continue
-            reach, _ = delivered(list(action.send_to), rid, ctx.spec.role_name(rid), rid in ran_by[aid])
+            send_to = list(ctx.spec.team.send_to if idea or action is None else action.send_to)
+            reach, _ = delivered(send_to, rid, ctx.spec.role_name(rid), rid in ran_by.get(aid, []))
             if not reach:
-                targets = ", ".join(action.send_to)
+                field = "team.send_to" if idea else f"{aid}'s send_to"
                 yield warning("SOP304", f"/roles/{rid}/watch/{i}", f"'{rid}' watches '{aid}', but '{aid}' is "
-                              f"sent only to {targets}", f"add '{rid}' or <all> to {aid}'s send_to")
+                              f"sent only to {', '.join(send_to)}", f"add '{rid}' or <all> to {field}")
 
 
 RULES = (bounded_loops, reachable, consumed, watched_but_not_sent)

@@ -109,13 +109,14 @@ def content_of(kind: str, value: Any) -> str:
     return value
 
 
-def user_requirement(idea: str) -> Message:
-    """The run's first message: the idea, from the human, to everyone, in round 0."""
+def user_requirement(idea: str, send_to: Iterable[str] = (ALL,)) -> Message:
+    """The run's first message: the idea, from the human, in round 0, to everyone unless
+    addressed (`team.send_to`, `--send-to`: MetaGPT's `run_project(idea, send_to=...)`)."""
     return Message(
         id=message_id(0, HUMAN, 0),
         content=idea,
         cause_by=USER_REQUIREMENT,
         sent_from=HUMAN,
-        send_to=frozenset({ALL}),
+        send_to=frozenset(send_to) or frozenset({ALL}),
         round=0,
     )
