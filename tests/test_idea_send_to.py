@@ -50,6 +50,13 @@ def test_a_role_watching_the_idea_it_is_never_sent_is_warned() -> None:
     assert ("SOP304", "/roles/Trump/watch/1", "add 'Trump' or <all> to team.send_to") in _found(text)
 
 
+def test_reading_an_idea_a_role_is_never_sent_is_warned() -> None:
+    text = DEBATE.replace("Answer: {{ news[-1].content }}", "Answer: {{ msgs.UserRequirement[0].content }}")
+    found = _found(text)
+    assert ("SOP408", "/actions/Speak/prompt", "add 'Trump' or <all> to team.send_to") in found
+    assert [c for c, _, _ in found] == ["SOP408"]
+
+
 def test_the_idea_goes_only_to_the_addressed_role(tmp_path: Path) -> None:
     compiled = compile_text(DEBATE)
     result = api.run(compiled, {"idea": "cars"}, model="fake", workspace=tmp_path / "a")

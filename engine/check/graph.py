@@ -1,7 +1,7 @@
 """The watch graph: who can hear whom, which loops exist and what bounds them.
 
 Nodes are roles (`role:<id>`) and message types, i.e. actions (`action:<id>`, including the
-built-in `UserRequirement`). Edges:
+built-in `UserRequirement`, the idea, whose `send_to` is the file's `team.send_to`). Edges:
 
 - role -> action (`runs`): the role runs the action (its `actions`, or its planner's two);
 - action -> role (`watch`): the role watches the action and the action's `send_to` delivers

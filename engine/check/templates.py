@@ -294,14 +294,16 @@ def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what:
     if "runners" not in ctx.cache:
         ctx.cache["runners"] = runners(ctx.spec)
     ran_by = ctx.cache["runners"]
-    if source == USER_REQUIREMENT or source not in ctx.spec.actions or not ran_by.get(source):
+    idea = source == USER_REQUIREMENT
+    if not idea and (source not in ctx.spec.actions or not ran_by.get(source)):
         return
-    send = list(ctx.spec.actions[source].send_to)
+    send = list(ctx.spec.team.send_to if idea else ctx.spec.actions[source].send_to)
     for rid in ran_by.get(reader, []):
-        runs_it = rid in ran_by[source]
+        runs_it = rid in ran_by.get(source, ())
         if not runs_it and not delivered(send, rid, ctx.spec.role_name(rid), runs_it)[0]:
+            field = "team.send_to" if idea else f"{source}'s send_to"
             yield warning("SOP408", pointer, f"{what} is always empty for role '{rid}': '{source}' is "
-                          f"sent only to {', '.join(send)}", f"add '{rid}' or <all> to {source}'s send_to")
+                          f"sent only to {', '.join(send)}", f"add '{rid}' or <all> to {field}")
 
 
 @rule("SOP408")
