@@ -103,9 +103,12 @@ def watched_but_not_sent(ctx: Context) -> Iterator[Diagnostic]:
         for i, aid in enumerate(role.watch):
             action = ctx.spec.actions.get(aid)
             idea = aid == USER_REQUIREMENT
-            if action is None and not idea:
+            if idea:
+                send_to = list(ctx.spec.team.send_to)
+            elif action is not None:
+                send_to = list(action.send_to)
+            else:
                 continue
-            send_to = list(ctx.spec.team.send_to if idea or action is None else action.send_to)
             reach, _ = delivered(send_to, rid, ctx.spec.role_name(rid), rid in ran_by.get(aid, []))
             if not reach:
                 field = "team.send_to" if idea else f"{aid}'s send_to"
