@@ -98,6 +98,8 @@ class _Analysis:
     """(variable, accessors, line) of each outermost `a.b[c]...`; None = dynamic accessor."""
     loads_files: list[tuple[str, int]] = field(default_factory=list)
     """(tag, line) of include/import/extends: a sandboxed SOP template has no files to load."""
+    whole: set[str] = field(default_factory=set)
+    """Names read as a whole, not only through `a.b[c]` (`msgs | tojson`, `msgs[name]`)."""
 
     @property
     def free(self) -> set[str]:
@@ -115,6 +117,7 @@ def _analyse(ast: Any) -> _Analysis:
         if isinstance(node, nodes.Name):
             if node.ctx == "load":
                 found.loads[node.name] = min(found.loads.get(node.name, node.lineno), node.lineno)
+                found.whole.add(node.name)
             else:
                 found.stores.add(node.name)
         elif isinstance(node, (nodes.Filter, nodes.Test)):
@@ -125,9 +128,12 @@ def _analyse(ast: Any) -> _Analysis:
             found.loads_files.append((type(node).__name__.lower(), node.lineno))
         if isinstance(node, (nodes.Getattr, nodes.Getitem)):
             chain = _chain(node)
+            beside = _beside_chain(node)
             if chain is not None:
                 found.chains.append(chain)
-            stack.extend(_beside_chain(node))
+                root = beside.pop()  # a load, but not of the whole: the chain names what it reads
+                found.loads[root.name] = min(found.loads.get(root.name, root.lineno), root.lineno)
+            stack.extend(beside)
             continue
         stack.extend(node.iter_child_nodes())
     return found
@@ -352,52 +358,37 @@ def _step(node: Any) -> Any:
     return (node.children,) if (node.type or "").strip() == "list" else node.children
 
 
-def read_by_templates(spec: Sop) -> set[str] | None:
+def read_by_templates(ctx: Context) -> set[str] | None:
     """The actions whose messages some template reads by name (`msgs.X`, `msgs['X']`) in a
     prompt, `when`, `for_each`, artifact or exec command; None when one reads `msgs` as a whole
-    (`msgs[name]`, `msgs | tojson`): then any action may be read. A template that does not
-    parse reads nothing here (the template phase reports it)."""
-    sources = [t.source for t in _templates(spec)]
-    sources += [part for action in spec.actions.values() if action.kind == "exec" for part in action.command or []]
-    read: set[str] = set()
-    for source in sources:
-        try:
-            names = _msgs_names(parse(source))
-        except TemplateFailure:
-            continue
-        if names is None:
-            return None
-        read |= names
-    return read
-
-
-def _msgs_names(ast: Any) -> set[str] | None:
-    """`X` of each `msgs.X` in a template; None when `msgs` is read other than by a name."""
-    names: set[str] = set()
-    stack = [ast]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, (nodes.Getattr, nodes.Getitem)):
-            chain = _chain(node)
-            if chain is not None and chain[0] == "msgs":
-                if not chain[1] or not isinstance(chain[1][0], str) or chain[1][0] in _DICT_METHODS:
-                    return None
-                names.add(chain[1][0])
-                stack.extend(_beside_chain(node)[:-1])  # subscripts, not the `msgs` root
+    (`msgs[name]`, `msgs | tojson`, `msgs.items()`): then any action may be read. A template
+    that does not parse reads nothing here (the template phase reports it)."""
+    analyses = [found for _, found in _parsed(ctx) if not isinstance(found, Exception)]
+    for action in ctx.spec.actions.values():
+        for part in action.command or [] if action.kind == "exec" else []:
+            try:
+                analyses.append(_analyse(parse(part)))
+            except TemplateFailure:
                 continue
-            stack.extend(_beside_chain(node))
-            continue
-        if isinstance(node, nodes.Name) and node.name == "msgs" and node.ctx == "load":
+    read: set[str] = set()
+    for found in analyses:
+        if "msgs" in found.whole:
             return None
-        stack.extend(node.iter_child_nodes())
-    return names
+        for name, path, _ in found.chains:
+            if name == "msgs":
+                if not path or not isinstance(path[0], str) or path[0] in _DICT_METHODS:
+                    return None
+                read.add(path[0])
+    return read
 
 
 _ReferenceRule = Callable[[Context, _Template, list[Any]], Iterator[Diagnostic]]
 
 
-_REFERENCE_RULES: dict[str, _ReferenceRule] = {"inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule, "news": _news_rule,
-                    **{name: partial(_fields_rule, name) for name in VARIABLE_FIELDS}}
+_REFERENCE_RULES: dict[str, _ReferenceRule] = {
+    "inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule, "news": _news_rule,
+    **{name: partial(_fields_rule, name) for name in VARIABLE_FIELDS},
+}
 
 
 _DRIVE = re.compile(r"^[A-Za-z]:")

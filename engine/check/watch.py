@@ -48,7 +48,7 @@ def consumed(ctx: Context) -> Iterator[Diagnostic]:
     ran_by = runners(ctx.spec)
     graph = ctx.graph
     assert graph is not None  # the graph phase builds it before its rules run
-    read = _read_anywhere(ctx.spec)
+    read = _read_anywhere(ctx)
     for aid, action in ctx.spec.actions.items():
         if not ran_by[aid] or action.artifacts or graph.out_degree(action_node(aid)):
             continue
@@ -62,12 +62,12 @@ def consumed(ctx: Context) -> Iterator[Diagnostic]:
                       "or add `artifacts`")
 
 
-def _read_anywhere(spec: Sop) -> set[str] | None:
+def _read_anywhere(ctx: Context) -> set[str] | None:
     """Actions some action reads by name: `context: [X]` or a template's `msgs.X` (None: any)."""
-    read = read_by_templates(spec)
+    read = read_by_templates(ctx)
     if read is None:
         return None
-    for action in spec.actions.values():
+    for action in ctx.spec.actions.values():
         if isinstance(action.context, list):
             read.update(action.context)
     return read
