@@ -44,7 +44,7 @@ def test_declared_context_only(tmp_path: Path) -> None:
     model = ScriptedModel(default_answer)
     run_sop(sop("pipeline"), model, tmp_path, idea="IDEA-TEXT")
     design = _request(model, "WriteDesign").prompt
-    assert "## Context" in design and "### WritePRD (from ProductManager)" in design
+    assert "## Context" in design and "### WritePRD from Alice (Product Manager)" in design
     assert "IDEA-TEXT" not in design  # UserRequirement is remembered but not declared
     assert "## Context" not in _request(model, "WriteTasks").prompt  # context: none
 
@@ -54,8 +54,35 @@ def test_context_all_is_the_whole_memory(tmp_path: Path) -> None:
     text = PIPELINE.replace("    context: [WritePRD]\n", "    context: all\n")
     run_sop(sop_text(text), model, tmp_path, idea="IDEA-TEXT")
     design = _request(model, "WriteDesign").prompt
-    assert "### UserRequirement (from Human)\nIDEA-TEXT" in design
-    assert "### WritePRD (from ProductManager)" in design
+    assert "### UserRequirement from Human\nIDEA-TEXT" in design
+    assert "### WritePRD from Alice (Product Manager)" in design
+
+
+CODE_THEN_REVIEW = """\
+apiVersion: sop/v1
+name: code_review
+actions:
+  WriteCode:
+    prompt: "Write {{ news[-1].content }}."
+    output: {code: python}
+    artifacts: [{path: main.py, content: "{{ out }}"}]
+  Review:
+    prompt: "Review this file: {{ msgs.WriteCode[-1].content }}"
+    context: [WriteCode]
+    output: text
+roles:
+  Engineer: {name: Alex, profile: Engineer, actions: [WriteCode], watch: [UserRequirement]}
+  Reviewer: {actions: [Review], watch: [WriteCode]}
+"""
+
+
+def test_context_names_the_sender_by_name_and_profile_and_code_has_no_fence(tmp_path: Path) -> None:
+    model = ScriptedModel(default_answer)
+    result = run_sop(sop_text(CODE_THEN_REVIEW), model, tmp_path)
+    review = _request(model, "Review").prompt
+    assert "### WriteCode from Alex (Engineer)\nprint('hello')" in review
+    assert "Review this file: print('hello')" in review and "```" not in review
+    assert result.messages[1].content == (tmp_path / "main.py").read_text()
 
 
 def test_msgs_and_out_keys_reach_the_template(tmp_path: Path) -> None:

@@ -95,6 +95,51 @@ def test_earlier_action_of_a_by_order_role_is_consumed_through_memory() -> None:
     assert _codes(_sop(actions.replace("b, ", "b, context: none, "), roles)) == ["SOP303"]
 
 
+BY_ORDER = "  R: {actions: [A, B], watch: [UserRequirement], react_mode: by_order}\n"
+
+
+@pytest.mark.parametrize("reader", [
+    "prompt: \"{{ msgs.A[-1].content }}\"",
+    "prompt: x, when: \"{{ msgs['A'] | length > 0 }}\"",
+    "prompt: \"{{ item }}\", for_each: \"{{ msgs.A[-1].out.Items }}\"",
+    "prompt: x, artifacts: [{path: \"{{ msgs.A[0].out.Items[0] }}.md\", content: x}]",
+    "kind: exec, command: [echo, \"{{ msgs.A[-1].content }}\"]",
+    "prompt: \"{% for k, v in msgs.items() %}{{ k }}{% endfor %}\"",  # msgs as a whole
+])
+def test_an_output_read_by_a_later_template_is_used(reader: str) -> None:
+    actions = ("  A: {prompt: a, send_to: ['<none>'], output: {Items: {type: 'list[str]'}}}\n"
+               f"  B: {{context: none, {reader}}}\n")
+    assert "SOP303" not in _codes(_sop(actions, BY_ORDER))
+    unread = actions.replace("msgs.A", "msgs.B").replace("msgs['A']", "msgs['B']").replace("msgs.items()", "[]")
+    assert "SOP303" in _codes(_sop(unread, BY_ORDER))
+
+
+def test_the_last_output_of_a_run_is_its_result() -> None:
+    actions = f"  A: {{prompt: a, {ART}}}\n  B: {{prompt: b, send_to: ['<none>']}}\n"
+    roles = "  R: {actions: [A], watch: [UserRequirement]}\n  S: {actions: [B], watch: [A]}\n"
+    assert _codes(_sop(actions, roles)) == []
+
+
+@pytest.mark.parametrize("expression, message, hint", [
+    ("role.opponent_name", "role has no field 'opponent_name'", "role's fields: id, name, profile, vars"),
+    ("role.nmae", "role has no field 'nmae'", "did you mean 'name'?"),
+    ("run.rnd", "run has no field 'rnd'", "did you mean 'round'?"),
+    ("news[-1].contnet", "a message (news[...]) has no field 'contnet'", "did you mean 'content'?"),
+    ("msgs.A[0].sender", "a message (msgs.A[...]) has no field 'sender'",
+     "a message's fields: cause_by, content, out, round, sent_from"),
+])
+def test_fields_of_role_run_and_messages_are_checked(expression: str, message: str, hint: str) -> None:
+    (diag,) = check_text(_sop(f'  A: {{prompt: "{{{{ {expression} }}}}", {ART}}}\n')).diagnostics
+    assert (diag.code, diag.message, diag.hint, diag.pointer) == ("SOP402", message, hint, "/actions/A/prompt")
+
+
+def test_known_fields_and_rebound_names_pass() -> None:
+    prompt = ("{{ role.id }}{{ role.name }}{{ role.profile }}{{ role.vars.side }}{{ run.id }}{{ run.round }}"
+              "{{ news[0].sent_from }}{{ msgs.A[-1].cause_by }}{{ role.items() }}"
+              "{% for run in news %}{{ run.content }}{% endfor %}")
+    assert _codes(_sop(f'  A: {{prompt: "{prompt}", {ART}}}\n')) == []
+
+
 def test_phases_stop_at_the_first_with_errors() -> None:
     # an unknown watch (references) would also make the role unreachable (graph): only the first shows
     assert _codes(_sop(f"  A: {{prompt: '{{{{ bad }}}}', {ART}}}\n",
@@ -173,3 +218,19 @@ def test_templates_cannot_load_files() -> None:
 ])
 def test_names_a_template_binds_itself(template: str) -> None:
     assert _codes(_sop(f'  A: {{prompt: "{template}", {ART}}}\n')) == []
+
+
+def test_the_checker_knows_the_fields_a_run_gives_its_templates() -> None:
+    from types import SimpleNamespace
+
+    from engine.check.compiler import compile_text
+    from engine.check.templates import MESSAGE_FIELDS, VARIABLE_FIELDS
+    from engine.run.actions import template_variables
+    from engine.run.memory import Memory
+    from engine.run.message import user_requirement
+
+    run = SimpleNamespace(compiled=compile_text(_sop(f"  A: {{prompt: x, {ART}}}\n")), inputs={}, run_id="r")
+    variables = template_variables(run, "R", Memory(), [user_requirement("idea")], 1)  # type: ignore[arg-type]
+    for name, fields in VARIABLE_FIELDS.items():
+        assert set(variables[name]) - {"vars"} == fields - {"vars"}  # role.vars: from role variables
+    assert set(variables["news"][0]) == MESSAGE_FIELDS

@@ -168,3 +168,28 @@ def test_fake_is_not_blocked_by_the_real_model_guard():
 def test_fake_json_is_plain_json_text():
     schema = output_schema({"A": OutputNode(type="str")})
     assert json.loads(answer_text(spec(schema=schema))) == {"A": "Example a"}
+
+
+@pytest.mark.parametrize("pattern", [
+    r"^v[0-9]+\.[0-9]+$", r"^[A-Z]{3}-\d{4}$", r"^(yes|no)$", r"^[^\s@]+@[^\s@]+\.[a-z]{2,}$",
+    r"^\w+(,\s*\w+)*$", r"^P[0-2]$", r"^.{5,10}$", r"(?i)^ABC$",
+])
+def test_fake_strings_match_an_output_nodes_pattern(pattern):
+    import re
+
+    value = instance(output_schema({"Version": OutputNode(type="str", pattern=pattern),
+                                    "Tags": OutputNode(type="list[str]", pattern=pattern)}))
+    assert re.search(pattern, value["Version"])
+    assert all(re.search(pattern, tag) for tag in value["Tags"])
+
+
+def test_an_sop_with_a_pattern_runs_on_fake(tmp_path):
+    from engine import api
+    from engine.check.compiler import compile_text
+
+    sop = ("apiVersion: sop/v1\nname: p\nactions:\n  Tag:\n    prompt: tag it\n"
+           "    output: {Version: {type: str, pattern: '^v[0-9]+\\.[0-9]+$'}}\n"
+           "roles:\n  R: {actions: [Tag], watch: [UserRequirement]}\n")
+    result = api.run(compile_text(sop), {"idea": "x"}, model="fake", workspace=tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert result.messages[-1].out == {"Version": "v0.0"}

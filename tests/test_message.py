@@ -64,7 +64,7 @@ def test_self_becomes_the_sender_and_empty_means_all() -> None:
 def test_render_content_per_output_kind() -> None:
     assert json.loads(content_of("json", {"A": [1]})) == {"A": [1]}
     assert content_of("text", "plain words") == "plain words"
-    assert content_of("code", "print(1)\n", "python") == "```python\nprint(1)\n```"
+    assert content_of("code", "print(1)\n") == "print(1)\n"  # no fence: what the artifact holds
 
 
 def test_memory_dedups_by_id_and_indexes_by_cause_by() -> None:

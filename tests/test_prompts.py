@@ -68,6 +68,9 @@ def test_the_sandbox_still_refuses_python_internals():
     ("../../etc/passwd", "etc/passwd.py"),          # never leaves the workspace
     ("/abs/x.py", "abs/x.py"),
     ("   ", "file.py"),
+    ("dataiku vs. datarobot", "dataiku_vs_datarobot.py"),  # a dot in the text is no extension
+    ("v1.2 notes", "v1.2_notes.py"),
+    ("archive.tar.gz", "archive.tar.gz"),
 ])
 def test_file_name_turns_model_text_into_a_safe_relative_path(value, expected):
     assert render_template("{{ v | file_name('.py') }}", {"v": value}) == expected

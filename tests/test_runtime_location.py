@@ -232,3 +232,15 @@ def test_cli_json_error_and_show_carry_the_location(tmp_path: Path, capsys: pyte
     assert code == 0 and located in out
     code, out, _ = _cli(capsys, "show", str(tmp_path / "ws"), "--format", "json")
     assert json.loads(out)["error"].startswith(located)
+
+
+def test_cli_prints_a_failure_hint_once(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.testing import ScriptedModel, use_model
+
+    path = _write(tmp_path, NEVER_VALID)
+    with use_model(ScriptedModel(lambda spec, attempt: "no json here"), name="never"):
+        code, out, err = _cli(capsys, "run", str(path), "--idea", "x", "--model", "never",
+                              "--out", str(tmp_path / "ws"))
+    assert code == 1 and "no valid answer from model 'never'" in out
+    hint = "hint: raise the action's `retries`"
+    assert (out + err).count(hint) == 1, out + err

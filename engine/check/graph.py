@@ -1,7 +1,7 @@
 """The watch graph: who can hear whom, which loops exist and what bounds them.
 
 Nodes are roles (`role:<id>`) and message types, i.e. actions (`action:<id>`, including the
-built-in `UserRequirement`). Edges:
+built-in `UserRequirement`, the idea, whose `send_to` is the file's `team.send_to`). Edges:
 
 - role -> action (`runs`): the role runs the action (its `actions`, or its planner's two);
 - action -> role (`watch`): the role watches the action and the action's `send_to` delivers
@@ -121,7 +121,7 @@ def _indexes(spec: Sop) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
 
 
 def _senders(spec: Sop) -> Iterator[tuple[str, list[str]]]:
-    yield USER_REQUIREMENT, ["<all>"]
+    yield USER_REQUIREMENT, list(spec.team.send_to)  # the idea: to everyone unless the file addresses it
     for aid, action in spec.actions.items():
         yield aid, list(action.send_to)
 

@@ -26,7 +26,7 @@ from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, So
 
 # ---------------------------------------------------------------- references
 
-__all__ = ["RULES"]
+__all__ = ["RULES", "idea_address_problem"]
 
 
 @rule("SOP107", "SOP109")
@@ -117,6 +117,29 @@ def send_to(ctx: Context) -> Iterator[Diagnostic]:
                             f"a role id or name, or <all>, <self>, <none>; {hint}")
         if "<none>" in action.send_to and len(action.send_to) > 1:
             yield error("SOP203", f"/actions/{aid}/send_to", "<none> cannot be combined with other addresses")
+
+
+IDEA_ADDRESSES = ("<all>",)
+"""The special address the idea may have besides role ids and names (no sender: no <self>)."""
+
+
+def idea_address_problem(spec: Sop, address: str) -> tuple[str, str] | None:
+    """(message, hint) when `address` is not one the idea can be sent to: a role id or name,
+    or <all>; one rule for the file's `team.send_to` and `sopctl run --send-to`."""
+    known = [*_addresses(spec), *IDEA_ADDRESSES]
+    if address in known:
+        return None
+    message, hint = unknown("address", address, known)
+    return message, hint if "did you mean" in hint else f"a role id or name, or <all>; {hint}"
+
+
+@rule("SOP203")
+def idea_send_to(ctx: Context) -> Iterator[Diagnostic]:
+    """`team.send_to` (the idea's addresses) names roles (id or name) or <all>."""
+    for i, address in enumerate(ctx.spec.team.send_to):
+        problem = idea_address_problem(ctx.spec, address)
+        if problem:
+            yield error("SOP203", f"/team/send_to/{i}", *problem)
 
 
 @rule("SOP204")
@@ -242,5 +265,5 @@ def input_defaults(ctx: Context) -> Iterator[Diagnostic]:
                         "quote it to make it a string" if spec.type == "str" else "")
 
 
-RULES = (node_types, role_actions, watches, send_to, contexts, planners, plan_shape, exec_actions, addresses_unique, builtin_ids, input_defaults)
+RULES = (node_types, role_actions, watches, send_to, idea_send_to, contexts, planners, plan_shape, exec_actions, addresses_unique, builtin_ids, input_defaults)
 """This phase's rules, in the order they run."""

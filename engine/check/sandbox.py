@@ -293,9 +293,10 @@ def _slug(value: Any, length: int = 60) -> str:
 def _file_name(value: Any, extension: str = "", length: int = 120) -> str:
     """`{{ item | file_name('.py') }}`: model text made a safe relative path inside the
     workspace (no spaces, no `..`, no leading `/`), with `extension` added when it has none."""
-    parts = [re.sub(r"[^A-Za-z0-9_.-]+", "_", part).strip("_.") for part in str(value).strip().split("/")]
+    # dots next to a space go with it ("vs. x" -> "vs_x"): only a last ".alnum" is an extension
+    parts = [re.sub(r"[^\w-]*[^\w.-][^\w-]*", "_", part, flags=re.ASCII).strip("_.") for part in str(value).strip().split("/")]
     path = "/".join(p for p in parts if p)[:length] or "file"
-    if extension and "." not in path.rsplit("/", 1)[-1]:
+    if extension and not re.search(r"\.[A-Za-z0-9]{1,10}$", path.rsplit("/", 1)[-1]):
         path += extension
     return path
 

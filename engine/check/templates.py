@@ -9,8 +9,9 @@ Its rules are listed in `RULES`, which `check.phases` runs third.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from jinja2 import nodes
@@ -29,11 +30,23 @@ from engine.load.spec import (
     in_engine_dir,
 )
 
-__all__ = ["BASE_VARIABLES", "RULES"]
+__all__ = ["BASE_VARIABLES", "RULES", "read_by_templates"]
 
 
 BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run"})
 """Names every template may read (contract §3)."""
+
+
+VARIABLE_FIELDS: dict[str, frozenset[str]] = {
+    "role": frozenset({"id", "name", "profile",
+                       "vars"}),  # role variables: a mapping; its keys are checked per role
+    "run": frozenset({"id", "round"}),
+}
+"""The fields of the mapping variables, as `run.actions.template_variables` builds them."""
+
+
+MESSAGE_FIELDS = frozenset({"content", "out", "sent_from", "cause_by", "round"})
+"""The fields of a message in `news[i]` and `msgs.X[i]` (`run.message.Message.template_view`)."""
 
 
 _DICT_METHODS = frozenset({"items", "keys", "values", "get"})
@@ -85,6 +98,8 @@ class _Analysis:
     """(variable, accessors, line) of each outermost `a.b[c]...`; None = dynamic accessor."""
     loads_files: list[tuple[str, int]] = field(default_factory=list)
     """(tag, line) of include/import/extends: a sandboxed SOP template has no files to load."""
+    whole: set[str] = field(default_factory=set)
+    """Names read as a whole, not only through `a.b[c]` (`msgs | tojson`, `msgs[name]`)."""
 
     @property
     def free(self) -> set[str]:
@@ -102,6 +117,7 @@ def _analyse(ast: Any) -> _Analysis:
         if isinstance(node, nodes.Name):
             if node.ctx == "load":
                 found.loads[node.name] = min(found.loads.get(node.name, node.lineno), node.lineno)
+                found.whole.add(node.name)
             else:
                 found.stores.add(node.name)
         elif isinstance(node, (nodes.Filter, nodes.Test)):
@@ -112,9 +128,12 @@ def _analyse(ast: Any) -> _Analysis:
             found.loads_files.append((type(node).__name__.lower(), node.lineno))
         if isinstance(node, (nodes.Getattr, nodes.Getitem)):
             chain = _chain(node)
+            beside = _beside_chain(node)
             if chain is not None:
                 found.chains.append(chain)
-            stack.extend(_beside_chain(node))
+                root = beside.pop()  # a load, but not of the whole: the chain names what it reads
+                found.loads[root.name] = min(found.loads.get(root.name, root.lineno), root.lineno)
+            stack.extend(beside)
             continue
         stack.extend(node.iter_child_nodes())
     return found
@@ -189,15 +208,16 @@ def template_variables(ctx: Context) -> Iterator[Diagnostic]:
                         f"available here: {', '.join(sorted(template.allowed))}", line=found.loads[name])
 
 
-@rule("SOP403", "SOP404", "SOP407", "SOP408")
+@rule("SOP402", "SOP403", "SOP404", "SOP407", "SOP408")
 def template_references(ctx: Context) -> Iterator[Diagnostic]:
-    """`inputs.X`, `msgs.X` and `out['Key']` must name declared inputs, actions and keys."""
+    """`inputs.X`, `msgs.X` and `out['Key']` must name declared inputs, actions and keys;
+    `role.X`, `run.X` and a message's `.X` the fields those variables have."""
     for template, found in _parsed(ctx):
         if isinstance(found, Exception):
             continue
         for name, path, line in found.chains:
             rule = _REFERENCE_RULES.get(name)
-            if rule is None:
+            if rule is None or name in found.stores:  # a name the template rebinds is its own
                 continue
             for diag in rule(ctx, template, path):
                 yield replace(diag, line=line)
@@ -230,6 +250,8 @@ def _msgs_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[D
         yield error("SOP407", template.pointer, f"msgs.{source}: no action '{source}'", did_you_mean(source, known))
         return
     yield from _never_delivered(ctx, template.action, source, template.pointer, f"msgs.{source}")
+    if len(path) > 2 and not isinstance(path[1], str):
+        yield from _message_field(template.pointer, f"msgs.{source}[...]", path[2])
     if source == USER_REQUIREMENT or len(path) < 4 or path[2] != "out" or isinstance(path[1], str):
         return
     producer = spec.actions[source]
@@ -239,6 +261,29 @@ def _msgs_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[D
             return
         keys = keys[1:]
     yield from _key_rule(spec, template, source, producer, keys)
+
+
+def _fields_rule(variable: str, ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    """`role.X`, `run.X`: a field the variable has (an unknown one fails only at run time)."""
+    field_name = path[0] if path else None
+    if not isinstance(field_name, str) or field_name in _DICT_METHODS:
+        return
+    known = VARIABLE_FIELDS[variable]
+    if field_name not in known:
+        yield error("SOP402", template.pointer, f"{variable} has no field '{field_name}'",
+                    did_you_mean(field_name, sorted(known)) or f"{variable}'s fields: {', '.join(sorted(known))}")
+
+
+def _news_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    if len(path) > 1 and not isinstance(path[0], str):
+        yield from _message_field(template.pointer, "news[...]", path[1])
+
+
+def _message_field(pointer: str, what: str, field_name: Any) -> Iterator[Diagnostic]:
+    if isinstance(field_name, str) and field_name not in MESSAGE_FIELDS and field_name not in _DICT_METHODS:
+        fields = sorted(MESSAGE_FIELDS)
+        yield error("SOP402", pointer, f"a message ({what}) has no field '{field_name}'",
+                    did_you_mean(field_name, fields) or f"a message's fields: {', '.join(fields)}")
 
 
 def _out_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
@@ -255,14 +300,16 @@ def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what:
     if "runners" not in ctx.cache:
         ctx.cache["runners"] = runners(ctx.spec)
     ran_by = ctx.cache["runners"]
-    if source == USER_REQUIREMENT or source not in ctx.spec.actions or not ran_by.get(source):
+    idea = source == USER_REQUIREMENT
+    if not idea and (source not in ctx.spec.actions or not ran_by.get(source)):
         return
-    send = list(ctx.spec.actions[source].send_to)
+    send = list(ctx.spec.team.send_to if idea else ctx.spec.actions[source].send_to)
     for rid in ran_by.get(reader, []):
-        runs_it = rid in ran_by[source]
+        runs_it = rid in ran_by.get(source, ())
         if not runs_it and not delivered(send, rid, ctx.spec.role_name(rid), runs_it)[0]:
+            field = "team.send_to" if idea else f"{source}'s send_to"
             yield warning("SOP408", pointer, f"{what} is always empty for role '{rid}': '{source}' is "
-                          f"sent only to {', '.join(send)}", f"add '{rid}' or <all> to {source}'s send_to")
+                          f"sent only to {', '.join(send)}", f"add '{rid}' or <all> to {field}")
 
 
 @rule("SOP408")
@@ -311,7 +358,37 @@ def _step(node: Any) -> Any:
     return (node.children,) if (node.type or "").strip() == "list" else node.children
 
 
-_REFERENCE_RULES = {"inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule}
+def read_by_templates(ctx: Context) -> set[str] | None:
+    """The actions whose messages some template reads by name (`msgs.X`, `msgs['X']`) in a
+    prompt, `when`, `for_each`, artifact or exec command; None when one reads `msgs` as a whole
+    (`msgs[name]`, `msgs | tojson`, `msgs.items()`): then any action may be read. A template
+    that does not parse reads nothing here (the template phase reports it)."""
+    analyses = [found for _, found in _parsed(ctx) if not isinstance(found, Exception)]
+    for action in ctx.spec.actions.values():
+        for part in action.command or [] if action.kind == "exec" else []:
+            try:
+                analyses.append(_analyse(parse(part)))
+            except TemplateFailure:
+                continue
+    read: set[str] = set()
+    for found in analyses:
+        if "msgs" in found.whole:
+            return None
+        for name, path, _ in found.chains:
+            if name == "msgs":
+                if not path or not isinstance(path[0], str) or path[0] in _DICT_METHODS:
+                    return None
+                read.add(path[0])
+    return read
+
+
+_ReferenceRule = Callable[[Context, _Template, list[Any]], Iterator[Diagnostic]]
+
+
+_REFERENCE_RULES: dict[str, _ReferenceRule] = {
+    "inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule, "news": _news_rule,
+    **{name: partial(_fields_rule, name) for name in VARIABLE_FIELDS},
+}
 
 
 _DRIVE = re.compile(r"^[A-Za-z]:")

@@ -12,8 +12,9 @@ from engine.check.graph import (
     unbounded_cycles,
 )
 from engine.check.rules import Context, error, rule, warning
+from engine.check.templates import read_by_templates
 from engine.errors import Diagnostic, Related
-from engine.load.spec import Sop
+from engine.load.spec import USER_REQUIREMENT, Sop
 
 __all__ = ["RULES"]
 
@@ -42,18 +43,43 @@ def reachable(ctx: Context) -> Iterator[Diagnostic]:
 
 @rule("SOP303")
 def consumed(ctx: Context) -> Iterator[Diagnostic]:
-    """An output nobody keeps, nobody later reads and no artifact writes is wasted work."""
+    """An output nobody keeps, nobody reads and no artifact writes is wasted work, unless it
+    is the last thing its role does: then it ends the run's flow and is the run's result."""
     ran_by = runners(ctx.spec)
     graph = ctx.graph
     assert graph is not None  # the graph phase builds it before its rules run
+    read = _read_anywhere(ctx)
     for aid, action in ctx.spec.actions.items():
         if not ran_by[aid] or action.artifacts or graph.out_degree(action_node(aid)):
             continue
-        if any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
+        if read is None or aid in read or any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
             continue
-        yield warning("SOP303", f"/actions/{aid}", f"the output of '{aid}' is never used: no role keeps it "
-                      "and no artifact writes it",
-                      "watch it from a role, address a role in its send_to, or add `artifacts`")
+        if any(_ends_turn(ctx.spec, rid, aid) for rid in ran_by[aid]):
+            continue
+        yield warning("SOP303", f"/actions/{aid}", f"the output of '{aid}' is never used: no role keeps it, "
+                      "no later action reads it and no artifact writes it",
+                      "watch it from a role, address a role in its send_to, read it (context, msgs), "
+                      "or add `artifacts`")
+
+
+def _read_anywhere(ctx: Context) -> set[str] | None:
+    """Actions some action reads by name: `context: [X]` or a template's `msgs.X` (None: any)."""
+    read = read_by_templates(ctx)
+    if read is None:
+        return None
+    for action in ctx.spec.actions.values():
+        if isinstance(action.context, list):
+            read.update(action.context)
+    return read
+
+
+def _ends_turn(spec: Sop, rid: str, aid: str) -> bool:
+    """`aid` can be the last action of the role's turn: its `by_order` last, any of a `react`
+    role's (the model picks the order). A plan's actions are read by its planner instead."""
+    role = spec.roles[rid]
+    if role.react_mode == "by_order":
+        return bool(role.actions) and role.actions[-1] == aid
+    return role.react_mode == "react" and aid in role.actions
 
 
 def _read_later(spec: Sop, rid: str, aid: str) -> bool:
@@ -64,8 +90,7 @@ def _read_later(spec: Sop, rid: str, aid: str) -> bool:
         return True
     own = [*role.actions, *([role.planner.action, role.planner.task_action] if role.planner else [])]
     for other in own:
-        ctx_list = spec.actions[other].context if other in spec.actions and other != aid else "none"
-        if ctx_list == "all" or (isinstance(ctx_list, list) and aid in ctx_list):
+        if other in spec.actions and other != aid and spec.actions[other].context == "all":
             return True
     return False
 
@@ -77,13 +102,18 @@ def watched_but_not_sent(ctx: Context) -> Iterator[Diagnostic]:
     for rid, role in ctx.spec.roles.items():
         for i, aid in enumerate(role.watch):
             action = ctx.spec.actions.get(aid)
-            if action is None:
+            idea = aid == USER_REQUIREMENT
+            if idea:
+                send_to = list(ctx.spec.team.send_to)
+            elif action is not None:
+                send_to = list(action.send_to)
+            else:
                 continue
-            reach, _ = delivered(list(action.send_to), rid, ctx.spec.role_name(rid), rid in ran_by[aid])
+            reach, _ = delivered(send_to, rid, ctx.spec.role_name(rid), rid in ran_by.get(aid, []))
             if not reach:
-                targets = ", ".join(action.send_to)
+                field = "team.send_to" if idea else f"{aid}'s send_to"
                 yield warning("SOP304", f"/roles/{rid}/watch/{i}", f"'{rid}' watches '{aid}', but '{aid}' is "
-                              f"sent only to {targets}", f"add '{rid}' or <all> to {aid}'s send_to")
+                              f"sent only to {', '.join(send_to)}", f"add '{rid}' or <all> to {field}")
 
 
 RULES = (bounded_loops, reachable, consumed, watched_but_not_sent)

@@ -89,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = api.run(checked.compiled, inputs, model=args.model, max_rounds=args.rounds,
                          budget_usd=args.budget, workspace=args.out, allow_exec=args.allow_exec,
                          api_base=args.api_base, price=args.price, isolate=args.isolate,
-                         allow_network=args.allow_network, observers=[display])
+                         allow_network=args.allow_network, send_to=args.send_to, observers=[display])
     return _print_result(result, args.format)
 
 
@@ -183,7 +183,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idea", help="the one-line requirement (sets the `idea` input)")
     p.add_argument("--input", action="append", default=[], metavar="KEY=VALUE",
-                   help="set a declared input; repeatable")
+                   help="set a declared input (KEY=@FILE: the file's text); repeatable")
+    p.add_argument("--send-to", action="append", default=[], metavar="ROLE",
+                   help="send the idea to this role (id or name) only, not to all; repeatable; "
+                        "overrides the file's team.send_to")
     p.add_argument("--model", help="litellm model string, or `local` / `fake` "
                    "(default: $SOPCTL_MODEL, then the file's llm.model, then `local`)")
     p.add_argument("--rounds", type=int, metavar="N", help="override team.max_rounds")

@@ -179,7 +179,8 @@ def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
 def summary(result: RunResult) -> str:
     """The final summary of a RunResult, for people (`--format text`)."""
     lines = [
-        f"status:    {result.status}" + (f" ({result.error})" if result.error else ""),
+        # only the error's first line: print_result shows all of it (hint too) on stderr, once
+        f"status:    {result.status}" + (f" ({result.error.splitlines()[0]})" if result.error else ""),
         f"rounds:    {result.rounds}",
         f"llm calls: {result.llm_calls}" + _call_notes(result.usage),
         f"tokens:    {result.prompt_tokens} prompt + {result.completion_tokens} completion",

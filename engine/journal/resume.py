@@ -160,7 +160,7 @@ def resume_options(folder: RunFolder, *, budget: float | None, rounds: int | Non
         "max_rounds": rounds or last.max_rounds,
         "budget_usd": last.budget_usd if budget is None else budget,
         "workspace": str(folder.path.resolve()), "allow_exec": allow_exec,
-        "run_id": folder.origin.first.run_id,
+        "run_id": folder.origin.first.run_id, "send_to": folder.origin.first.send_to,
     }
 
 
@@ -194,5 +194,5 @@ def replay_options(folder: RunFolder, out: str | Path, *, allow_exec: bool) -> d
         "model": _model_override(folder.compiled, last.model, None),
         "max_rounds": last.max_rounds, "budget_usd": last.budget_usd,
         "workspace": str(target), "allow_exec": allow_exec, "run_id": folder.origin.first.run_id,
-        "replay": True,
+        "send_to": folder.origin.first.send_to, "replay": True,
     }

@@ -106,6 +106,8 @@ def _collapse(error: Any) -> list[Any]:
     viable = [errs for errs in branches.values() if not any(_misfit(e) for e in errs)]
     if len(viable) > 1:
         viable = _closest(viable, error.instance)
+    if len(viable) > 1:
+        viable = _fitting_at_top(viable)
     if len(viable) == 1:
         return [leaf for sub in viable[0] for leaf in _collapse(sub)]
     return [error]
@@ -121,6 +123,15 @@ def _closest(branches: list[list[Any]], instance: Any) -> list[list[Any]]:
     best = max(scores)
     chosen = [b for b, score in zip(branches, scores) if score == best]
     return chosen if best > 0 else branches
+
+
+def _fitting_at_top(branches: list[list[Any]]) -> list[list[Any]]:
+    """The branches the instance itself fits, whose errors all lie inside it.
+
+    An output tree `{Title: {instructions: x}}` fails `{code: LANG}` at its top (no `code`)
+    but the tree branch only at `Title/instructions`: the misspelt key is what was meant."""
+    inside = [errs for errs in branches if all(e.relative_path for e in errs)]
+    return inside or branches
 
 
 def _misfit(error: Any) -> bool:

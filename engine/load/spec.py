@@ -86,6 +86,8 @@ class TeamSpec(_Model):
     max_rounds: int = Field(default=12, ge=1)
     budget_usd: float = Field(default=0.0, ge=0)
     env_desc: str = ""
+    send_to: list[str] = Field(default_factory=lambda: ["<all>"])
+    """Addresses of the first message, the idea (MetaGPT `run_project(idea, send_to=...)`)."""
 
 
 class OutputNode(_Model):

@@ -28,6 +28,7 @@ from typing import Any
 
 from engine.errors import LLMError
 from engine.load import patterns
+from engine.models.pattern_text import text_matching
 from engine.models.types import FREE, CallSpec, ModelAnswer, ModelRequest, Price
 
 __all__ = ["FakeModel", "instance", "answer_text", "latency_s", "LATENCY_ENV"]
@@ -177,11 +178,11 @@ _PATTERN_CANDIDATES = ("main.py", "main", "item", "x", "1", "a.txt", "example")
 
 def _matching(pattern: str, text: str, index: int | None) -> str:
     """The plausible text if it matches `pattern`, else the first stock string that does
-    (a file name for a file pattern...); the text itself when none does: the gateway then
-    reports the answer as invalid, which names the pattern."""
+    (a file name for a file pattern...), else one made from the pattern itself; the text
+    itself when none does: the gateway then reports the answer as invalid, naming the pattern."""
     suffix = f"_{index + 1}" if index else ""
     for candidate in (text, *(c.replace(".", suffix + ".", 1) if "." in c else c + suffix
-                              for c in _PATTERN_CANDIDATES)):
+                              for c in _PATTERN_CANDIDATES), text_matching(pattern, index or 0) or text):
         try:
             if patterns.search(pattern, candidate):
                 return candidate

@@ -30,7 +30,7 @@ from engine.run.memory import Memory
 from engine.run.message import Message, content_of
 from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
 
-__all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ActionResult", "role_prefix", "context_section",
+__all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ActionResult", "role_prefix", "role_label", "context_section",
            "template_variables", "execute_action", "action_applies", "gather_or_cancel",
            "call_gateway", "used_actions"]
 
@@ -83,20 +83,29 @@ def role_prefix(compiled: CompiledSop, role_id: str) -> str:
         parts.append(f"Your goal: {role.goal}.")
     if role.constraints:
         parts.append(f"Keep to these constraints: {role.constraints}.")
-    others = [f"{spec.role_name(r)} ({spec.roles[r].profile or r})" for r in spec.roles if r != role_id]
+    others = [role_label(compiled, r) for r in spec.roles if r != role_id]
     where = spec.team.env_desc or "a team"
     parts.append(f"You work in {where}" + (f" with {', '.join(others)}." if others else "."))
     return " ".join(parts)
 
 
-def context_section(action: ActionSpec, memory: Memory) -> str:
+def role_label(compiled: CompiledSop, role_id: str) -> str:
+    """How prompts name a role: `Alice (Product Manager)`, as MetaGPT names a speaker by name
+    and profile (never by the file's id); the sender of the idea stays `Human`."""
+    spec = compiled.spec
+    if role_id not in spec.roles:
+        return role_id
+    return f"{spec.role_name(role_id)} ({spec.roles[role_id].profile or role_id})"
+
+
+def context_section(compiled: CompiledSop, action: ActionSpec, memory: Memory) -> str:
     """The declared context only (`none`, `all` or action ids), as a `## Context` section."""
     if action.context == "none":
         return ""
     picked = memory.get() if action.context == "all" else memory.get_by_actions(action.context)
     if not picked:
         return ""
-    blocks = [f"### {m.cause_by} (from {m.sent_from})\n{m.content}" for m in picked]
+    blocks = [f"### {m.cause_by} from {role_label(compiled, m.sent_from)}\n{m.content}" for m in picked]
     return "\n\n## Context\n\n" + "\n\n".join(blocks)
 
 
@@ -208,7 +217,7 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
         raise ActionFailed(action_id, f"prompt template: {exc}", code="SOP501",
                            pointer=join_pointer("/actions", action_id, "prompt"),
                            template_line=exc.line) from None
-    prompt = prompt.rstrip() + context_section(action, memory)
+    prompt = prompt.rstrip() + context_section(ctx.compiled, action, memory)
     if note:
         prompt += f"\n\n## Note\n{note}"
     kind = output_kind(action.output)
@@ -224,7 +233,7 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
         result = await call_gateway(ctx, spec)
     except ActionFailed as exc:  # the answers never fitted what the action declares
         raise exc.at("SOP505", join_pointer("/actions", action_id, "output"))
-    return result.value, content_of(kind, result.value, lang)
+    return result.value, content_of(kind, result.value)
 
 
 async def call_gateway(ctx: RunContext, spec: CallSpec) -> CallResult:

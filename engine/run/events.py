@@ -66,6 +66,8 @@ class RunStarted(Event):
     workspace: str
     max_rounds: int
     budget_usd: float
+    send_to: list[str] = field(default_factory=list)
+    """`--send-to`, the idea's addresses given on the command line (empty: the file's)."""
 
 
 @dataclass(frozen=True)

@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import stat
 from typing import Any, Mapping
 
 from engine.check.compiler import CompiledSop
 from engine.errors import UsageError
 from engine.load.spec import InputSpec
 
-__all__ = ["resolve_inputs", "parse_input_flags", "check_limits", "require_utf8"]
+__all__ = ["resolve_inputs", "parse_input_flags", "read_input_file", "check_limits", "require_utf8",
+           "INPUT_FILE_LIMIT"]
 
 
 _TRUE = {"true", "yes", "y", "1", "on"}
@@ -76,19 +79,56 @@ def _coerce(key: str, spec: InputSpec, value: Any) -> Any:
         raise UsageError(f"input '{key}' must be {kind}, got {value!r}") from None
 
 
+INPUT_FILE_LIMIT = 1_000_000
+"""Most bytes `--input KEY=@FILE` reads (the SOP file's own limit): it goes into prompts."""
+
+
 def parse_input_flags(pairs: list[str], idea: str | None = None) -> dict[str, str]:
-    """`--input k=v` flags (and `--idea`) as a mapping; a flag without `=` is a UsageError."""
+    """`--input k=v` flags (and `--idea`) as a mapping; a flag without `=` is a UsageError.
+
+    `k=@path` is the text of the file at `path` (relative to the current directory);
+    `k=@@text` is the literal `@text`."""
     given: dict[str, str] = {}
     for pair in pairs:
         require_utf8(pair, "--input")
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
             raise UsageError(f"--input expects KEY=VALUE, got {pair!r}")
+        if value.startswith("@@"):
+            value = value[1:]
+        elif value.startswith("@"):
+            value = read_input_file(key.strip(), value[1:])
         given[key.strip()] = value
     if idea is not None:
         require_utf8(idea, "--idea")
         given["idea"] = idea
     return given
+
+
+def read_input_file(key: str, path: str) -> str:
+    """The text of `--input KEY=@path`: a regular file (never a FIFO, device or folder, which
+    could block or never end), at most INPUT_FILE_LIMIT bytes, UTF-8."""
+    what = f"--input {key}=@{path}"
+    if not path:
+        raise UsageError(f"{what}: no file named", hint="write KEY=@FILE, or KEY=@@text for a value starting with @")
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer before fstat refuses it
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as exc:
+        raise UsageError(f"{what}: cannot open the file: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"{what}: not a regular file", hint="name a file (not a folder, FIFO or device)")
+    with os.fdopen(fd, "rb") as handle:
+        data = handle.read(INPUT_FILE_LIMIT + 1)
+    if len(data) > INPUT_FILE_LIMIT:
+        raise UsageError(f"{what}: the file is larger than {INPUT_FILE_LIMIT:,} bytes",
+                         hint="pass a smaller file, or the part the SOP needs")
+    try:
+        return data.decode("utf-8-sig")  # a BOM is no part of the text
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{what}: the file is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+                         hint="convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
 
 
 def require_utf8(text: str, what: str) -> None:

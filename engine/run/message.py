@@ -100,22 +100,23 @@ def resolve_send_to(send_to: Iterable[str], sender: str) -> frozenset[str]:
     return frozenset(targets) if targets else frozenset({ALL})
 
 
-def content_of(kind: str, value: Any, code_lang: str | None = None) -> str:
-    """A readable message content for an output: JSON text, the text, or a fenced block."""
+def content_of(kind: str, value: Any) -> str:
+    """A readable message content for an output: JSON text, or the text itself. A code
+    answer is its code alone, without the fence the model wrapped it in (MetaGPT's
+    `parse_code`): later prompts and `msgs.X[i].content` see what the artifact holds."""
     if kind == "json" or not isinstance(value, str):
         return json.dumps(value, indent=2, ensure_ascii=False)
-    if kind == "code":
-        return f"```{code_lang or ''}\n{value.rstrip()}\n```"
     return value
 
 
-def user_requirement(idea: str) -> Message:
-    """The run's first message: the idea, from the human, to everyone, in round 0."""
+def user_requirement(idea: str, send_to: Iterable[str] = (ALL,)) -> Message:
+    """The run's first message: the idea, from the human, in round 0, to everyone unless
+    addressed (`team.send_to`, `--send-to`: MetaGPT's `run_project(idea, send_to=...)`)."""
     return Message(
         id=message_id(0, HUMAN, 0),
         content=idea,
         cause_by=USER_REQUIREMENT,
         sent_from=HUMAN,
-        send_to=frozenset({ALL}),
+        send_to=frozenset(send_to) or frozenset({ALL}),
         round=0,
     )

@@ -19,8 +19,9 @@ from typing import Any, Sequence
 from engine import __version__
 from engine.check.compiler import CompiledSop, locate_failure
 from engine.check.diagnostics import format_failure
+from engine.check.references import idea_address_problem
 from engine.check.sandbox import stop_renders_on_cancel
-from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError
+from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError
 from engine.models.gateway import Gateway
 from engine.models.registry import default_model, resolve_llm
 from engine.models.types import AnswerStore, Price, Usage
@@ -71,6 +72,7 @@ class RunOptions:
     gateway: Gateway | None = None
     api_base: str | None = None      # where hosted models are reached (`--api-base`)
     price: Price | None = None       # `--price`, for models litellm cannot price
+    send_to: Sequence[str] = ()      # `--send-to`: the idea's addresses, beating the file's team.send_to
 
 
 @dataclass
@@ -133,6 +135,17 @@ def exec_actions(compiled: CompiledSop) -> list[str]:
     return [a for a, spec in compiled.spec.actions.items() if spec.kind == "exec" and a in used]
 
 
+def idea_addresses(compiled: CompiledSop, override: Sequence[str]) -> list[str]:
+    """Where the idea goes: `--send-to` when given (checked as the file's `team.send_to` is),
+    else the file's `team.send_to` (default <all>)."""
+    for address in override:
+        problem = idea_address_problem(compiled.spec, address)
+        if problem:
+            message, hint = problem
+            raise UsageError(f"--send-to: {message}", hint=hint)
+    return list(override or compiled.spec.team.send_to)
+
+
 class Team:
     """One run of a compiled SOP; `await Team(...).run()` returns its RunResult."""
 
@@ -156,6 +169,7 @@ class Team:
                               model_override=options.model, allow_exec=options.allow_exec)
         self.roles = [Role(rid, self.ctx, options.completed) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit)
+        self.idea_to = idea_addresses(compiled, options.send_to)
         self.rounds = 0
         self._checked = False
         self.failure: Diagnostic | None = None
@@ -208,7 +222,7 @@ class Team:
         # Anything that escapes below (KeyboardInterrupt, SystemExit) ends the run as interrupted.
         status, error = RunStatus.INTERRUPTED, "interrupted"
         try:
-            self.env.publish(user_requirement(str(self.inputs.get("idea", ""))))
+            self.env.publish(user_requirement(str(self.inputs.get("idea", "")), self.idea_to))
             with stop_renders_on_cancel():
                 status, error = await self._loop(), ""
         except BudgetExceeded as exc:
@@ -269,7 +283,7 @@ class Team:
                           sop_hash=self.compiled.source_hash, inputs=dict(self.inputs),
                           model=model, engine_version=__version__,
                           workspace=str(self.workspace.root), max_rounds=self.max_rounds,
-                          budget_usd=self.budget)
+                          budget_usd=self.budget, send_to=list(self.options.send_to))
 
     def _end(self, status: RunStatus, error: str) -> None:
         try:
