@@ -9,6 +9,7 @@ from engine.check.graph import (
     delivered,
     reachable_roles,
     runners,
+    send_targets,
     unbounded_cycles,
 )
 from engine.check.rules import Context, error, rule, warning
@@ -47,7 +48,8 @@ def consumed(ctx: Context) -> Iterator[Diagnostic]:
     graph = ctx.graph
     assert graph is not None  # the graph phase builds it before its rules run
     for aid, action in ctx.spec.actions.items():
-        if not ran_by[aid] or action.artifacts or graph.out_degree(action_node(aid)):
+        writes = action.artifacts or (action.join is not None and action.join.path is not None)
+        if not ran_by[aid] or writes or graph.out_degree(action_node(aid)):
             continue
         if any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
             continue
@@ -79,11 +81,11 @@ def watched_but_not_sent(ctx: Context) -> Iterator[Diagnostic]:
             action = ctx.spec.actions.get(aid)
             if action is None:
                 continue
-            reach, _ = delivered(list(action.send_to), rid, ctx.spec.role_name(rid), rid in ran_by[aid])
+            targets = send_targets(ctx.spec, aid)
+            reach, _ = delivered(targets, rid, ctx.spec.role_name(rid), rid in ran_by[aid])
             if not reach:
-                targets = ", ".join(action.send_to)
                 yield warning("SOP304", f"/roles/{rid}/watch/{i}", f"'{rid}' watches '{aid}', but '{aid}' is "
-                              f"sent only to {targets}", f"add '{rid}' or <all> to {aid}'s send_to")
+                              f"sent only to {', '.join(targets)}", f"add '{rid}' or <all> to {aid}'s send_to")
 
 
 RULES = (bounded_loops, reachable, consumed, watched_but_not_sent)
