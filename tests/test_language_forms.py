@@ -272,3 +272,21 @@ def test_a_joined_message_is_journaled_and_reused_on_resume(tmp_path: Path,
     assert resumed["history"] == first["history"]
     assert (ws / "a_guide.md").read_text() == joined
 
+
+
+def test_a_join_path_the_workspace_refuses_fails_at_its_place(tmp_path: Path) -> None:
+    text = SECTIONS.replace('path: "{{ inputs.idea | slug }}.md"', 'path: "{{ inputs.idea }}"')
+    result = run_sop(sop_text(text), ScriptedModel(_section_answer), tmp_path, idea="../outside.md")
+    assert result.status == "failed" and not (tmp_path.parent / "outside.md").exists()
+    assert result.diagnostic is not None
+    assert (result.diagnostic.code, result.diagnostic.pointer) == ("SOP502", "/actions/WriteSection/join/path")
+
+
+def test_the_schema_and_the_models_know_the_same_new_keys() -> None:
+    from engine.load import schema as sop_schema
+    from engine.load.spec import JoinSpec
+
+    action = sop_schema.schema()["$defs"]["action"]["properties"]
+    assert set(action["join"]["properties"]) == set(JoinSpec.model_fields)
+    assert {"system", "join"} <= set(action)
+    assert "vars" in sop_schema.schema()["$defs"]["role"]["properties"]
