@@ -278,16 +278,9 @@ def _write_artifacts(action_id: str, action: ActionSpec, workspace: Workspace,
     files = []
     for index, artifact in enumerate(action.artifacts):
         at = join_pointer("/actions", action_id, "artifacts", index)
-        try:
-            path = render_template(artifact.path, variables, limit=1024).strip()
-        except TemplateFailure as exc:
-            raise ActionFailed(action_id, f"artifact path template '{artifact.path}': {exc}",
-                               code="SOP501", pointer=f"{at}/path") from None
-        try:
-            content = render_template(artifact.content, variables)
-        except TemplateFailure as exc:
-            raise ActionFailed(action_id, f"artifact '{path}': {exc}", code="SOP501",
-                               pointer=f"{at}/content", template_line=exc.line) from None
+        path = _render(action_id, artifact.path, variables, f"{at}/path", f"artifact path '{artifact.path}'",
+                       limit=1024).strip()
+        content = _render(action_id, artifact.content, variables, f"{at}/content", f"artifact '{path}'")
         try:
             files.append(workspace.write(path, content))
         except WorkspaceError as exc:
