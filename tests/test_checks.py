@@ -134,7 +134,7 @@ def test_fields_of_role_run_and_messages_are_checked(expression: str, message: s
 
 
 def test_known_fields_and_rebound_names_pass() -> None:
-    prompt = ("{{ role.id }}{{ role.name }}{{ role.profile }}{{ role.vars.side }}{{ run.id }}{{ run.round }}"
+    prompt = ("{{ role.id }}{{ role.name }}{{ role.profile }}{{ run.id }}{{ run.round }}"
               "{{ news[0].sent_from }}{{ msgs.A[-1].cause_by }}{{ role.items() }}"
               "{% for run in news %}{{ run.content }}{% endfor %}")
     assert _codes(_sop(f'  A: {{prompt: "{prompt}", {ART}}}\n')) == []

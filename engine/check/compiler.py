@@ -234,7 +234,7 @@ def _locate(diag: Diagnostic, source: Source) -> Diagnostic:
     return replace(diag, file=source.file, line=line, col=col, related=related)
 
 
-_NAMES_A_WORD = frozenset({"SOP402", "SOP403", "SOP404", "SOP406", "SOP407", "SOP408"})
+_NAMES_A_WORD = frozenset({"SOP402", "SOP403", "SOP404", "SOP406", "SOP407", "SOP408", "SOP409"})
 """Template codes whose message ends by quoting the offending name: the caret goes under it."""
 
 

@@ -22,13 +22,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.load.spec import USER_REQUIREMENT, Sop
+from engine.check.sandbox import TemplateFailure, render_template
+from engine.load.spec import USER_REQUIREMENT, Sop, is_template
 
 if TYPE_CHECKING:
     import networkx as nx
 
 __all__ = ["Cycle", "action_node", "build", "cycles", "delivered", "reachable_roles", "role_node", "runners",
-           "to_dot", "to_json", "to_mermaid", "unbounded_cycles", "format_graph"]
+           "render_address", "send_to_for", "send_targets", "to_dot", "to_json", "to_mermaid", "unbounded_cycles", "format_graph"]
 
 
 def action_node(action_id: str) -> str:
@@ -69,6 +70,33 @@ def runners(spec: Sop) -> dict[str, list[str]]:
 def _role_actions(role: Any) -> list[str]:
     extra = [role.planner.action, role.planner.task_action] if role.planner else []
     return list(dict.fromkeys([*role.actions, *extra]))
+
+
+def send_to_for(spec: Sop, action_id: str, role_id: str) -> list[str]:
+    """The action's `send_to` as role `role_id` sends it: each template item rendered with the
+    role's `role` variable (its vars). Raises the sandbox's TemplateFailure; the checker
+    renders every (action, role) pair first, so at run time it does not fail."""
+    return [render_address(spec, item, role_id) if is_template(item) else item
+            for item in spec.actions[action_id].send_to]
+
+
+def render_address(spec: Sop, item: str, role_id: str) -> str:
+    """One template `send_to` item as role `role_id` sends it (raises TemplateFailure)."""
+    return render_template(item, {"role": spec.role_view(role_id)}, limit=1024).strip()
+
+
+def send_targets(spec: Sop, action_id: str) -> list[str]:
+    """Every address the action may send to, whichever of its roles runs it (file order)."""
+    items = spec.actions[action_id].send_to
+    if not any(is_template(item) for item in items):
+        return list(items)
+    found: list[str] = [item for item in items if not is_template(item)]
+    for rid in runners(spec).get(action_id, []):
+        try:
+            found += send_to_for(spec, action_id, rid)
+        except TemplateFailure:  # the checker reports it (templates.send_to_templates)
+            continue
+    return list(dict.fromkeys(found))
 
 
 def delivered(send_to: list[str], role_id: str, role_name: str, runs_it: bool) -> tuple[bool, bool]:
@@ -122,8 +150,8 @@ def _indexes(spec: Sop) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
 
 def _senders(spec: Sop) -> Iterator[tuple[str, list[str]]]:
     yield USER_REQUIREMENT, list(spec.team.send_to)  # the idea: to everyone unless the file addresses it
-    for aid, action in spec.actions.items():
-        yield aid, list(action.send_to)
+    for aid in spec.actions:
+        yield aid, send_targets(spec, aid)
 
 
 def unbounded_cycles(graph: nx.DiGraph) -> list[Cycle]:

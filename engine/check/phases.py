@@ -13,7 +13,7 @@ from engine.check.rules import Rule
 __all__ = ["PHASES", "registered_codes"]
 
 PHASES: tuple[tuple[str, tuple[Rule, ...]], ...] = (
-    ("references", references.RULES),
+    ("references", (*references.RULES, *templates.REFERENCE_RULES)),
     ("graph", watch.RULES),
     ("templates", templates.RULES),
 )

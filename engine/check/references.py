@@ -22,11 +22,11 @@ from engine.load.outputs import TypeSyntaxError, parse_type
 from engine.load.schema import did_you_mean
 from engine.load.secrets import is_secret_name
 from engine.load.source import join_pointer
-from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, Sop
+from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, Sop, is_template
 
 # ---------------------------------------------------------------- references
 
-__all__ = ["RULES", "idea_address_problem"]
+__all__ = ["RULES", "idea_address_problem", "known_addresses"]
 
 
 @rule("SOP107", "SOP109")
@@ -104,13 +104,19 @@ def _addresses(spec: Sop) -> list[str]:
     return list(dict.fromkeys([*spec.roles, *names]))
 
 
+def known_addresses(spec: Sop) -> dict[str, None]:
+    """Every address a `send_to` item may name, in order: role ids and names, then the specials."""
+    return dict.fromkeys([*_addresses(spec), *SPECIAL_ADDRESSES])
+
+
 @rule("SOP203")
 def send_to(ctx: Context) -> Iterator[Diagnostic]:
-    """`send_to` names roles (id or name) or one of <all>, <self>, <none>."""
-    known = dict.fromkeys([*_addresses(ctx.spec), *SPECIAL_ADDRESSES])
+    """`send_to` names roles (id or name) or one of <all>, <self>, <none> (a template item is
+    checked per role by `templates.send_to_templates`)."""
+    known = known_addresses(ctx.spec)
     for aid, action in ctx.spec.actions.items():
         for i, address in enumerate(action.send_to):
-            if address not in known:
+            if address not in known and not is_template(address):
                 message, hint = unknown("address", address, list(known))
                 yield error("SOP203", f"/actions/{aid}/send_to/{i}", message,
                             hint if "did you mean" in hint else

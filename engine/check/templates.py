@@ -16,8 +16,9 @@ from typing import Any
 
 from jinja2 import nodes
 
-from engine.check.graph import delivered, runners
-from engine.check.rules import Context, error, rule, warning
+from engine.check.graph import delivered, render_address, runners, send_targets
+from engine.check.references import known_addresses
+from engine.check.rules import Context, error, rule, unknown, warning
 from engine.check.sandbox import TemplateFailure, environment, parse
 from engine.errors import Diagnostic
 from engine.load.schema import did_you_mean
@@ -28,9 +29,10 @@ from engine.load.spec import (
     OutputNode,
     Sop,
     in_engine_dir,
+    is_template,
 )
 
-__all__ = ["BASE_VARIABLES", "RULES", "read_by_templates"]
+__all__ = ["BASE_VARIABLES", "JOIN_VARIABLES", "RULES", "REFERENCE_RULES", "read_by_templates"]
 
 
 BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run"})
@@ -47,6 +49,10 @@ VARIABLE_FIELDS: dict[str, frozenset[str]] = {
 
 MESSAGE_FIELDS = frozenset({"content", "out", "sent_from", "cause_by", "round"})
 """The fields of a message in `news[i]` and `msgs.X[i]` (`run.message.Message.template_view`)."""
+
+
+JOIN_VARIABLES = frozenset({"outs", "contents"})
+"""What a `join` template reads besides BASE_VARIABLES: the items' outputs and texts, in order."""
 
 
 _DICT_METHODS = frozenset({"items", "keys", "values", "get"})
@@ -73,6 +79,11 @@ def _templates(spec: Sop) -> Iterator[_Template]:
         here = f"/actions/{aid}"
         if action.prompt:
             yield _Template(aid, here + "/prompt", action.prompt, frozenset(base | per_item))
+        if action.system:
+            yield _Template(aid, here + "/system", action.system, frozenset(base | per_item))
+        if action.kind == "exec":
+            for i, part in enumerate(action.command or []):
+                yield _Template(aid, f"{here}/command/{i}", part, frozenset(base | per_item))
         if action.for_each:
             yield _Template(aid, here + "/for_each", action.for_each, frozenset(base))
         if action.when:
@@ -81,6 +92,15 @@ def _templates(spec: Sop) -> Iterator[_Template]:
             allowed = frozenset(base | per_item | {"out"})
             yield _Template(aid, f"{here}/artifacts/{i}/path", artifact.path, allowed)
             yield _Template(aid, f"{here}/artifacts/{i}/content", artifact.content, allowed)
+        if action.join is not None:
+            joined = frozenset(base | JOIN_VARIABLES)
+            for key in ("content", "path"):
+                text = getattr(action.join, key)
+                if text is not None:
+                    yield _Template(aid, f"{here}/join/{key}", text, joined)
+        for i, address in enumerate(action.send_to):
+            if is_template(address):  # resolved per role from `role` alone, so checked exactly
+                yield _Template(aid, f"{here}/send_to/{i}", address, frozenset({"role"}))
 
 
 @dataclass
@@ -297,13 +317,11 @@ def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what:
 
     A role remembers every message delivered to it (watched or not) and its own; so
     `msgs.X` or `context: [X]` stays empty for a role that X's `send_to` never reaches."""
-    if "runners" not in ctx.cache:
-        ctx.cache["runners"] = runners(ctx.spec)
-    ran_by = ctx.cache["runners"]
+    ran_by = _runners(ctx)
     idea = source == USER_REQUIREMENT
     if not idea and (source not in ctx.spec.actions or not ran_by.get(source)):
         return
-    send = list(ctx.spec.team.send_to if idea else ctx.spec.actions[source].send_to)
+    send = list(ctx.spec.team.send_to) if idea else send_targets(ctx.spec, source)
     for rid in ran_by.get(reader, []):
         runs_it = rid in ran_by.get(source, ())
         if not runs_it and not delivered(send, rid, ctx.spec.role_name(rid), runs_it)[0]:
@@ -319,6 +337,72 @@ def context_reachable(ctx: Context) -> Iterator[Diagnostic]:
         if isinstance(action.context, list):
             for i, source in enumerate(action.context):
                 yield from _never_delivered(ctx, aid, source, f"/actions/{aid}/context/{i}", f"context {source}")
+
+
+def _runners(ctx: Context) -> dict[str, list[str]]:
+    if "runners" not in ctx.cache:
+        ctx.cache["runners"] = runners(ctx.spec)
+    return ctx.cache["runners"]
+
+
+def _undeclared_vars(ctx: Context, found: _Analysis, action_id: str) -> Iterator[tuple[str, str, int]]:
+    """(role, variable, line) for each `role.vars.X` some role running the action lacks."""
+    seen: set[tuple[str, str]] = set()
+    for name, path, line in found.chains:
+        if name != "role" or len(path) < 2 or path[0] != "vars" or not isinstance(path[1], str):
+            continue
+        for rid in _runners(ctx).get(action_id, []):
+            declared = ctx.spec.roles[rid].vars
+            if path[1] not in declared and (rid, path[1]) not in seen \
+                    and not (path[1] in _DICT_METHODS and len(path) == 2):
+                seen.add((rid, path[1]))
+                yield rid, path[1], line
+
+
+@rule("SOP409")
+def role_variables(ctx: Context) -> Iterator[Diagnostic]:
+    """Every `role.vars.X` an action's templates read is declared by every role that runs it
+    (roles share actions; a variable one of them lacks would fail only when that role acts)."""
+    for template, found in _parsed(ctx):
+        if isinstance(found, Exception):
+            continue
+        for rid, var, line in _undeclared_vars(ctx, found, template.action):
+            declared = list(ctx.spec.roles[rid].vars)
+            yield error("SOP409", template.pointer, f"role '{rid}' runs '{template.action}', which reads "
+                        f"role.vars.{var}, but declares no variable '{var}'",
+                        did_you_mean(var, declared) or f"add `vars: {{{var}: ...}}` to role '{rid}'"
+                        + (f" (it declares: {', '.join(declared)})" if declared else ""), line=line)
+
+
+@rule("SOP203")
+def send_to_templates(ctx: Context) -> Iterator[Diagnostic]:
+    """A template `send_to` item, rendered for each role that runs the action, names a role
+    or a special address. Templates that do not parse or read more than `role` are left to
+    SOP401/SOP402, undeclared role variables to SOP409."""
+    known = known_addresses(ctx.spec)
+    checked = {t.pointer: found for t, found in _parsed(ctx)}
+    for aid, action in ctx.spec.actions.items():
+        for i, item in enumerate(action.send_to):
+            pointer = f"/actions/{aid}/send_to/{i}"
+            found = checked.get(pointer)
+            if not is_template(item) or not isinstance(found, _Analysis) or found.free - {"role"}:
+                continue
+            lacking = {rid for rid, _, _ in _undeclared_vars(ctx, found, aid)}
+            for rid in _runners(ctx).get(aid, []):
+                if rid not in lacking:
+                    yield from _address_problem(ctx, known, item, pointer, aid, rid)
+
+
+def _address_problem(ctx: Context, known: dict[str, None], item: str, pointer: str, aid: str,
+                     rid: str) -> Iterator[Diagnostic]:
+    try:
+        address = render_address(ctx.spec, item, rid)
+    except TemplateFailure as exc:
+        yield error("SOP203", pointer, f"send_to of '{aid}' for role '{rid}': {exc}")
+        return
+    if address not in known:
+        message, hint = unknown("address", address, list(known))
+        yield error("SOP203", pointer, f"send_to of '{aid}' for role '{rid}' gives {message}", hint)
 
 
 def _key_rule(spec: Sop, template: _Template, aid: str, action: ActionSpec, keys: list[Any]) -> Iterator[Diagnostic]:
@@ -400,10 +484,16 @@ def artifact_paths(ctx: Context) -> Iterator[Diagnostic]:
     never into ENGINE_DIR (an artifact there would replace the run's journal or lock)."""
     for aid, action in ctx.spec.actions.items():
         for i, artifact in enumerate(action.artifacts):
-            problem = _path_problem(artifact.path)
-            if problem:
-                yield error("SOP405", f"/actions/{aid}/artifacts/{i}/path", f"artifact path '{artifact.path}' {problem}",
-                            "write a relative path inside the workspace, such as docs/prd.md")
+            yield from _path_rule(f"/actions/{aid}/artifacts/{i}/path", artifact.path)
+        if action.join is not None and action.join.path is not None:
+            yield from _path_rule(f"/actions/{aid}/join/path", action.join.path)
+
+
+def _path_rule(pointer: str, path: str) -> Iterator[Diagnostic]:
+    problem = _path_problem(path)
+    if problem:
+        yield error("SOP405", pointer, f"artifact path '{path}' {problem}",
+                    "write a relative path inside the workspace, such as docs/prd.md")
 
 
 def _path_problem(path: str) -> str:
@@ -425,3 +515,8 @@ def _path_problem(path: str) -> str:
 
 RULES = (template_syntax, template_variables, template_references, context_reachable, artifact_paths)
 """This phase's rules, in the order they run."""
+
+
+REFERENCE_RULES = (role_variables, send_to_templates)
+"""Rules of the references phase that read templates: the watch graph needs every
+`send_to` resolved for every role, so these run before it."""

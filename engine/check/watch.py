@@ -9,6 +9,7 @@ from engine.check.graph import (
     delivered,
     reachable_roles,
     runners,
+    send_targets,
     unbounded_cycles,
 )
 from engine.check.rules import Context, error, rule, warning
@@ -50,7 +51,8 @@ def consumed(ctx: Context) -> Iterator[Diagnostic]:
     assert graph is not None  # the graph phase builds it before its rules run
     read = _read_anywhere(ctx)
     for aid, action in ctx.spec.actions.items():
-        if not ran_by[aid] or action.artifacts or graph.out_degree(action_node(aid)):
+        writes = action.artifacts or (action.join is not None and action.join.path is not None)
+        if not ran_by[aid] or writes or graph.out_degree(action_node(aid)):
             continue
         if read is None or aid in read or any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
             continue
@@ -104,16 +106,16 @@ def watched_but_not_sent(ctx: Context) -> Iterator[Diagnostic]:
             action = ctx.spec.actions.get(aid)
             idea = aid == USER_REQUIREMENT
             if idea:
-                send_to = list(ctx.spec.team.send_to)
+                targets = list(ctx.spec.team.send_to)
             elif action is not None:
-                send_to = list(action.send_to)
+                targets = send_targets(ctx.spec, aid)
             else:
                 continue
-            reach, _ = delivered(send_to, rid, ctx.spec.role_name(rid), rid in ran_by.get(aid, []))
+            reach, _ = delivered(targets, rid, ctx.spec.role_name(rid), rid in ran_by.get(aid, []))
             if not reach:
                 field = "team.send_to" if idea else f"{aid}'s send_to"
                 yield warning("SOP304", f"/roles/{rid}/watch/{i}", f"'{rid}' watches '{aid}', but '{aid}' is "
-                              f"sent only to {', '.join(send_to)}", f"add '{rid}' or <all> to {field}")
+                              f"sent only to {', '.join(targets)}", f"add '{rid}' or <all> to {field}")
 
 
 RULES = (bounded_loops, reachable, consumed, watched_but_not_sent)

@@ -166,8 +166,16 @@ def _required(error: Any, pointer: str) -> Iterator[Diagnostic]:
     missing = error.validator_value
     for key in missing:
         if isinstance(error.instance, dict) and key not in error.instance:
-            yield _diag("SOP104", pointer, f"missing required key '{key}'{_where(pointer)}",
+            yield _diag("SOP104", pointer, f"missing required key '{key}'{_where(pointer)}{_needed_by(error)}",
                         _required_hint(key, error.instance))
+
+
+def _needed_by(error: Any) -> str:
+    """` (`join` needs it)` when a key is required only because another key is there."""
+    path = list(error.schema_path)
+    if "dependentSchemas" in path[:-1]:
+        return f" (`{path[path.index('dependentSchemas') + 1]}` needs it)"
+    return ""
 
 
 def _required_hint(key: str, instance: dict) -> str:

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 __all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "InputSpec", "LLMSpec", "PriceSpec",
            "TeamSpec", "OutputNode", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
-           "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir"]
+           "JoinSpec", "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir", "is_template",
+           "VAR_NAME"]
 
 
 ACTION_ID = r"^[A-Z][A-Za-z0-9_]*$"
@@ -29,6 +30,10 @@ SOP_NAME = r"^[a-z][a-z0-9_-]*$"
 
 
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+VAR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+"""A role variable's name: an identifier, so that `role.vars.X` reads it."""
 
 
 USER_REQUIREMENT = "UserRequirement"
@@ -45,6 +50,14 @@ RoleId = Annotated[str, StringConstraints(pattern=ROLE_ID)]
 
 
 EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME)]
+
+
+VarName = Annotated[str, StringConstraints(pattern=VAR_NAME)]
+
+
+def is_template(text: str) -> bool:
+    """Whether a `send_to` item is a template (rendered per role) rather than an address."""
+    return "{{" in text or "{%" in text
 
 
 class _Model(BaseModel):
@@ -133,12 +146,25 @@ class ArtifactSpec(_Model):
     content: str
 
 
+class JoinSpec(_Model):
+    """After `for_each`: the items' outputs made one message (and optionally one file), in item order."""
+
+    separator: str = "\n\n"
+    content: str | None = None
+    """A template (the prompt's variables, plus `outs` and `contents`, the items' outputs and
+    texts in item order); when given, it replaces joining the texts with `separator`."""
+    path: str | None = Field(default=None, min_length=1)
+    """A template: the workspace path the joined text is written to."""
+
+
 class ActionSpec(_Model):
     """What a role can do: one LLM call filling an output tree, or (`kind: exec`) a command."""
 
     description: str = ""
     kind: Literal["llm", "exec"] = "llm"
     prompt: str = ""
+    system: str | None = None
+    """A template: this action's own system prompt, after the role's prefix."""
     context: list[str] | Literal["all", "none"] = "all"
     output: Output = "text"
     format: Literal["json", "markdown"] = "json"
@@ -151,6 +177,7 @@ class ActionSpec(_Model):
     is true; otherwise it is skipped without a model call or a message. Lets a loop end on a
     result (e.g. tests passing) instead of only on its `max_runs` counter."""
     as_: str = Field(default="item", alias="as", pattern=r"^[a-z_][a-z0-9_]*$")
+    join: JoinSpec | None = None
     max_concurrency: int = Field(default=8, ge=1, le=64)
     max_runs: int | None = Field(default=None, ge=1)
     publish: Literal["last", "each"] = "last"
@@ -165,6 +192,8 @@ class ActionSpec(_Model):
     def _exec_needs_command(self) -> ActionSpec:
         if self.kind == "exec" and not self.command:
             raise ValueError("an action of kind exec needs a non-empty `command`")
+        if "join" in self.model_fields_set and self.for_each is None:
+            raise ValueError("`join` needs `for_each`")
         return self
 
 
@@ -183,6 +212,9 @@ class RoleSpec(_Model):
     profile: str = ""
     goal: str = ""
     constraints: str = ""
+    vars: dict[VarName, str | int | float | bool] = Field(default_factory=dict)
+    """Values this role gives its actions' templates (`role.vars.X`) and `send_to` templates,
+    so that roles can share one action (each debater sends to its own opponent)."""
     actions: list[ActionId] = Field(min_length=1)
     watch: list[str] = Field(default_factory=list)
     react_mode: Literal["react", "by_order", "plan_and_act"] = "react"
@@ -207,3 +239,9 @@ class Sop(_Model):
 
     def role_name(self, role_id: str) -> str:
         return self.roles[role_id].name or role_id
+
+    def role_view(self, role_id: str) -> dict[str, Any]:
+        """What templates see as `role` in an action this role runs."""
+        role = self.roles[role_id]
+        return {"id": role_id, "name": self.role_name(role_id), "profile": role.profile,
+                "vars": dict(role.vars)}

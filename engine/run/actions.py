@@ -15,11 +15,11 @@ from typing import Any, Awaitable, Callable, Sequence
 from jinja2 import Undefined
 
 from engine.check.compiler import CompiledSop
-from engine.check.sandbox import TemplateFailure, compile_expression, render_template
+from engine.check.sandbox import MAX_RENDERED_CHARS, TemplateFailure, compile_expression, render_template
 from engine.errors import ActionFailed, BudgetExceeded, LLMError
 from engine.load.outputs import output_kind
 from engine.load.source import join_pointer
-from engine.load.spec import ActionSpec, CodeOutput
+from engine.load.spec import ActionSpec, CodeOutput, JoinSpec
 from engine.models.gateway import Gateway
 from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec
@@ -117,10 +117,9 @@ def template_variables(ctx: RunContext, role_id: str, memory: Memory, news: Sequ
     msgs.setdefault("UserRequirement", [])
     for message in memory.get():
         msgs.setdefault(message.cause_by, []).append(message.template_view())
-    role = spec.roles[role_id]
     return {
         "inputs": dict(ctx.inputs),
-        "role": {"id": role_id, "name": spec.role_name(role_id), "profile": role.profile},
+        "role": spec.role_view(role_id),
         "msgs": msgs,
         "news": [m.template_view() for m in news],
         "run": {"id": ctx.run_id, "round": round_},
@@ -160,8 +159,38 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
     for index, (item, (out, _)) in enumerate(zip(items, results, strict=True)):
         files += _write_artifacts(action_id, action, ctx.workspace,
                                   {**variables, action.as_: item, "index": index, "out": out})
-    content = "\n\n".join(c for _, c in results)
-    return ActionResult(content, [o for o, _ in results], files)
+    outs = [o for o, _ in results]
+    if action.join is None:
+        return ActionResult("\n\n".join(c for _, c in results), outs, files)
+    content, joined = _join(ctx, action_id, action.join, variables, outs, [c for _, c in results])
+    return ActionResult(content, outs, files + joined)
+
+
+def _join(ctx: RunContext, action_id: str, join: JoinSpec, variables: dict[str, Any], outs: list[Any],
+          contents: list[str]) -> tuple[str, list[WrittenFile]]:
+    """`join`: the items' outputs as one text, in item order, and the one file it is written to."""
+    at = join_pointer("/actions", action_id, "join")
+    join_vars = {**variables, "outs": outs, "contents": contents}
+    content = join.separator.join(contents)
+    if join.content is not None:
+        content = _render(action_id, join.content, join_vars, f"{at}/content", "join content")
+    if join.path is None:
+        return content, []
+    path = _render(action_id, join.path, join_vars, f"{at}/path", "join path", limit=1024).strip()
+    try:
+        return content, [ctx.workspace.write(path, content)]
+    except WorkspaceError as exc:
+        raise ActionFailed(action_id, exc.message, code="SOP502", pointer=f"{at}/path") from None
+
+
+def _render(action_id: str, source: str, variables: dict[str, Any], pointer: str, what: str,
+            limit: int = MAX_RENDERED_CHARS) -> str:
+    """A template of the action rendered in the sandbox; a failure names its place (SOP501)."""
+    try:
+        return render_template(source, variables, limit=limit)
+    except TemplateFailure as exc:
+        raise ActionFailed(action_id, f"{what} template: {exc}", code="SOP501", pointer=pointer,
+                           template_line=exc.line) from None
 
 
 def _for_each_items(action_id: str, action: ActionSpec, variables: dict[str, Any]) -> list[Any]:
@@ -211,19 +240,19 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
         out = await run_command(action_id, action, variables, workspace=ctx.workspace,
                                 allow_exec=ctx.allow_exec, sandbox=ctx.sandbox)
         return out, exec_content(out)
-    try:
-        prompt = render_template(action.prompt, variables)
-    except TemplateFailure as exc:
-        raise ActionFailed(action_id, f"prompt template: {exc}", code="SOP501",
-                           pointer=join_pointer("/actions", action_id, "prompt"),
-                           template_line=exc.line) from None
+    here = join_pointer("/actions", action_id)
+    prompt = _render(action_id, action.prompt, variables, f"{here}/prompt", "prompt")
     prompt = prompt.rstrip() + context_section(ctx.compiled, action, memory)
     if note:
         prompt += f"\n\n## Note\n{note}"
     kind = output_kind(action.output)
     lang = action.output.code if isinstance(action.output, CodeOutput) else None
     llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override)
-    spec = CallSpec(action=action_id, role=role_id, system=role_prefix(ctx.compiled, role_id),
+    system = role_prefix(ctx.compiled, role_id)
+    if action.system is not None:  # the action's own system text follows the role's prefix
+        own = _render(action_id, action.system, variables, f"{here}/system", "system").strip()
+        system = f"{system}\n\n{own}" if own else system
+    spec = CallSpec(action=action_id, role=role_id, system=system,
                     prompt=prompt, kind=kind, model=llm["model"],  # type: ignore[arg-type]
                     schema=ctx.compiled.output_schemas.get(action_id), code_lang=lang,
                     format=action.format, retries=action.retries, temperature=llm["temperature"],
@@ -258,16 +287,9 @@ def _write_artifacts(action_id: str, action: ActionSpec, workspace: Workspace,
     files = []
     for index, artifact in enumerate(action.artifacts):
         at = join_pointer("/actions", action_id, "artifacts", index)
-        try:
-            path = render_template(artifact.path, variables, limit=1024).strip()
-        except TemplateFailure as exc:
-            raise ActionFailed(action_id, f"artifact path template '{artifact.path}': {exc}",
-                               code="SOP501", pointer=f"{at}/path") from None
-        try:
-            content = render_template(artifact.content, variables)
-        except TemplateFailure as exc:
-            raise ActionFailed(action_id, f"artifact '{path}': {exc}", code="SOP501",
-                               pointer=f"{at}/content", template_line=exc.line) from None
+        path = _render(action_id, artifact.path, variables, f"{at}/path", f"artifact path '{artifact.path}'",
+                       limit=1024).strip()
+        content = _render(action_id, artifact.content, variables, f"{at}/content", f"artifact '{path}'")
         try:
             files.append(workspace.write(path, content))
         except WorkspaceError as exc:
