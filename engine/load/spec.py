@@ -197,6 +197,8 @@ class Sop(_Model):
     apiVersion: Literal["sop/v1"]
     name: Annotated[str, StringConstraints(pattern=SOP_NAME)]
     description: str = ""
+    include: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
+    """Library files merged in at load time (engine/load/includes.py); kept for the record."""
     inputs: dict[str, InputSpec] = Field(default_factory=dict)
     llm: LLMSpec = Field(default_factory=LLMSpec)
     team: TeamSpec = Field(default_factory=TeamSpec)
