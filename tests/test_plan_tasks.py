@@ -100,8 +100,9 @@ def test_when_replans_are_spent_the_run_fails_at_the_planner(tmp_path: Path) -> 
 
 
 def test_a_task_of_an_unknown_type_makes_the_plan_asked_again(tmp_path: Path) -> None:
+    free_text = SOP.read_text(encoding="utf-8").replace('"enum[code|answer]"', "str")
     model = ScriptedModel(_script([[_task("a", "dance")], [_task("a", "answer")]]))
-    result = _run(model, tmp_path)
+    result = run_sop(sop_text(free_text), model, tmp_path, allow_exec=True)
     assert result.status == "idle", result.error
     assert "task a has task_type 'dance'; the task types are code, answer" in _prompts(model, "WritePlan")[1]
 
@@ -142,9 +143,23 @@ def test_a_planner_with_no_task_action_is_refused() -> None:
 
 
 def test_typed_tasks_need_a_task_type_in_the_plan() -> None:
-    text = TYPED.replace("          task_type: {type: str}\n", "")
+    text = TYPED.replace('          task_type: {type: "enum[code|answer]"}\n', "")
     [(code, pointer)] = _codes(text)
     assert (code, pointer) == ("SOP207", "/actions/WritePlan/output")
+
+
+def test_a_task_type_enum_may_offer_only_the_planners_types() -> None:
+    [found] = check_text(TYPED.replace("enum[code|answer]", "enum[code|dance]")).diagnostics
+    assert (found.code, found.pointer) == ("SOP207", "/actions/WritePlan/output")
+    assert "task_type offers 'dance', which no entry of `task_actions` runs" in found.message
+
+
+def test_the_typed_planner_runs_on_fake(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli.commands import main
+
+    code = main(["run", str(SOP), "--model", "fake", "--idea", "x", "--allow-exec",
+                 "--out", str(tmp_path / "run")])
+    assert code == 0, capsys.readouterr().err
 
 
 def test_task_is_a_variable_of_every_mapped_action_only() -> None:

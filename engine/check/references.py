@@ -172,11 +172,13 @@ def plan_shape(ctx: Context) -> Iterator[Diagnostic]:
     """A planner action's output must be a plan: `tasks`, a list of task objects."""
     for role in ctx.spec.roles.values():
         aid = role.planner.action if role.planner else None
-        typed = bool(role.planner and role.planner.task_actions)
-        if aid is None or aid not in ctx.spec.actions or (aid, typed) in ctx.cache.setdefault("plans", set()):
+        if aid is None or role.planner is None or aid not in ctx.spec.actions:
             continue
-        ctx.cache["plans"].add((aid, typed))
-        problem = _plan_problem(ctx.spec.actions[aid].output, typed)
+        seen = (aid, role.planner.task_action, *role.planner.task_actions)  # report a shared plan once
+        if seen in ctx.cache.setdefault("plans", set()):
+            continue
+        ctx.cache["plans"].add(seen)
+        problem = _plan_problem(ctx.spec.actions[aid].output, role.planner)
         if problem:
             yield error("SOP207", f"/actions/{aid}/output", f"planner action '{aid}' does not output a plan: {problem}",
                         "give it `tasks: {type: list, children: {task_id: {type: str}, "
@@ -186,8 +188,8 @@ def plan_shape(ctx: Context) -> Iterator[Diagnostic]:
 _TASK_FIELDS = {"task_id": "str", "dependent_task_ids": "list[str]", "instruction": "str"}
 
 
-def _plan_problem(output: Any, typed: bool) -> str:
-    """What keeps `output` from being a plan ('' if nothing); `typed`: tasks need a task_type."""
+def _plan_problem(output: Any, planner: Any) -> str:
+    """What keeps `output` from being a plan for `planner` ('' if nothing)."""
     if not isinstance(output, dict):
         return "its output is not a tree of nodes"
     tasks = output.get("tasks")
@@ -201,9 +203,23 @@ def _plan_problem(output: Any, typed: bool) -> str:
             return f"a task has no `{key}`"
         if node.children is not None or re.sub(r"\s", "", node.type or "str") != kind:
             return f"a task's `{key}` must be of type {kind}"
-    task_type = tasks.children.get("task_type")
-    if typed and (task_type is None or task_type.children is not None):
-        return "a task has no `task_type` (a value, such as `{type: str}`), which `task_actions` needs"
+    return _task_type_problem(tasks.children.get("task_type"), planner) if planner.task_actions else ""
+
+
+def _task_type_problem(node: OutputNode | None, planner: Any) -> str:
+    """`task_actions` needs a task_type on every task; an enum of it may offer only the
+    planner's types (unless `task_action` runs the others)."""
+    if node is None or node.children is not None:
+        return ("a task has no `task_type` (a value such as "
+                f"`{{type: 'enum[{'|'.join(planner.task_actions)}]'}}`), which `task_actions` needs")
+    try:
+        offered = parse_type(node.type or "str").get("enum", [])
+    except TypeSyntaxError:
+        return ""  # SOP107 reports it
+    unknown_types = [t for t in offered if t not in planner.task_actions]
+    if unknown_types and planner.task_action is None:
+        return (f"its task_type offers {', '.join(repr(t) for t in unknown_types)}, which no "
+                f"entry of `task_actions` runs (types: {', '.join(planner.task_actions)})")
     return ""
 
 
