@@ -214,3 +214,16 @@ def test_a_run_that_fails_in_a_library_names_the_librarys_line(tmp_path: Path,
                           "--out", str(tmp_path / "run"))
     assert code == 1
     assert f"{tmp_path / 'lib' / 'speaker.sop.yaml'}:8:16: error[SOP502]" in err
+
+
+def test_graph_and_json_reports_name_the_library(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write(tmp_path, "shared/speaker.sop.yaml", LIBRARY)
+    main_file = write(tmp_path, "sop/main.sop.yaml", MAIN.format(include="speaker.sop.yaml"))
+    code, out, _ = sopctl(capsys, "graph", str(main_file), "--include-path", str(tmp_path / "shared"))
+    assert code == 0 and "Speaker" in out
+    write(tmp_path, "shared/speaker.sop.yaml", LIBRARY.replace("Speak:", "Listen:\n    prompt: x\n  Speak:", 1))
+    code, out, _ = sopctl(capsys, "validate", str(main_file), "--include-path", str(tmp_path / "shared"),
+                          "--format", "json")
+    [found] = json.loads(out)["diagnostics"]
+    assert (found["code"], found["file"]) == ("SOP014", str((tmp_path / "shared/speaker.sop.yaml").resolve()))
+    assert found["related"][0]["file"] == str(main_file)

@@ -115,7 +115,7 @@ def _include_one(merge: _Merge, source: Source, pointer: str, path: Path, chain:
         _report(merge, source, pointer, "SOP012", f"more than {MAX_INCLUDED_FILES} included files")
         return
     try:
-        library = load_path(path)
+        library = load_path(_shown(path))
     except LoadError as exc:
         note = _note(source, pointer, "included from here")
         merge.diagnostics += [replace(d, related=(*d.related, note)) for d in exc.diagnostics]
@@ -124,6 +124,13 @@ def _include_one(merge: _Merge, source: Source, pointer: str, path: Path, chain:
     if _library_shape(merge, library):
         _merge_sections(merge, library)
         _include_all(merge, library, path.parent, [*chain, path])
+
+
+def _shown(path: Path) -> Path:
+    """A library as diagnostics name it: relative to the current folder when inside it, as the
+    main file usually is given, else absolute."""
+    here = Path.cwd().resolve()
+    return path.relative_to(here) if path.is_relative_to(here) else path
 
 
 def _resolve(merge: _Merge, source: Source, pointer: str, entry: Any, folder: Path) -> Path | None:
