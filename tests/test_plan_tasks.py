@@ -95,6 +95,7 @@ def test_when_replans_are_spent_the_run_fails_at_the_planner(tmp_path: Path) -> 
     result = _run(model, tmp_path)
     assert result.status == "failed"
     assert "task load still failed after 2 attempt(s) and 1 re-plan(s)" in result.error
+    assert "boom: no such column" in result.error  # the last line of the error says why
     assert result.diagnostic.code == "SOP505" and result.diagnostic.pointer == "/roles/Interpreter/planner"
     assert model.asked().count("WriteCode") == 4
 

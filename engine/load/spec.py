@@ -184,9 +184,9 @@ class PlannerSpec(_Model):
     max_replans: int = Field(default=1, ge=0, le=10)
     """How often the plan may be updated after a task failed; then the run fails."""
 
-    def steps_for(self, task_type: str | None) -> list[str]:
+    def steps_for(self, task_type: object) -> list[str]:
         """The actions that run a task of this type, in order ([] when none does)."""
-        mapped = self.task_actions.get(task_type) if task_type is not None else None
+        mapped = self.task_actions.get(task_type) if isinstance(task_type, str) else None
         if mapped is None:
             return [self.task_action] if self.task_action else []
         return [mapped] if isinstance(mapped, str) else list(mapped)

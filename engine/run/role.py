@@ -173,7 +173,7 @@ class Role:
             if replans >= planner.max_replans:
                 raise ActionFailed(planner.action, f"task {task['task_id']} still failed after "
                                    f"{planner.task_retries + 1} attempt(s) and {replans} re-plan(s): "
-                                   f"{_first_line(error)}", code="SOP505",
+                                   f"{_gist(error)}", code="SOP505",
                                    pointer=join_pointer("/roles", self.id, "planner"))
             replans += 1
             self._log("warning", f"task {task['task_id']} failed after its retries; asking for an "
@@ -210,7 +210,7 @@ class Role:
             if not error:
                 return ""
             self._log("warning", f"task {task['task_id']} failed (attempt {attempt + 1} of "
-                      f"{planner.task_retries + 1}): {_first_line(error)}", steps[-1])
+                      f"{planner.task_retries + 1}): {_gist(error)}", steps[-1])
         return error
 
     async def _try_task(self, steps: list[str], task: dict[str, Any], note: str,
@@ -416,6 +416,10 @@ def _clip(text: str) -> str:
     return text if len(text) <= _ERROR_CHARS else "..." + text[-_ERROR_CHARS:]
 
 
-def _first_line(text: str) -> str:
-    return next((line for line in text.splitlines() if line.strip()), "")[:200]
+def _gist(text: str) -> str:
+    """An error in one line: its first line, and its last (where a traceback says why)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return (lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}")[:300]
 
