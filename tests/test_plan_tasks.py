@@ -120,6 +120,29 @@ def test_a_finished_run_with_retries_resumes_without_a_call(tmp_path: Path) -> N
     assert resumed.llm_calls == 0 and resumed.history == first.history
 
 
+def test_a_run_killed_between_retries_resumes_where_it_stopped(tmp_path: Path) -> None:
+    from engine import api
+
+    first_plan = [_task("prep", "answer"), _task("load", "code", ["prep"])]
+    second_plan = [_task("prep", "answer"), _task("guess", "answer", ["prep"])]
+    whole = _run(ScriptedModel(_script([first_plan, second_plan], code=[BAD, BAD])), tmp_path / "whole")
+    script, asked = _script([first_plan, second_plan], code=[BAD, BAD]), []
+
+    def killed_at_the_retry(spec: CallSpec, attempt: int) -> Any:
+        asked.append(spec.action)
+        if asked == ["WritePlan", "Answer", "WriteCode", "WriteCode"]:
+            raise KeyboardInterrupt  # the process dies while the retry is asked
+        return script(spec, attempt)
+    with pytest.raises(KeyboardInterrupt):
+        _run(ScriptedModel(killed_at_the_retry), tmp_path / "killed")
+    rest = ScriptedModel(_script([second_plan], code=[BAD]))
+    with use_model(rest):
+        resumed = api.resume(tmp_path / "killed", allow_exec=True)
+    assert rest.asked() == ["WriteCode", "WritePlan", "Answer"]  # nothing done is asked again
+    assert resumed.status == whole.status == "idle"
+    assert resumed.history == whole.history
+
+
 # --- the checker ---------------------------------------------------------------------------
 
 TYPED = SOP.read_text(encoding="utf-8")
