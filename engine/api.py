@@ -41,9 +41,10 @@ __all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "check_limi
            "open_for_replay", "RunFolder", "RunResult", "RunOptions", "new_run_id"]
 
 
-def load(path: str | Path) -> CompiledSop:
-    """Compile an SOP file (raises CompileError with the diagnostics if it has errors)."""
-    return compile_path(path)
+def load(path: str | Path, include_dirs: tuple[str | Path, ...] = ()) -> CompiledSop:
+    """Compile an SOP file (raises CompileError with the diagnostics if it has errors);
+    `include_dirs`: folders besides the file's own that its `include:` may name."""
+    return compile_path(path, include_dirs)
 
 
 def prepare(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,

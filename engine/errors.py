@@ -27,6 +27,8 @@ class Related:
     pointer: str = ""
     line: int = 0
     col: int = 0
+    file: str = ""
+    """The file of the place when it is not the diagnostic's own (an included library)."""
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,8 @@ class Diagnostic:
 
     def to_json(self) -> dict:
         data = asdict(self)
-        data["related"] = [asdict(r) for r in self.related]
+        # a related place's `file` only when it is another file's, as before includes existed
+        data["related"] = [{k: v for k, v in asdict(r).items() if k != "file" or v} for r in self.related]
         return data
 
 

@@ -14,7 +14,6 @@ The CompiledSop keeps its source (text and source map), so that a failure at run
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -34,11 +33,11 @@ from engine.errors import (
     SopError,
 )
 from engine.load import schema
+from engine.load.includes import resolve_includes, sources_digest
 from engine.load.outputs import output_schema
 from engine.load.source import (
     MAX_FILE_BYTES,
     Source,
-    SourceMap,
     join_pointer,
     load_path,
     load_text,
@@ -58,13 +57,15 @@ class CompiledSop:
 
     spec: Sop
     file: str                                   # path as given ("<string>" for text)
-    source_hash: str                            # sha256 of the file's bytes
+    source_hash: str                            # sha256 of the file's bytes (and its includes')
     output_schemas: Mapping[str, dict | None]   # action id -> JSON Schema (None: text/code)
     graph: nx.DiGraph | None = None             # the watch graph, frozen
     warnings: tuple[Diagnostic, ...] = field(default_factory=tuple)
     source: Source | None = field(default=None, compare=False, repr=False)
     """The loaded file (text and source map): run-time failures are located with it. Not
     compared: two compilations of the same file are equal whatever object holds the text."""
+    include_dirs: tuple[str, ...] = ()
+    """The folders named with --include-path when it was compiled (a resume needs them again)."""
 
 
 @dataclass(frozen=True)
@@ -79,19 +80,41 @@ class CheckResult:
     graph: nx.DiGraph | None = None
     """The watch graph whenever the checks got as far as building it, even if a later check
     failed: `sopctl graph` still draws it, with the offending loop marked."""
+    library_lines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """The lines of each included library, by file, for diagnostics located in one."""
+
+    def lines_of(self, file: str) -> tuple[str, ...]:
+        """The lines of the file a diagnostic is in: this file's or a library's."""
+        return self.library_lines.get(file, self.lines) if file != self.file else self.lines
 
     @property
     def ok(self) -> bool:
         return not any(d.is_error for d in self.diagnostics)
 
 
-def check_path(path: str | Path) -> CheckResult:
-    """Load and check a file; a file that cannot be read is a diagnostic too."""
+IncludeDirs = tuple[str | Path, ...]
+
+
+def check_path(path: str | Path, include_dirs: IncludeDirs = ()) -> CheckResult:
+    """Load and check a file (and the libraries it includes); a file that cannot be read is a
+    diagnostic too. `include_dirs`: folders besides the file's own that includes may name."""
     try:
-        source = load_path(path)
+        source = _with_includes(load_path(path), Path(path).parent, include_dirs)
     except LoadError as exc:
-        return CheckResult(file=str(path), diagnostics=tuple(exc.diagnostics), lines=source_lines(path))
-    return _check_source(source)
+        return _load_failure(str(path), exc, source_lines(path))
+    return _check_source(source, include_dirs)
+
+
+def _with_includes(source: Source, base: Path, include_dirs: IncludeDirs) -> Source:
+    return resolve_includes(source, base, tuple(Path(d) for d in include_dirs))
+
+
+def _load_failure(file: str, exc: LoadError, lines: tuple[str, ...]) -> CheckResult:
+    """A file (or a library of it) that could not be loaded: its diagnostics, with the lines of
+    every file they are in."""
+    others = {d.file for d in exc.diagnostics if d.file and d.file != file}
+    return CheckResult(file=file, diagnostics=tuple(exc.diagnostics), lines=lines,
+                       library_lines={f: source_lines(f) for f in others})
 
 
 def source_lines(path: str | Path) -> tuple[str, ...]:
@@ -105,23 +128,25 @@ def source_lines(path: str | Path) -> tuple[str, ...]:
         return ()
 
 
-def check_text(text: str, file: str = "<string>") -> CheckResult:
-    """Check SOP YAML given as text."""
+def check_text(text: str, file: str = "<string>", include_dirs: IncludeDirs = ()) -> CheckResult:
+    """Check SOP YAML given as text (its includes are relative to `file`'s folder, or to the
+    current folder for a name such as `<string>`)."""
+    base = Path.cwd() if file.startswith("<") else Path(file).parent
     try:
-        source = load_text(text, file)
+        source = _with_includes(load_text(text, file), base, include_dirs)
     except LoadError as exc:
-        return CheckResult(file=file, diagnostics=tuple(exc.diagnostics), lines=tuple(text.splitlines()))
-    return _check_source(source)
+        return _load_failure(file, exc, tuple(text.splitlines()))
+    return _check_source(source, include_dirs)
 
 
-def compile_path(path: str | Path) -> CompiledSop:
+def compile_path(path: str | Path, include_dirs: IncludeDirs = ()) -> CompiledSop:
     """The compiled SOP of a file, or LoadError/CompileError carrying every diagnostic."""
-    return _compiled(check_path(path))
+    return _compiled(check_path(path, include_dirs))
 
 
-def compile_text(text: str, file: str = "<string>") -> CompiledSop:
+def compile_text(text: str, file: str = "<string>", include_dirs: IncludeDirs = ()) -> CompiledSop:
     """The compiled SOP of YAML text, or LoadError/CompileError carrying every diagnostic."""
-    return _compiled(check_text(text, file))
+    return _compiled(check_text(text, file, include_dirs))
 
 
 def _compiled(result: CheckResult) -> CompiledSop:
@@ -133,13 +158,21 @@ def _compiled(result: CheckResult) -> CompiledSop:
     raise CompileError(list(result.diagnostics))
 
 
-def _check_source(source: Source) -> CheckResult:
+def _check_source(source: Source, include_dirs: IncludeDirs = ()) -> CheckResult:
     found, compiled, graph = _pipeline(source)
-    located = sorted((_locate(d, source) for d in found), key=_order)
+    kept = [d for d in found if not _library_offer(d, source)]
+    located = sorted((_locate(d, source) for d in kept), key=_order)
     if compiled is not None:
-        compiled = replace(compiled, warnings=tuple(d for d in located if not d.is_error))
+        compiled = replace(compiled, warnings=tuple(d for d in located if not d.is_error),
+                           include_dirs=tuple(str(Path(d).resolve()) for d in include_dirs))
     return CheckResult(file=source.file, diagnostics=tuple(located), compiled=compiled,
-                       lines=tuple(source.lines), graph=graph)
+                       lines=tuple(source.lines), graph=graph,
+                       library_lines={lib.file: tuple(lib.lines) for lib in source.included})
+
+
+def _library_offer(diag: Diagnostic, source: Source) -> bool:
+    """An included library offers actions; one that no role of this SOP runs is no mistake."""
+    return diag.code == "SOP211" and source.owner_of(diag.pointer) is not source
 
 
 def _pipeline(source: Source) -> tuple[list[Diagnostic], CompiledSop | None, nx.DiGraph | None]:
@@ -202,7 +235,7 @@ def _is_branch(part: Any) -> bool:
 
 def _make(spec: Sop, source: Source, graph: nx.DiGraph | None) -> CompiledSop:
     schemas = {aid: output_schema(action.output) for aid, action in spec.actions.items()}
-    return CompiledSop(spec=spec, file=source.file, source_hash=hashlib.sha256(source.raw).hexdigest(),
+    return CompiledSop(spec=spec, file=source.file, source_hash=sources_digest(source.raw, source.included),
                        output_schemas=MappingProxyType(schemas), graph=graph, source=source)
 
 
@@ -224,14 +257,15 @@ def _locate(diag: Diagnostic, source: Source) -> Diagnostic:
 
     The one place where pointers become positions: the checker's diagnostics and run-time
     failures alike."""
-    smap = source.map
+    owner = source.owner_of(diag.pointer)  # the including file, or the library defining it
+    smap = owner.map
     line, col = smap.locate(diag.pointer, prefer_key=diag.code in _AT_KEY)
     if diag.line and diag.pointer in smap.literals:
-        line, col = _template_position(source, line + diag.line)
+        line, col = _template_position(owner, line + diag.line)
     if diag.code in _NAMES_A_WORD:
-        col = _word_column(source, line, col, diag.message)
-    related = tuple(_locate_related(r, smap) for r in diag.related)
-    return replace(diag, file=source.file, line=line, col=col, related=related)
+        col = _word_column(owner, line, col, diag.message)
+    related = tuple(_locate_related(r, source, owner) for r in diag.related)
+    return replace(diag, file=owner.file, line=line, col=col, related=related)
 
 
 _NAMES_A_WORD = frozenset({"SOP402", "SOP403", "SOP404", "SOP406", "SOP407", "SOP408", "SOP409"})
@@ -254,11 +288,12 @@ def _template_position(source: Source, line: int) -> tuple[int, int]:
     return line, len(text) - len(text.lstrip()) + 1
 
 
-def _locate_related(rel: Related, smap: SourceMap) -> Related:
+def _locate_related(rel: Related, source: Source, diag_owner: Source) -> Related:
     if rel.line or not rel.pointer:
         return rel
-    line, col = smap.locate(rel.pointer)
-    return replace(rel, line=line, col=col)
+    owner = source.owner_of(rel.pointer)
+    line, col = owner.map.locate(rel.pointer)
+    return replace(rel, line=line, col=col, file="" if owner is diag_owner else owner.file)
 
 
 def _order(diag: Diagnostic) -> tuple[int, int, str, str]:

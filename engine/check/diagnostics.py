@@ -38,6 +38,10 @@ CODES: dict[str, str] = {
     "SOP009": "nesting deeper than the limit (64)",
     "SOP010": "the top level is not a mapping",
     "SOP011": "a merge key (<<) or a non-scalar key",
+    # includes (engine/load/includes.py): library files are loaded as the main file is
+    "SOP012": "an `include` that is refused: absolute, a URL, `..`, out of its folder through a symlink, or too many files",
+    "SOP013": "an include cycle (the chain of files is named)",
+    "SOP014": "an input, action or role defined in two files (the file and a library, or two libraries)",
     # structure (engine/load/schema.py, sop.schema.json; the pydantic models agree)
     "SOP101": "unknown key",
     "SOP102": "a value that is not one of the allowed values (enum, apiVersion)",
@@ -54,8 +58,8 @@ CODES: dict[str, str] = {
     "SOP203": "`send_to` names an unknown role or special address",
     "SOP204": "`context` names an unknown action",
     "SOP205": "`planner` names an unknown action",
-    "SOP206": "react_mode plan_and_act without a `planner`",
-    "SOP207": "a planner action whose output is not a plan (`tasks` with task_id, dependent_task_ids, instruction)",
+    "SOP206": "react_mode plan_and_act without a `planner`, or a planner with neither `task_action` nor `task_actions`",
+    "SOP207": "a planner action whose output is not a plan (`tasks` with task_id, dependent_task_ids, instruction; and task_type when the planner has `task_actions`)",
     "SOP208": "warning: `planner` on a role whose react_mode is not plan_and_act",
     "SOP209": "warning: `command` or `env` on an action that is not of kind exec",
     "SOP210": "two roles share an address (id or name)",
@@ -104,7 +108,7 @@ def format_diagnostic(diagnostic: Diagnostic, lines: Sequence[str] = ()) -> str:
     if diagnostic.hint:
         out.append(f"  hint: {diagnostic.hint}")
     for rel in diagnostic.related:
-        place = f"{diagnostic.file}:{rel.line}:{rel.col}" if rel.line else rel.pointer
+        place = f"{rel.file or diagnostic.file}:{rel.line}:{rel.col}" if rel.line else rel.pointer
         out.append(f"  note: {rel.message} ({place})")
     return "\n".join(out)
 
@@ -161,12 +165,12 @@ def format_json(results: Sequence[tuple[str, Sequence[Diagnostic]]]) -> str:
 
 def format_report(results: Sequence[Any], fmt: str = "text", strict_mode: bool = False) -> tuple[str, int]:
     """What `sopctl validate` prints for some CheckResults, and its exit code (0 ok, 1 errors)."""
-    checked = [(r.file, strict(r.diagnostics) if strict_mode else r.diagnostics, r.lines) for r in results]
+    checked = [(r.file, strict(r.diagnostics) if strict_mode else r.diagnostics, r) for r in results]
     failed = any(d.is_error for _, diags, _ in checked for d in diags)
     if fmt == "json":
         return format_json([(file, diags) for file, diags, _ in checked]), int(failed)
     blocks = []
-    for file, diags, lines in checked:
-        blocks += [format_diagnostic(d, lines) + "\n" for d in diags]
+    for file, diags, result in checked:
+        blocks += [format_diagnostic(d, result.lines_of(d.file)) + "\n" for d in diags]
         blocks.append(summary(file, diags))
     return "\n".join(blocks), int(failed)

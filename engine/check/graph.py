@@ -61,15 +61,10 @@ def runners(spec: Sop) -> dict[str, list[str]]:
     """action id -> ids of the roles that run it (in file order)."""
     table: dict[str, list[str]] = {aid: [] for aid in spec.actions}
     for rid, role in spec.roles.items():
-        for aid in _role_actions(role):
+        for aid in role.runnable_actions():
             if aid in table and rid not in table[aid]:
                 table[aid].append(rid)
     return table
-
-
-def _role_actions(role: Any) -> list[str]:
-    extra = [role.planner.action, role.planner.task_action] if role.planner else []
-    return list(dict.fromkeys([*role.actions, *extra]))
 
 
 def send_to_for(spec: Sop, action_id: str, role_id: str) -> list[str]:
@@ -118,7 +113,7 @@ def build(spec: Sop) -> Any:
         graph.add_node(action_node(aid), kind="action", id=aid, max_runs=action.max_runs, builtin=False)
     for rid, role in spec.roles.items():
         graph.add_node(role_node(rid), kind="role", id=rid, name=spec.role_name(rid))
-        for aid in _role_actions(role):
+        for aid in role.runnable_actions():
             if aid in spec.actions:
                 graph.add_edge(role_node(rid), action_node(aid), kind="runs")
     watchers, by_address = _indexes(spec)

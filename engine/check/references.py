@@ -21,7 +21,7 @@ from engine.load import patterns
 from engine.load.outputs import TypeSyntaxError, parse_type
 from engine.load.schema import did_you_mean
 from engine.load.secrets import is_secret_name
-from engine.load.source import join_pointer
+from engine.load.source import escape_pointer, join_pointer
 from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, Sop, is_template
 
 # ---------------------------------------------------------------- references
@@ -78,8 +78,7 @@ def role_actions(ctx: Context) -> Iterator[Diagnostic]:
             used.add(aid)
             if aid not in ctx.spec.actions:
                 yield error("SOP201", f"/roles/{rid}/actions/{i}", *unknown("action", aid, known))
-        if role.planner:
-            used.update((role.planner.action, role.planner.task_action))
+        used.update(role.runnable_actions())
     for aid in known:
         if aid not in used and aid != USER_REQUIREMENT:
             yield warning("SOP211", f"/actions/{aid}", f"action '{aid}' is run by no role",
@@ -176,10 +175,25 @@ def planners(ctx: Context) -> Iterator[Diagnostic]:
             yield warning("SOP208", pointer + "/planner",
                           f"`planner` is ignored: react_mode is {role.react_mode}",
                           "set `react_mode: plan_and_act`, or remove the planner")
-        for key in ("action", "task_action"):
-            aid = getattr(role.planner, key)
+        if role.planner.task_action is None and not role.planner.task_actions:
+            yield error("SOP206", pointer + "/planner", "the planner names no action to run its tasks",
+                        "add `task_action: ExecuteTask`, or `task_actions: {TYPE: ACTION}` by task type")
+        for key, aid in _planner_references(role.planner):
             if aid not in ctx.spec.actions:
                 yield error("SOP205", f"{pointer}/planner/{key}", *unknown("action", aid, known))
+
+
+def _planner_references(planner: Any) -> Iterator[tuple[str, str]]:
+    """(pointer below the planner, action id) of every action a planner names."""
+    yield "action", planner.action
+    if planner.task_action:
+        yield "task_action", planner.task_action
+    for task_type, mapped in planner.task_actions.items():
+        where = f"task_actions/{escape_pointer(task_type)}"
+        if isinstance(mapped, str):
+            yield where, mapped
+        else:
+            yield from ((f"{where}/{i}", aid) for i, aid in enumerate(mapped))
 
 
 @rule("SOP207")
@@ -187,10 +201,13 @@ def plan_shape(ctx: Context) -> Iterator[Diagnostic]:
     """A planner action's output must be a plan: `tasks`, a list of task objects."""
     for role in ctx.spec.roles.values():
         aid = role.planner.action if role.planner else None
-        if aid is None or aid not in ctx.spec.actions or aid in ctx.cache.setdefault("plans", set()):
+        if aid is None or role.planner is None or aid not in ctx.spec.actions:
             continue
-        ctx.cache["plans"].add(aid)
-        problem = _plan_problem(ctx.spec.actions[aid].output)
+        seen = (aid, role.planner.task_action, *role.planner.task_actions)  # report a shared plan once
+        if seen in ctx.cache.setdefault("plans", set()):
+            continue
+        ctx.cache["plans"].add(seen)
+        problem = _plan_problem(ctx.spec.actions[aid].output, role.planner)
         if problem:
             yield error("SOP207", f"/actions/{aid}/output", f"planner action '{aid}' does not output a plan: {problem}",
                         "give it `tasks: {type: list, children: {task_id: {type: str}, "
@@ -200,7 +217,8 @@ def plan_shape(ctx: Context) -> Iterator[Diagnostic]:
 _TASK_FIELDS = {"task_id": "str", "dependent_task_ids": "list[str]", "instruction": "str"}
 
 
-def _plan_problem(output: Any) -> str:
+def _plan_problem(output: Any, planner: Any) -> str:
+    """What keeps `output` from being a plan for `planner` ('' if nothing)."""
     if not isinstance(output, dict):
         return "its output is not a tree of nodes"
     tasks = output.get("tasks")
@@ -214,6 +232,23 @@ def _plan_problem(output: Any) -> str:
             return f"a task has no `{key}`"
         if node.children is not None or re.sub(r"\s", "", node.type or "str") != kind:
             return f"a task's `{key}` must be of type {kind}"
+    return _task_type_problem(tasks.children.get("task_type"), planner) if planner.task_actions else ""
+
+
+def _task_type_problem(node: OutputNode | None, planner: Any) -> str:
+    """`task_actions` needs a task_type on every task; an enum of it may offer only the
+    planner's types (unless `task_action` runs the others)."""
+    if node is None or node.children is not None:
+        return ("a task has no `task_type` (a value such as "
+                f"`{{type: 'enum[{'|'.join(planner.task_actions)}]'}}`), which `task_actions` needs")
+    try:
+        offered = parse_type(node.type or "str").get("enum", [])
+    except TypeSyntaxError:
+        return ""  # SOP107 reports it
+    unknown_types = [t for t in offered if t not in planner.task_actions]
+    if unknown_types and planner.task_action is None:
+        return (f"its task_type offers {', '.join(repr(t) for t in unknown_types)}, which no "
+                f"entry of `task_actions` runs (types: {', '.join(planner.task_actions)})")
     return ""
 
 

@@ -72,7 +72,7 @@ class _Template:
 
 
 def _templates(spec: Sop) -> Iterator[_Template]:
-    task_actions = {r.planner.task_action for r in spec.roles.values() if r.planner}
+    task_actions = {aid for r in spec.roles.values() if r.planner for aid in r.planner.task_action_ids()}
     for aid, action in spec.actions.items():
         base = set(BASE_VARIABLES) | ({"task"} if aid in task_actions else set())
         per_item = {action.as_, "index"} if action.for_each else set()

@@ -88,9 +88,10 @@ def _read_later(spec: Sop, rid: str, aid: str) -> bool:
     """Another action of the same role sees `aid` in its context (MetaGPT memory), or the
     role's planner consumes it (the plan, and each task's result recorded in the plan)."""
     role = spec.roles[rid]
-    if role.planner and role.react_mode == "plan_and_act" and aid in (role.planner.action, role.planner.task_action):
+    planned = [role.planner.action, *role.planner.task_action_ids()] if role.planner else []
+    if role.react_mode == "plan_and_act" and aid in planned:
         return True
-    own = [*role.actions, *([role.planner.action, role.planner.task_action] if role.planner else [])]
+    own = role.runnable_actions()
     for other in own:
         if other in spec.actions and other != aid and spec.actions[other].context == "all":
             return True

@@ -40,7 +40,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from engine.check.compiler import check_path
     from engine.check.diagnostics import format_report
 
-    text, code = format_report([check_path(f) for f in args.files], args.format, args.strict)
+    text, code = format_report([check_path(f, args.include_path) for f in args.files], args.format, args.strict)
     print(text)
     return code
 
@@ -50,7 +50,7 @@ def cmd_graph(args: argparse.Namespace) -> int:
     from engine.check.diagnostics import format_report
     from engine.check.graph import format_graph
 
-    result = check_path(args.file)
+    result = check_path(args.file, args.include_path)
     if result.graph is not None:  # drawn even when a loop is unbounded: it shows the loop
         print(format_graph(result.graph, args.format), end="")
     if not result.ok:
@@ -78,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine.check.compiler import check_path
     from engine.check.diagnostics import format_report
 
-    checked = check_path(args.file)
+    checked = check_path(args.file, args.include_path)
     if checked.compiled is None or not checked.ok:
         print(format_report([checked], "text", False)[0], file=sys.stderr)
         return 2
@@ -236,6 +236,12 @@ def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-network", action="store_true", help="with --isolate: keep the network")
 
 
+def _add_include_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--include-path", action="append", default=[], metavar="DIR",
+                   help="a folder whose files `include:` may name, besides the SOP's own folder "
+                        "(repeatable; a resume uses the run's again)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sopctl", description="Declarative multi-agent SOP pipelines: "
                      "validate, inspect and run SOP files (MetaGPT semantics).")
@@ -246,11 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--format", choices=["text", "json"], default="text")
     p.add_argument("--strict", action="store_true", help="treat warnings as errors")
+    _add_include_flag(p)
     p.set_defaults(handler=cmd_validate)
 
     p = sub.add_parser("graph", help="print the compiled watch graph")
     p.add_argument("file", metavar="FILE")
     p.add_argument("--format", choices=["mermaid", "dot", "json"], default="mermaid")
+    _add_include_flag(p)
     p.set_defaults(handler=cmd_graph)
 
     p = sub.add_parser("schema", help="print the JSON Schema of SOP files")
@@ -259,6 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run an SOP")
     p.add_argument("file", metavar="FILE")
     _add_run_flags(p)
+    _add_include_flag(p)
     p.set_defaults(handler=cmd_run)
 
     p = sub.add_parser("resume", help="continue an interrupted run from its journal")

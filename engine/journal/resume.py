@@ -10,13 +10,14 @@ the SOP again in a new folder with every answer from the journal.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.check.compiler import CompiledSop, compile_path
-from engine.errors import JournalError, LoadError, UsageError
+from engine.errors import CompileError, JournalError, LoadError, UsageError
 from engine.journal.history import rebuild
 from engine.journal.store import (
     JOURNAL_DIR,
@@ -96,9 +97,9 @@ def _open(run_dir: str | Path, *, force: bool) -> RunFolder:
         journal.check_intact()
         with naming(journal.path):
             origin = read_origin(journal, run_dir)
-        if not force:
-            _check_unchanged(origin)
-        return RunFolder(Path(run_dir), journal, origin, _compile(origin.sop_path))
+        include_dirs = tuple(json.loads(journal.meta().get("include_dirs", "[]")))
+        compiled = _compile(origin.sop_path, include_dirs, origin if not force else None)
+        return RunFolder(Path(run_dir), journal, origin, compiled)
     except BaseException:
         journal.close()
         raise
@@ -113,27 +114,40 @@ def _sop_path(meta: dict[str, str], last: RunStarted) -> Path:
                        "put the file back where it was (or run from the folder the run started in)")
 
 
-def _compile(path: Path) -> CompiledSop:
-    """The run's SOP compiled again; an unreadable or now-invalid file is a usage error (2)."""
+def _compile(path: Path, include_dirs: tuple[str, ...], unchanged_since: Origin | None) -> CompiledSop:
+    """The run's SOP compiled again (with the run's --include-path folders); an unreadable or
+    now-invalid file is a usage error (2). With `unchanged_since`, an SOP (file or included
+    library) that changed since that run started is refused first."""
     try:
-        return compile_path(path)
+        compiled = compile_path(path, include_dirs)
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}") from None
     except LoadError as exc:
+        if unchanged_since is not None:
+            _check_unchanged(unchanged_since, None)
         first = next((d for d in exc.diagnostics if d.is_error), None)
         where = f"{first.file or path}:{first.line}:{first.col}: {first.message}" if first else exc.message
         raise UsageError(f"the run's SOP file is no longer valid: {where}",
                          f"see every problem with `sopctl validate {path}`") from None
+    except CompileError:
+        if unchanged_since is not None:
+            _check_unchanged(unchanged_since, None)
+        raise
+    if unchanged_since is not None:
+        _check_unchanged(unchanged_since, compiled)
+    return compiled
 
 
-def _check_unchanged(origin: Origin) -> None:
-    """Refuse to resume with an SOP file other than the one the run (last) started with."""
+def _check_unchanged(origin: Origin, compiled: CompiledSop | None) -> None:
+    """Refuse to resume with an SOP other than the one the run (last) started with: the file
+    and every library it includes (`compiled.source_hash` covers them all)."""
     try:
-        digest = hashlib.sha256(origin.sop_path.read_bytes()).hexdigest()
+        digest = compiled.source_hash if compiled else hashlib.sha256(origin.sop_path.read_bytes()).hexdigest()
     except OSError as exc:
         raise UsageError(f"cannot read {origin.sop_path}: {exc.strerror or exc}") from None
     if digest != origin.last.sop_hash:
-        raise JournalError(f"the SOP file {origin.sop_path} changed since the run started "
+        libraries = " (or a file it includes)" if compiled and compiled.source and compiled.source.included else ""
+        raise JournalError(f"the SOP file {origin.sop_path}{libraries} changed since the run started "
                            f"(sha256 {origin.last.sop_hash[:12]} -> {digest[:12]})",
                            "resuming with a different SOP may mix two pipelines; pass --force "
                            "to do it anyway, or `sopctl run` it afresh")

@@ -402,7 +402,7 @@ class Journal:
                 self._conn = _connect(self.path, readonly=False)
             self._writable, self._full = True, True
         self._start(sop_name=compiled.spec.name, sop_hash=compiled.source_hash, force=force,
-                    sop_path=sop_path)
+                    sop_path=sop_path, include_dirs=compiled.include_dirs)
 
     @classmethod
     def create(cls, workspace: str | Path, *, sop_name: str, sop_hash: str,
@@ -426,13 +426,15 @@ class Journal:
             conn = _connect(path, readonly=False)
         return cls(path, conn, writable=True)
 
-    def _start(self, *, sop_name: str, sop_hash: str, force: bool, sop_path: str) -> None:
+    def _start(self, *, sop_name: str, sop_hash: str, force: bool, sop_path: str,
+               include_dirs: tuple[str, ...] = ()) -> None:
         self.workspace = self.path.parent.parent
         try:
             self._init_schema()
             self._check_meta(sop_hash=sop_hash, force=force)
             self._lock = _take_writer_lock(self.path)
-            self._write_meta(sop_name=sop_name, sop_hash=sop_hash, sop_path=sop_path)
+            self._write_meta(sop_name=sop_name, sop_hash=sop_hash, sop_path=sop_path,
+                             include_dirs=include_dirs)
         except BaseException:
             self.close()
             raise
@@ -477,8 +479,11 @@ class Journal:
                 f"(sha256 {sop_hash[:12]})",
                 "use a fresh workspace (--out), or --force to continue with the changed file")
 
-    def _write_meta(self, *, sop_name: str, sop_hash: str, sop_path: str) -> None:
+    def _write_meta(self, *, sop_name: str, sop_hash: str, sop_path: str,
+                    include_dirs: tuple[str, ...] = ()) -> None:
         rows = {"sop_path": sop_path} if sop_path else {}
+        if include_dirs:  # --include-path folders: a resume compiles the SOP with them again
+            rows["include_dirs"] = json.dumps(list(include_dirs))
         rows |= {"schema_version": str(SCHEMA_VERSION), "sop_name": sop_name,
                 "sop_hash": sop_hash, "engine_version": __version__}
         with _guard(self.path, "write"):

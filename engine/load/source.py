@@ -105,6 +105,17 @@ class Source:
     data: dict[str, Any]
     map: SourceMap
     raw: bytes = b""
+    owners: dict[str, Source] = field(default_factory=dict)
+    """Merged entries (`/actions/Speak`) that an included library defines, and that library."""
+    included: tuple[Source, ...] = ()
+    """Every library merged in (`include:`), in the order they were met."""
+
+    def owner_of(self, pointer: str) -> Source:
+        """The file that defines what `pointer` names: a library, or this file."""
+        if self.owners:
+            entry = "/".join(pointer.split("/")[:3])
+            return self.owners.get(entry, self)
+        return self
 
     @property
     def lines(self) -> list[str]:

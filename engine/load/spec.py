@@ -198,11 +198,36 @@ class ActionSpec(_Model):
 
 
 class PlannerSpec(_Model):
-    """`plan_and_act`: the action that writes the plan, the one that runs each task."""
+    """`plan_and_act` (MetaGPT's Planner): the action that writes the plan, what runs each task
+    (one `task_action`, or by the task's `task_type` through `task_actions`), and how a failed
+    task is retried and then re-planned."""
 
     action: ActionId
-    task_action: ActionId
+    task_action: ActionId | None = None
+    """The action that runs a task (of a type `task_actions` does not name)."""
+    task_actions: dict[Annotated[str, StringConstraints(min_length=1)],
+                       ActionId | Annotated[list[ActionId], Field(min_length=1)]] = Field(default_factory=dict)
+    """task type -> the action (or actions, run in order) that run a task of that type."""
     max_tasks: int = Field(default=10, ge=1, le=100)
+    task_retries: int = Field(default=2, ge=0, le=10)
+    """A failed task (an exec step exits non-zero, an answer stays invalid) runs again, with
+    the error in its prompt, up to this many times; then the planner is asked to re-plan."""
+    max_replans: int = Field(default=1, ge=0, le=10)
+    """How often the plan may be updated after a task failed; then the run fails."""
+
+    def steps_for(self, task_type: object) -> list[str]:
+        """The actions that run a task of this type, in order ([] when none does)."""
+        mapped = self.task_actions.get(task_type) if isinstance(task_type, str) else None
+        if mapped is None:
+            return [self.task_action] if self.task_action else []
+        return [mapped] if isinstance(mapped, str) else list(mapped)
+
+    def task_action_ids(self) -> list[str]:
+        """Every action that may run a task (each once, in file order)."""
+        steps = [self.task_action] if self.task_action else []
+        for mapped in self.task_actions.values():
+            steps += [mapped] if isinstance(mapped, str) else mapped
+        return list(dict.fromkeys(steps))
 
 
 class RoleSpec(_Model):
@@ -223,6 +248,11 @@ class RoleSpec(_Model):
     llm: LLMSpec | None = None
     planner: PlannerSpec | None = None
 
+    def runnable_actions(self) -> list[str]:
+        """Every action the role may run: its `actions`, then its planner's (each once)."""
+        planned = [self.planner.action, *self.planner.task_action_ids()] if self.planner else []
+        return list(dict.fromkeys([*self.actions, *planned]))
+
 
 class Sop(_Model):
     """A whole SOP file."""
@@ -231,6 +261,8 @@ class Sop(_Model):
     apiVersion: Literal["sop/v1"]
     name: Annotated[str, StringConstraints(pattern=SOP_NAME)]
     description: str = ""
+    include: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
+    """Library files merged in at load time (engine/load/includes.py); kept for the record."""
     inputs: dict[str, InputSpec] = Field(default_factory=dict)
     llm: LLMSpec = Field(default_factory=LLMSpec)
     team: TeamSpec = Field(default_factory=TeamSpec)

@@ -64,13 +64,8 @@ class ActionResult:
 
 
 def used_actions(compiled: CompiledSop) -> set[str]:
-    """Every action some role can run: its `actions` and its planner's two."""
-    used: set[str] = set()
-    for role in compiled.spec.roles.values():
-        used.update(role.actions)
-        if role.planner:
-            used.update((role.planner.action, role.planner.task_action))
-    return used
+    """Every action some role can run: its `actions` and its planner's."""
+    return {aid for role in compiled.spec.roles.values() for aid in role.runnable_actions()}
 
 
 def role_prefix(compiled: CompiledSop, role_id: str) -> str:

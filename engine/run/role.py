@@ -17,7 +17,7 @@ from engine.check.graph import send_to_for
 from engine.check.sandbox import TemplateFailure
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
-from engine.load.spec import RoleSpec
+from engine.load.spec import PlannerSpec, RoleSpec
 from engine.models.registry import resolve_llm
 from engine.models.types import CallSpec
 from engine.run.actions import (
@@ -159,34 +159,101 @@ class Role:
 
     # -- plan_and_act -------------------------------------------------------------------------
     async def _plan_and_act(self, news: list[Message], made: list[Message]) -> None:
+        """MetaGPT's Planner with auto review: plan, run each task (by its type), retry a failed
+        task with its error shown, and when its retries are spent ask for an updated plan."""
         planner = self.spec.planner
         if planner is None:  # the compiler refuses this; never crash if it did not
             raise ActionFailed(self.spec.actions[0], "plan_and_act needs a planner")
-        tasks = await self._make_plan(planner.action, news, made)
-        if tasks is None:
-            return
+        tasks = await self._make_plan(planner, news, made, _types_note(planner))
+        done: dict[str, str] = {}  # task id -> instruction, of every finished task
+        replans = 0
+        while tasks is not None:
+            failed = await self._run_plan(planner, tasks, done, news, made)
+            if failed is None:
+                return
+            task, error = failed
+            if replans >= planner.max_replans:
+                raise ActionFailed(planner.action, f"task {task['task_id']} still failed after "
+                                   f"{planner.task_retries + 1} attempt(s) and {replans} re-plan(s): "
+                                   f"{_gist(error)}", code="SOP505",
+                                   pointer=join_pointer("/roles", self.id, "planner"))
+            replans += 1
+            self._log("warning", f"task {task['task_id']} failed after its retries; asking for an "
+                      f"updated plan ({replans}/{planner.max_replans})", planner.action)
+            tasks = await self._make_plan(planner, news, made, _replan_note(planner, task, error, done),
+                                          f"replan{replans}/")
+
+    async def _run_plan(self, planner: PlannerSpec, tasks: list[dict[str, Any]], done: dict[str, str],
+                        news: list[Message], made: list[Message]) -> tuple[dict[str, Any], str] | None:
+        """Run the plan's unfinished tasks in order; the first task that still fails, and why."""
         if len(tasks) > planner.max_tasks:
             self._log("warning", f"the plan has {len(tasks)} tasks; running the first "
                       f"{planner.max_tasks} (max_tasks)", planner.action)
             tasks = tasks[: planner.max_tasks]
         for task in tasks:
-            await self._act(planner.task_action, news, made, {"task": task}, str(task["task_id"]))
+            tid = str(task["task_id"])
+            if done.get(tid) == str(task.get("instruction", "")):
+                continue  # finished before the plan was updated, and unchanged in it
+            error = await self._run_task(planner, task, news, made)
+            if error:
+                return task, error
+            done[tid] = str(task.get("instruction", ""))
+        return None
 
-    async def _make_plan(self, action_id: str, news: list[Message],
-                         made: list[Message]) -> list[dict[str, Any]] | None:
+    async def _run_task(self, planner: PlannerSpec, task: dict[str, Any], news: list[Message],
+                        made: list[Message]) -> str:
+        """Run a task's steps, again with the error shown while it fails and retries are left;
+        '' when it succeeded, else the last error."""
+        steps = planner.steps_for(task.get("task_type"))
+        error = ""
+        for attempt in range(planner.task_retries + 1):
+            note = _retry_note(error) if error else ""
+            error = await self._try_task(steps, task, note, news, made)
+            if not error:
+                return ""
+            self._log("warning", f"task {task['task_id']} failed (attempt {attempt + 1} of "
+                      f"{planner.task_retries + 1}): {_gist(error)}", steps[-1])
+        return error
+
+    async def _try_task(self, steps: list[str], task: dict[str, Any], note: str,
+                        news: list[Message], made: list[Message]) -> str:
+        """One attempt: each step in order; the error of the first that fails, else ''.
+
+        A step fails when its exec command exits non-zero or its answer stays invalid after the
+        action's own retries (SOP505); any other failure (a template, the budget) ends the run."""
+        for step in steps:
+            try:
+                message = await self._act(step, news, made, {"task": task}, str(task["task_id"]), note)
+            except ActionFailed as exc:
+                if exc.code != "SOP505":
+                    raise
+                return exc.message
+            if message is not None and self._exited_non_zero(step, message.out):
+                return f"{step}: {message.content}"
+        return ""
+
+    def _exited_non_zero(self, step: str, out: Any) -> bool:
+        """An exec step whose command failed (exit code not 0)."""
+        return (self.ctx.compiled.spec.actions[step].kind == "exec" and isinstance(out, dict)
+                and out.get("exit_code") != 0)
+
+    async def _make_plan(self, planner: PlannerSpec, news: list[Message], made: list[Message],
+                         note: str, salt: str = "") -> list[dict[str, Any]] | None:
         """Ask for a plan until it is valid, up to the action's retries; then the action fails."""
+        action_id = planner.action
         attempts = self.ctx.compiled.spec.actions[action_id].retries + 1
-        note, problem = "", ""
+        problem, asked = "", note
         for attempt in range(attempts):
-            message = await self._act(action_id, news, made, note=note, salt=f"plan{attempt}")
+            message = await self._act(action_id, news, made, note=asked, salt=f"{salt}plan{attempt}")
             if message is None:
                 return None
             try:
-                tasks, warnings = order_plan(message.out)
+                tasks, warnings = order_plan(message.out, planner)
             except PlanError as exc:
                 problem = str(exc)
                 self._log("warning", f"invalid plan ({problem}); asking again", action_id)
-                note = f"Your previous plan was invalid: {problem}. Write a corrected plan."
+                asked = "\n\n".join(filter(None, [note, f"Your previous plan was invalid: {problem}. "
+                                                        "Write a corrected plan."]))
                 continue
             for warning in warnings:
                 self._log("warning", warning, action_id)
@@ -286,11 +353,16 @@ def parse_choice(value: Any, text: str, n_choices: int) -> int:
     return value if 0 <= value < n_choices else -1
 
 
-def order_plan(out: Any) -> tuple[list[dict[str, Any]], list[str]]:
-    """Tasks in dependency order (ties in plan order) and warnings; PlanError if unusable."""
+def order_plan(out: Any, planner: PlannerSpec | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Tasks in dependency order (ties in plan order) and warnings; PlanError if unusable
+    (also when `planner` has no action for a task's type)."""
     tasks = out.get("tasks") if isinstance(out, dict) else None
     if not isinstance(tasks, list) or not all(isinstance(t, dict) and "task_id" in t for t in tasks):
         raise PlanError("the plan needs `tasks`: a list of objects with a task_id")
+    untyped = [t for t in tasks if planner is not None and not planner.steps_for(t.get("task_type"))]
+    if untyped and planner is not None:
+        raise PlanError(f"task {untyped[0]['task_id']} has task_type {untyped[0].get('task_type')!r}; "
+                        f"the task types are {', '.join(planner.task_actions)}")
     ids = [str(t["task_id"]) for t in tasks]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
@@ -318,3 +390,42 @@ def _topological(tasks: list[dict[str, Any]], ids: list[str],
         done.add(ready[0])
         ordered.append(ready[1])
     return ordered
+
+
+def _types_note(planner: PlannerSpec) -> str:
+    """What the plan action is told of the task types (when tasks are run by type)."""
+    if not planner.task_actions:
+        return ""
+    return ("Give every task a task_type, one of: " + ", ".join(planner.task_actions) + ".")
+
+
+def _retry_note(error: str) -> str:
+    return ("Your previous attempt at this task failed:\n" + _clip(error) +
+            "\nFind the cause and fix it in this attempt.")
+
+
+def _replan_note(planner: PlannerSpec, task: dict[str, Any], error: str, done: dict[str, str]) -> str:
+    """MetaGPT's re-plan after a failed task: the failure, what is finished, what to do."""
+    finished = ", ".join(done) or "none"
+    return "\n".join(filter(None, [
+        f"Task {task['task_id']} ({task.get('instruction', '')}) failed "
+        f"{planner.task_retries + 1} time(s); the last error:", _clip(error),
+        f"Finished tasks (keep their task_id and instruction to keep their results): {finished}.",
+        "Write an updated plan that reaches the goal another way.", _types_note(planner)]))
+
+
+_ERROR_CHARS = 2000
+
+
+def _clip(text: str) -> str:
+    """An error as the model sees it: its end, where the cause usually is, if it is long."""
+    return text if len(text) <= _ERROR_CHARS else "..." + text[-_ERROR_CHARS:]
+
+
+def _gist(text: str) -> str:
+    """An error in one line: its first line, and its last (where a traceback says why)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    return (lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}")[:300]
+

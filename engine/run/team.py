@@ -211,8 +211,7 @@ class Team:
         """Every model this run may call, resolved (`--model` > env > action > role > file)."""
         found = {resolve_llm(self.compiled, rid, aid, self.options.model)["model"]
                  for rid, role in self.compiled.spec.roles.items()
-                 for aid in [*role.actions, *((role.planner.action, role.planner.task_action)
-                                              if role.planner else ())]}
+                 for aid in role.runnable_actions()}
         return sorted(found)
 
     async def run(self) -> RunResult:
