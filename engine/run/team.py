@@ -38,6 +38,7 @@ from engine.run.events import (
 )
 from engine.run.isolation import find_sandbox
 from engine.run.message import Message, user_requirement
+from engine.run.people import NoPerson, Person, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
 from engine.run.workspace import Workspace
 
@@ -70,6 +71,7 @@ class RunOptions:
     gateway: Gateway | None = None
     api_base: str | None = None      # where hosted models are reached (`--api-base`)
     price: Price | None = None       # `--price`, for models litellm cannot price
+    person: Person | None = None     # who answers a person's questions (None: the run waits)
 
 
 @dataclass
@@ -86,6 +88,8 @@ class RunResult:
     error: str = ""
     diagnostic: Diagnostic | None = None
     """Where a failed run failed in the SOP file (`file:line:col`), when the failure names a place."""
+    waiting_for: Question | None = None
+    """Status `waiting`: the question a person must answer (`sopctl answer`) before a resume."""
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -123,6 +127,8 @@ class RunResult:
         }
         if self.error:
             data["error"] = self.error
+        if self.waiting_for is not None:
+            data["waiting_for"] = waiting_summary(self.waiting_for.to_json())
         return data
 
 
@@ -152,12 +158,14 @@ class Team:
         gateway.emit = self._emit         # its attempts, retries and re-asks are run events
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
-                              model_override=options.model, allow_exec=options.allow_exec)
+                              model_override=options.model, allow_exec=options.allow_exec,
+                              person=options.person or NoPerson())
         self.roles = [Role(rid, self.ctx, options.completed) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit)
         self.rounds = 0
         self._checked = False
         self.failure: Diagnostic | None = None
+        self.waiting_for: Question | None = None
 
     def check(self) -> None:
         """Refuse to start (before any model call or file): exec not allowed, a model that
@@ -209,6 +217,9 @@ class Team:
         try:
             self.env.publish(user_requirement(str(self.inputs.get("idea", ""))))
             status, error = await self._loop(), ""
+        except WaitingForPerson as exc:
+            self.waiting_for = exc.question
+            status, error = RunStatus.WAITING, str(exc)
         except BudgetExceeded as exc:
             status, error = RunStatus.BUDGET, str(exc)
         except SopError as exc:  # located like a checker diagnostic when it names its place
@@ -280,4 +291,5 @@ class Team:
         return RunResult(run_id=self.run_id, status=status, rounds=self.rounds,
                          usage=self.ctx.gateway.usage, workspace=str(self.workspace.root),
                          artifacts=sorted(self._artifacts),
-                         messages=list(self.env.history), error=error, diagnostic=self.failure)
+                         messages=list(self.env.history), error=error, diagnostic=self.failure,
+                         waiting_for=self.waiting_for)
