@@ -106,7 +106,8 @@ class TerminalPerson:
             if raw.strip() == _EDIT_MARK:
                 raw = self._edit(draft if isinstance(draft, str) else "")
             value, problem = _coerce(raw.strip(), schema)
-            problem = problem or "; ".join(schema_errors(value, schema))
+            problem = problem or "; ".join(e.removeprefix("at the top level: ")
+                                           for e in schema_errors(value, schema))
             if not problem:
                 return value
             self._say(f"  not valid: {problem}; try again")
