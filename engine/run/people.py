@@ -186,7 +186,7 @@ def value_of(question: Question, raw: Any) -> Any:
         if not isinstance(raw, str):
             raise answers.InvalidAnswer(f"expected {_expected(question)}, got a JSON {type(raw).__name__}")
         if question.output == "code" and "```" not in raw:
-            return answers.extract_code(f"```\n{raw}\n```")   # a person types bare code
+            return answers.extract_code(f"```\n{raw.rstrip()}\n```")   # a person types bare code
         return answers.read(_spec(question), raw)
     except answers.InvalidAnswer as exc:
         raise AnswerRefused(f"the answer does not fit {question.role}.{question.action}'s output: {exc}",

@@ -1,0 +1,153 @@
+"""The person at a real terminal (a pseudo-terminal driven by pexpect): questions asked inline,
+each field checked and asked again when wrong, review gates, $EDITOR, and kill -9 while a
+person is typing (the resumed run asks the same question again). No timing is asserted:
+pexpect only waits for what the terminal shows."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.journal.history import read_run
+
+pexpect = pytest.importorskip("pexpect")
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "human_review.sop.yaml"
+PROMPT = r"\[a/e/r\]: "
+
+HUMAN_TEXT = """\
+apiVersion: sop/v1
+name: human_text
+inputs:
+  idea: {type: str, required: true}
+actions:
+  Decide:
+    prompt: "Decide about {{ inputs.idea }}."
+    output: text
+    artifacts: [{path: decision.md, content: "{{ out }}"}]
+roles:
+  Boss:
+    human: true
+    actions: [Decide]
+    watch: [UserRequirement]
+"""
+
+
+def _spawn(cwd: Path, *args: str, editor: str = "") -> pexpect.spawn:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "EDITOR": editor, "VISUAL": "",
+           "COLUMNS": "120", "TERM": "dumb"}
+    child = pexpect.spawn(sys.executable, ["-m", "engine.cli", *args], cwd=str(cwd), env=env,
+                          encoding="utf-8", timeout=60, dimensions=(50, 120))
+    return child
+
+
+def _run_example(cwd: Path, *extra: str, editor: str = "") -> pexpect.spawn:
+    return _spawn(cwd, "run", str(EXAMPLE), "--idea", "sort dates", "--model", "fake",
+                  "--out", "ws", *extra, editor=editor)
+
+
+def _finish(child: pexpect.spawn) -> int:
+    child.expect(pexpect.EOF)
+    child.close()
+    return child.exitstatus
+
+
+def _answer_review(child: pexpect.spawn, verdict: str = "approve") -> None:
+    child.expect(r"Verdict \(one of: approve \| revise.*\): ")
+    child.sendline(verdict)
+    child.expect(r"Comments \(.*\): ")
+    child.sendline("good tests")
+
+
+def test_a_text_answer_typed_inline(tmp_path: Path) -> None:
+    (tmp_path / "s.sop.yaml").write_text(HUMAN_TEXT, encoding="utf-8")
+    child = _spawn(tmp_path, "run", "s.sop.yaml", "--idea", "tea", "--model", "fake", "--out", "ws")
+    child.expect("Decide about tea.")
+    child.expect(r"end with a line holding only '\.'")
+    child.sendline("first line")
+    child.sendline("second line")
+    child.sendline(".")
+    assert _finish(child) == 0
+    assert (tmp_path / "ws" / "decision.md").read_text() == "first line\nsecond line"
+
+
+def test_fields_one_by_one_a_wrong_value_is_asked_again(tmp_path: Path) -> None:
+    child = _run_example(tmp_path)
+    child.expect(PROMPT)
+    child.sendline("a")                                  # approve Alice's code
+    child.expect(r"Verdict \(one of: approve \| revise.*\): ")
+    child.sendline("maybe")
+    child.expect("not valid: 'maybe' is not one of")
+    _answer_review(child)
+    assert _finish(child) == 0
+    assert (tmp_path / "ws" / "review.md").read_text().startswith("# Review: approve")
+
+
+def test_review_reject_with_a_comment_then_edit(tmp_path: Path) -> None:
+    child = _run_example(tmp_path)
+    child.expect(PROMPT)
+    child.sendline("x")
+    child.expect("please type a")                        # not a choice: asked again
+    child.expect(PROMPT)
+    child.sendline("r")
+    child.expect("comment for the model")
+    child.sendline("use datetime")
+    child.expect(PROMPT)                                 # the model's second answer, reviewed
+    child.sendline("e")
+    child.expect(r"your code \(end with a line")
+    child.sendline("def sort_dates(dates):")
+    child.sendline("    return sorted(dates)")
+    child.sendline(".")
+    _answer_review(child)
+    assert _finish(child) == 0
+    assert (tmp_path / "ws" / "code.py").read_text() == "def sort_dates(dates):\n    return sorted(dates)\n"
+
+
+def test_a_long_value_opens_the_editor(tmp_path: Path) -> None:
+    editor = tmp_path / "editor.py"
+    editor.write_text("import sys\nopen(sys.argv[1], 'w').write('def edited():\\n    return 1\\n')\n")
+    child = _run_example(tmp_path, editor=f"{sys.executable} {editor}")
+    child.expect(PROMPT)
+    child.sendline("e")
+    child.expect("opening")
+    _answer_review(child)
+    assert _finish(child) == 0
+    assert (tmp_path / "ws" / "code.py").read_text() == "def edited():\n    return 1\n"
+
+
+def test_no_input_on_a_terminal_waits_without_asking(tmp_path: Path) -> None:
+    child = _run_example(tmp_path, "--no-input")
+    index = child.expect([PROMPT, "waiting for a person"])
+    assert index == 1
+    assert _finish(child) == 75
+
+
+def test_kill_9_while_a_person_is_typing_asks_the_same_question_on_resume(tmp_path: Path) -> None:
+    child = _run_example(tmp_path)
+    child.expect(PROMPT)
+    child.sendline("a")
+    child.expect(r"question ([0-9a-f]{12})\) ──")
+    asked = child.match.group(1)
+    child.expect(r"Verdict \(one of")
+    child.send("appr")                                   # half typed, never sent
+    child.kill(signal.SIGKILL)
+    child.close(force=True)
+    state = read_run(tmp_path / "ws")
+    assert state.status == "interrupted" and state.waiting_for["key"].startswith(asked)
+
+    resumed = _spawn(tmp_path, "resume", "ws")
+    resumed.expect(r"question ([0-9a-f]{12})\) ──")
+    assert resumed.match.group(1) == asked               # the same question, not a new one
+    _answer_review(resumed)
+    assert _finish(resumed) == 0
+    shown = json.loads(
+        __import__("subprocess").run([sys.executable, "-m", "engine.cli", "show", "ws", "--format",
+                                      "json"], cwd=tmp_path, capture_output=True, text=True,
+                                     env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout)
+    assert shown["status"] == "idle" and shown["person_answers"] == 2
