@@ -20,7 +20,6 @@ from engine import api
 from engine.errors import JournalError, UsageError
 from engine.journal.history import read_run
 from engine.journal.store import Journal
-from engine.run.events import RunStarted
 from engine.run.people import AnswerRefused, PersonAnswer, Question
 from engine.testing import ScriptedModel, ScriptedPerson, use_model
 
@@ -354,3 +353,18 @@ def test_the_question_says_what_it_needs() -> None:
                                                "required": ["X"]})
     assert question.id == "ab" * 6 and question.fields() == {"X": {"type": "string"}}
     assert Question.from_json(json.loads(json.dumps(question.to_json()))) == question
+
+
+def test_plan_review_a_person_changes_the_plan_before_its_tasks_run(tmp_path: Path) -> None:
+    text = (ROOT / "tests" / "sops" / "plan.sop.yaml").read_text(encoding="utf-8")
+    text = text.replace('    prompt: "Plan the work for: {{ inputs.idea }}"\n',
+                        '    prompt: "Plan the work for: {{ inputs.idea }}"\n    review: human\n')
+    plan = {"tasks": [{"task_id": "1", "dependent_task_ids": [], "instruction": "model's task"}]}
+    mine = {"tasks": [{"task_id": "a", "dependent_task_ids": ["b"], "instruction": "second"},
+                      {"task_id": "b", "dependent_task_ids": [], "instruction": "first"}]}
+    model = ScriptedModel([json.dumps(plan), "did b", "did a"])
+    person = ScriptedPerson([PersonAnswer("edit", mine)])
+    result = _run(_sop(tmp_path, text), tmp_path / "ws", model, person)
+    assert result.status == "idle", result.error
+    assert person.questions[0].draft == plan
+    assert model.prompts()[1:] == ["Do task b: first", "Do task a: second"]
