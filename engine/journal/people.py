@@ -52,8 +52,11 @@ def answer_question(run_dir: str | Path, answer: PersonAnswer, *,
 def _waiting_question(run_dir: str | Path, status: RunStatus, pending: dict | None,
                       ended: bool) -> Question:
     if not ended or status != RunStatus.WAITING:
+        hint = ("it was stopped while asking; `sopctl resume RUN_DIR --no-input` asks again and "
+                "waits for an answer" if pending is not None and status == RunStatus.INTERRUPTED
+                else "`sopctl show` says what a run is doing; only a waiting run takes an answer")
         raise UsageError(f"run {run_dir} is not waiting for a person (status {status})",
-                         "`sopctl show` says what a run is doing; only a waiting run takes an answer")
+                         hint.replace("RUN_DIR", str(run_dir)))
     if pending is None:
         raise UsageError(f"run {run_dir} has its answer already",
                          f"continue it with `sopctl resume {run_dir}`")

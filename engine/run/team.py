@@ -202,10 +202,12 @@ class Team:
 
     def models(self) -> list[str]:
         """Every model this run may call, resolved (`--model` > env > action > role > file)."""
+        spec = self.compiled.spec
         found = {resolve_llm(self.compiled, rid, aid, self.options.model)["model"]
-                 for rid, role in self.compiled.spec.roles.items()
+                 for rid, role in spec.roles.items()
                  for aid in [*role.actions, *((role.planner.action, role.planner.task_action)
-                                              if role.planner else ())]}
+                                              if role.planner else ())]
+                 if not (role.human or spec.actions[aid].kind in ("ask", "reply"))}  # a person's
         return sorted(found)
 
     async def run(self) -> RunResult:
