@@ -283,6 +283,9 @@ def test_cli_waiting_answer_resume(tmp_path: Path) -> None:
     assert shown["waiting_for"]["question"] == waiting["waiting_for"]["question"]
     listed = json.loads(_sopctl("runs", ".", "--format", "json", cwd=tmp_path).stdout)
     assert listed[0]["status"] == "waiting" and "SimpleWriteCode" in listed[0]["waiting_for"]
+    table = _sopctl("runs", ".", cwd=tmp_path).stdout
+    assert "waiting" in table and "waits for SimpleCoder.SimpleWriteCode" in table
+    assert "answer with: sopctl answer" in _sopctl("show", "ws", cwd=tmp_path).stdout
 
     approved = _sopctl("answer", "ws", "--approve", "--question", waiting["waiting_for"]["question"],
                        "--resume", "--format", "json", cwd=tmp_path)

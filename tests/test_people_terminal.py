@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -140,14 +141,61 @@ def test_kill_9_while_a_person_is_typing_asks_the_same_question_on_resume(tmp_pa
     child.close(force=True)
     state = read_run(tmp_path / "ws")
     assert state.status == "interrupted" and state.waiting_for["key"].startswith(asked)
+    shown = subprocess.run([sys.executable, "-m", "engine.cli", "show", "ws"], cwd=tmp_path,
+                           capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert f"stopped while asking a person: SimpleReviewer.SimpleWriteReview (question {asked})" \
+        in shown.stdout
 
     resumed = _spawn(tmp_path, "resume", "ws")
     resumed.expect(r"question ([0-9a-f]{12})\) ──")
     assert resumed.match.group(1) == asked               # the same question, not a new one
     _answer_review(resumed)
     assert _finish(resumed) == 0
-    shown = json.loads(
-        __import__("subprocess").run([sys.executable, "-m", "engine.cli", "show", "ws", "--format",
-                                      "json"], cwd=tmp_path, capture_output=True, text=True,
-                                     env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout)
+    shown = json.loads(subprocess.run([sys.executable, "-m", "engine.cli", "show", "ws", "--format",
+                                       "json"], cwd=tmp_path, capture_output=True, text=True,
+                                      env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout)
     assert shown["status"] == "idle" and shown["person_answers"] == 2
+
+
+ASK_AND_REPLY = """\
+apiVersion: sop/v1
+name: ask_and_reply
+inputs:
+  idea: {type: str, required: true}
+actions:
+  AskScope:
+    kind: ask
+    prompt: "How long should the report on {{ inputs.idea }} be?"
+    output:
+      Pages: {type: int, instruction: the number of pages}
+      Code: {type: str, pattern: "^[A-Z]{3}$", instruction: a project code}
+  Notify:
+    kind: reply
+    prompt: "Noted: {{ msgs.AskScope[-1].out['Pages'] }} pages for {{ msgs.AskScope[-1].out['Code'] }}."
+roles:
+  Lead:
+    actions: [AskScope]
+    watch: [UserRequirement]
+  Herald:
+    actions: [Notify]
+    watch: [AskScope]
+"""
+
+
+def test_ask_checks_type_and_pattern_and_the_reply_is_shown(tmp_path: Path) -> None:
+    (tmp_path / "s.sop.yaml").write_text(ASK_AND_REPLY, encoding="utf-8")
+    child = _spawn(tmp_path, "run", "s.sop.yaml", "--idea", "tea", "--model", "fake", "--out", "ws")
+    child.expect("How long should the report on tea be?")
+    child.expect(r"Pages \(integer.*\): ")
+    child.sendline("three")
+    child.expect("not valid: 'three' is not a number")
+    child.expect(r"Pages \(integer.*\): ")
+    child.sendline("3")
+    child.expect(r"Code \(string, matching .*\): ")
+    child.sendline("tea")
+    child.expect("not valid: 'tea' does not match")
+    child.expect(r"Code \(.*\): ")
+    child.sendline("TEA")
+    child.expect("Herald -> you: Noted: 3 pages for TEA.")
+    assert _finish(child) == 0
+    assert read_run(tmp_path / "ws").replies[0]["text"] == "Noted: 3 pages for TEA."

@@ -62,7 +62,8 @@ class TerminalPerson:
             raise WaitingForPerson(question) from None
 
     def tell(self, role: str, text: str) -> None:
-        self._say(f"\n── {role} says ──\n{text}\n")
+        """Nothing more to do: the run's display shows every `PersonTold` event as it happens
+        (the live table above itself, plain progress as a line), on a terminal or not."""
 
     # asking ----------------------------------------------------------------------------
 

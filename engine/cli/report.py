@@ -168,6 +168,9 @@ def _person_lines(state: RunState) -> list[str]:
         from engine.run.people import Question
 
         lines += ["", waiting_text(Question.from_json(pending), state.run_dir)]
+    elif pending is not None and state.status == RunStatus.INTERRUPTED:
+        lines.append(f"stopped while asking a person: {_waiting_id(state)}; `sopctl resume` "
+                     "asks it again")
     return lines
 
 
@@ -211,7 +214,8 @@ def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
             continue
         lines.append(f"{item.run_id[:24]:<24} {item.sop_name[:20]:<20} {item.status:<12} "
                      f"{item.rounds:>6} {item.usage.llm_calls:>5} ${item.usage.cost_usd:>8.4f}  "
-                     f"{_when(item.started_at):<20} {path}")
+                     f"{_when(item.started_at):<20} {path}"
+                     + (f"  (waits for {waits})" if (waits := _waiting_id(item)) else ""))
     return "\n".join(lines)
 
 
