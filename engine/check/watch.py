@@ -49,6 +49,8 @@ def consumed(ctx: Context) -> Iterator[Diagnostic]:
     for aid, action in ctx.spec.actions.items():
         if not ran_by[aid] or action.artifacts or graph.out_degree(action_node(aid)):
             continue
+        if action.kind == "reply":      # its output is a message to the person: that is its use
+            continue
         if any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
             continue
         yield warning("SOP303", f"/actions/{aid}", f"the output of '{aid}' is never used: no role keeps it "
