@@ -313,9 +313,15 @@ def test_cli_answer_flags_are_checked(tmp_path: Path) -> None:
     assert both.returncode == 2 and "exactly one answer" in both.stderr
     wrong = _sopctl("answer", "ws", "--approve", "--question", "ffffffff", cwd=tmp_path)
     assert wrong.returncode == 2 and "waits for question" in wrong.stderr
-    not_a_review = _sopctl("answer", "ws", "--reject", cwd=tmp_path)
-    assert not_a_review.returncode == 2 and "needs a comment" in not_a_review.stderr
+    no_comment = _sopctl("answer", "ws", "--reject", cwd=tmp_path)
+    assert no_comment.returncode == 2 and "needs a comment" in no_comment.stderr
+    missing = _sopctl("answer", "ws", "--file", "nope.py", cwd=tmp_path)
+    assert missing.returncode == 2 and "cannot read --file nope.py" in missing.stderr
     assert read_run(tmp_path / "ws").waiting_for is not None
+    (tmp_path / "edit.py").write_text("def sort_dates(d):\n    return sorted(d)\n")
+    edited = _sopctl("answer", "ws", "--file", "edit.py", "--resume", cwd=tmp_path)
+    assert edited.returncode == 75, edited.stderr                # now waiting for Charlie
+    assert (tmp_path / "ws" / "code.py").read_text() == "def sort_dates(d):\n    return sorted(d)\n"
 
 
 def test_cli_two_answers_at_once_exactly_one_is_taken(tmp_path: Path) -> None:

@@ -40,17 +40,17 @@ roles:
 """
 
 
-def _spawn(cwd: Path, *args: str, editor: str = "") -> pexpect.spawn:
+def _spawn(cwd: Path, *args: str, editor: str = "", **extra_env: str) -> pexpect.spawn:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EDITOR": editor, "VISUAL": "",
-           "COLUMNS": "120", "TERM": "dumb"}
+           "COLUMNS": "120", "TERM": "dumb", **extra_env}
     child = pexpect.spawn(sys.executable, ["-m", "engine.cli", *args], cwd=str(cwd), env=env,
                           encoding="utf-8", timeout=60, dimensions=(50, 120))
     return child
 
 
-def _run_example(cwd: Path, *extra: str, editor: str = "") -> pexpect.spawn:
+def _run_example(cwd: Path, *extra: str, editor: str = "", **extra_env: str) -> pexpect.spawn:
     return _spawn(cwd, "run", str(EXAMPLE), "--idea", "sort dates", "--model", "fake",
-                  "--out", "ws", *extra, editor=editor)
+                  "--out", "ws", *extra, editor=editor, **extra_env)
 
 
 def _finish(child: pexpect.spawn) -> int:
@@ -199,3 +199,17 @@ def test_ask_checks_type_and_pattern_and_the_reply_is_shown(tmp_path: Path) -> N
     child.expect("Herald -> you: Noted: 3 pages for TEA.")
     assert _finish(child) == 0
     assert read_run(tmp_path / "ws").replies[0]["text"] == "Noted: 3 pages for TEA."
+
+
+def test_an_answer_typed_on_the_terminal_is_journaled_before_it_is_used(tmp_path: Path) -> None:
+    """The process dies right after journaling the person's approval (answer 2; answer 1 is
+    the model's code): the resume does not ask for it again but goes on to the next question."""
+    child = _run_example(tmp_path, SOPCTL_CRASH_AFTER_ANSWER="2")
+    child.expect(PROMPT)
+    child.sendline("a")
+    assert _finish(child) == 137
+    resumed = subprocess.run([sys.executable, "-m", "engine.cli", "resume", "ws", "--no-input",
+                              "--format", "json"], cwd=tmp_path, capture_output=True, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert resumed.returncode == 75, resumed.stderr
+    assert json.loads(resumed.stdout)["waiting_for"]["action"] == "SimpleWriteReview"
