@@ -213,3 +213,22 @@ def test_an_answer_typed_on_the_terminal_is_journaled_before_it_is_used(tmp_path
                              env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert resumed.returncode == 75, resumed.stderr
     assert json.loads(resumed.stdout)["waiting_for"]["action"] == "SimpleWriteReview"
+
+
+def test_end_of_input_at_a_prompt_makes_the_run_wait(tmp_path: Path) -> None:
+    child = _run_example(tmp_path)
+    child.expect(PROMPT)
+    child.sendeof()
+    child.expect("the run waits for an answer")
+    assert _finish(child) == 75
+    assert read_run(tmp_path / "ws").status == "waiting"
+
+
+def test_ctrl_c_at_a_prompt_stops_the_run_with_its_question_kept(tmp_path: Path) -> None:
+    child = _run_example(tmp_path)
+    child.expect(PROMPT)
+    child.sendintr()
+    assert _finish(child) == 130
+    state = read_run(tmp_path / "ws")
+    assert state.status == "interrupted" and state.ended
+    assert state.waiting_for is not None and state.waiting_for["action"] == "SimpleWriteCode"

@@ -116,8 +116,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def _person(args: argparse.Namespace) -> Person | None:
-    """The terminal, when stdin is one and --no-input is not given; else nobody (the run waits)."""
-    if getattr(args, "no_input", False) or not sys.stdin.isatty():
+    """The terminal, when stdin and stderr (where questions are asked) are one and --no-input
+    is not given; else nobody: a question makes the run wait."""
+    if getattr(args, "no_input", False) or not (sys.stdin.isatty() and sys.stderr.isatty()):
         return None
     from engine.cli.person import TerminalPerson
 

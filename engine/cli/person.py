@@ -11,13 +11,16 @@ with `--no-input`: nothing typed so far is lost, since nothing is used before it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
-from typing import IO, Any
+import threading
+from typing import IO, Any, Iterator
 
 from engine.models.answers import schema_errors
 from engine.run.message import content_of
@@ -142,13 +145,30 @@ class TerminalPerson:
         if prompt:
             self.out.write(prompt)
             self.out.flush()
-        line = self.stdin.readline()
+        with _ctrl_c_stops_typing():
+            line = self.stdin.readline()
         if not line:
             raise _EndOfInput()
         return line.rstrip("\n")
 
     def _say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
+
+
+@contextlib.contextmanager
+def _ctrl_c_stops_typing() -> Iterator[None]:
+    """Ctrl-C at a prompt stops the run at once (it ends `interrupted`, its question journaled).
+
+    asyncio's own handler only cancels the run, which a blocking read would not notice until
+    the person pressed Enter; Python's default raises KeyboardInterrupt inside the read."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 # --- values typed at a prompt -----------------------------------------------------------------
