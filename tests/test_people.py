@@ -293,6 +293,9 @@ def test_cli_waiting_answer_resume(tmp_path: Path) -> None:
     review = json.loads(approved.stdout)["waiting_for"]
     assert review["action"] == "SimpleWriteReview" and review["kind"] == "answer"
 
+    stale = _sopctl("answer", "ws", "--approve", "--question", waiting["waiting_for"]["question"],
+                    cwd=tmp_path)                                # the question answered before
+    assert stale.returncode == 2 and f"waits for question {review['question']}" in stale.stderr
     bad = _sopctl("answer", "ws", "--json", '{"Verdict": "maybe", "Comments": "x"}', cwd=tmp_path)
     assert bad.returncode == 2 and "'maybe' is not one of" in bad.stderr
     assert "Traceback" not in bad.stderr

@@ -138,6 +138,9 @@ def format_show(state: RunState) -> str:
         lines.append(f"round {rnd}  roles: {', '.join(state.round_roles.get(rnd, [])) or '-'}")
         lines += [_action_line(r) for r in state.timeline if r.round == rnd]
         lines += [_message_line(m) for m in state.history if int(m.get("round", 0)) == rnd]
+        lines += [f"    person: {g.get('role')}.{g.get('action')}: {g.get('decision')} "
+                  f"(question {str(g.get('key'))[:12]})"
+                  for g in state.answered.values() if g.get("round") == rnd]
         lines += [f"    warning: {g.get('role')}.{g.get('action')}: {g.get('message')}"
                   for g in state.logs if g.get("round") == rnd]
     lines += ["", "per action:", _stats_header()]

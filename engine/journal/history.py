@@ -108,7 +108,8 @@ class RunState:
     unpriced_calls: int = 0        # paid answers of a model whose price is unknown (cost 0)
     questions: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The last invocation's questions to a person, by key (`Question.to_json()`)."""
-    answered: set[str] = field(default_factory=set)   # keys of questions a person answered
+    answered: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """A person's answers by question key: the first PersonAnswered payload of each."""
     person_answers: int = 0        # rows of the answers table that a person gave
     replies: list[dict[str, Any]] = field(default_factory=list)   # PersonTold payloads
 
@@ -248,7 +249,7 @@ def _on_person_event(state: RunState, event: QuestionAsked | PersonAnswered | Pe
     if isinstance(event, QuestionAsked):
         state.questions[str(event.question.get("key", ""))] = event.question
     elif isinstance(event, PersonAnswered):
-        state.answered.add(event.key)
+        state.answered.setdefault(event.key, event.to_json())
     elif event.to_json() not in state.replies:     # a resume may tell it again
         state.replies.append(event.to_json())
 
