@@ -380,3 +380,23 @@ def test_plan_review_a_person_changes_the_plan_before_its_tasks_run(tmp_path: Pa
     assert result.status == "idle", result.error
     assert person.questions[0].draft == plan
     assert model.prompts()[1:] == ["Do task b: first", "Do task a: second"]
+
+
+def test_the_api_tools_will_call_asks_and_replies_durably(tmp_path: Path) -> None:
+    """`ask_human` / `reply_to_human`: what a tool-using role's human.ask / human.reply call."""
+    import asyncio
+
+    from engine.run.actions import ask_human, reply_to_human
+    from engine.testing import MemoryAnswerStore
+
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    person = ScriptedPerson([{"ok": True}])
+    team = api.prepare(api.load(_sop(tmp_path, HUMAN_TEXT)), {"idea": "tea"}, person=person,
+                       workspace=tmp_path / "ws", store=MemoryAnswerStore())
+    ask = dict(role="Boss", action="Decide", round_=1, key="run/1/Boss/Decide/1/x",
+               prompt="Go on?", schema=schema)
+    assert asyncio.run(ask_human(team.ctx, **ask)) == {"ok": True}
+    assert asyncio.run(ask_human(team.ctx, **ask)) == {"ok": True}   # from the store: not asked again
+    assert len(person.questions) == 1 and person.questions[0].fields() == schema["properties"]
+    reply_to_human(team.ctx, role="Boss", action="Decide", round_=1, text="done")
+    assert person.told == [("Boss", "done")]

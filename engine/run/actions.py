@@ -33,7 +33,7 @@ from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
 
 __all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ActionResult", "role_prefix", "context_section",
            "template_variables", "execute_action", "action_applies", "gather_or_cancel",
-           "call_gateway", "used_actions"]
+           "call_gateway", "used_actions", "ask_human", "reply_to_human"]
 
 
 MAX_FOR_EACH_ITEMS = 1000
@@ -291,6 +291,22 @@ def _question(ctx: RunContext, role_id: str, action_id: str, prompt: str, round_
                     schema=ctx.compiled.output_schemas.get(action_id), format=action.format,
                     code_lang=action.output.code if isinstance(action.output, CodeOutput) else None,
                     draft=draft, attempt=attempt)
+
+
+async def ask_human(ctx: RunContext, *, role: str, action: str, round_: int, key: str, prompt: str,
+                    schema: dict[str, Any] | None = None) -> Any:
+    """MetaGPT's `ask_human`, for a tool-using role's `human.ask`: the person's answer to
+    `prompt` (text, or with `schema` an object checked against it), journaled before it is
+    returned and reused on resume. `key` is the calling step's own deterministic key."""
+    question = Question(key=question_key(key, "ask", prompt, schema), kind="answer", role=role,
+                        action=action, round=round_, prompt=prompt,
+                        output="json" if schema else "text", schema=schema)
+    return (await _ask(ctx, question)).value
+
+
+def reply_to_human(ctx: RunContext, *, role: str, action: str, round_: int, text: str) -> None:
+    """MetaGPT's `reply_to_human`, for `human.reply`: a message to the person, journaled and shown."""
+    tell_person(ctx.person, ctx.emit, round_=round_, role=role, action=action, text=text)
 
 
 async def _ask(ctx: RunContext, question: Question) -> PersonAnswer:

@@ -18,8 +18,8 @@ journal can tell a person's answer from a paid one.
 resume` goes on. `tell_person` sends a message to the person (`kind: reply`): shown live,
 kept in the journal, listed by `sopctl show`.
 
-This module is also the internal API that tool-using roles' `human.ask` / `human.reply`
-tools call.
+`engine.run.actions.ask_human` / `reply_to_human` wrap these for tool-using roles'
+`human.ask` / `human.reply` tools.
 """
 
 from __future__ import annotations
