@@ -28,7 +28,15 @@ from engine.run.exec import exec_content, run_command
 from engine.run.isolation import Sandbox
 from engine.run.memory import Memory
 from engine.run.message import Message, content_of
-from engine.run.people import NoPerson, Person, PersonAnswer, Question, ask_person, question_key, tell_person
+from engine.run.people import (
+    NoPerson,
+    Person,
+    PersonAnswer,
+    Question,
+    ask_person,
+    question_key,
+    tell_person,
+)
 from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
 
 __all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ActionResult", "role_prefix", "context_section",
@@ -222,17 +230,25 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
     prompt = prompt.rstrip() + context_section(action, memory)
     if note:
         prompt += f"\n\n## Note\n{note}"
-    kind = output_kind(action.output)
-    lang = action.output.code if isinstance(action.output, CodeOutput) else None
+    value = await _answer(ctx, role_id, action_id, prompt, round_, key)
+    return value, content_of(output_kind(action.output), value, _code_lang(action))
+
+
+def _code_lang(action: ActionSpec) -> str | None:
+    return action.output.code if isinstance(action.output, CodeOutput) else None
+
+
+async def _answer(ctx: RunContext, role_id: str, action_id: str, prompt: str, round_: int,
+                  key: str) -> Any:
+    """The action's output: a person's (a `human` role, `kind: ask`), a model's reviewed by a
+    person (`review: human`), or a model's."""
+    action = ctx.compiled.spec.actions[action_id]
     if action.kind == "ask" or ctx.compiled.spec.roles[role_id].human:
         question = _question(ctx, role_id, action_id, prompt, round_, key, "answer")
-        value = (await _ask(ctx, question)).value
-        return value, content_of(kind, value, lang)
+        return (await _ask(ctx, question)).value
     if action.review == "human":
-        value = await _reviewed(ctx, role_id, action_id, prompt, round_, key)
-        return value, content_of(kind, value, lang)
-    value = await _model_value(ctx, role_id, action_id, prompt, round_)
-    return value, content_of(kind, value, lang)
+        return await _reviewed(ctx, role_id, action_id, prompt, round_, key)
+    return await _model_value(ctx, role_id, action_id, prompt, round_)
 
 
 async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: str,
@@ -240,7 +256,7 @@ async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: st
     """The model's accepted answer to the action's prompt (one gateway call)."""
     action = ctx.compiled.spec.actions[action_id]
     kind = output_kind(action.output)
-    lang = action.output.code if isinstance(action.output, CodeOutput) else None
+    lang = _code_lang(action)
     llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override)
     spec = CallSpec(action=action_id, role=role_id, system=role_prefix(ctx.compiled, role_id),
                     prompt=prompt, kind=kind, model=llm["model"],  # type: ignore[arg-type]
@@ -285,12 +301,11 @@ async def _reviewed(ctx: RunContext, role_id: str, action_id: str, prompt: str,
 def _question(ctx: RunContext, role_id: str, action_id: str, prompt: str, round_: int, key: str,
               kind: str, draft: Any = None, attempt: int = 0) -> Question:
     action = ctx.compiled.spec.actions[action_id]
-    output = output_kind(action.output)
     return Question(key=question_key(key, kind, attempt, prompt, draft), kind=kind,  # type: ignore[arg-type]
-                    role=role_id, action=action_id, round=round_, prompt=prompt, output=output,
+                    role=role_id, action=action_id, round=round_, prompt=prompt,
+                    output=output_kind(action.output),
                     schema=ctx.compiled.output_schemas.get(action_id), format=action.format,
-                    code_lang=action.output.code if isinstance(action.output, CodeOutput) else None,
-                    draft=draft, attempt=attempt)
+                    code_lang=_code_lang(action), draft=draft, attempt=attempt)
 
 
 async def ask_human(ctx: RunContext, *, role: str, action: str, round_: int, key: str, prompt: str,
