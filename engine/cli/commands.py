@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--question", metavar="ID", help="the question's id (`sopctl show`): refused "
                    "if the run waits for another one")
-    p.add_argument("--text", help="the answer as text (an object's fields as JSON or ## sections)")
+    p.add_argument("--text", help="the answer as text (for an output tree: a JSON object)")
     p.add_argument("--file", metavar="FILE", help="the answer read from a file (as --text)")
     p.add_argument("--json", metavar="JSON", help="the answer as JSON: an object for an output tree")
     p.add_argument("--approve", action="store_true", help="a review: publish the output as it is")
