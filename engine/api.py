@@ -30,15 +30,18 @@ from engine.journal.resume import (
     replay_options,
     resume_options,
 )
+from engine.journal.people import answer_question
 from engine.journal.store import Journal, ReplayStore
 from engine.models.types import Price
 from engine.run.events import RunEnded, RunEvent
 from engine.run.inputs import check_limits, parse_input_flags, resolve_inputs
+from engine.run.people import Person, PersonAnswer, Question
 from engine.run.team import RunOptions, RunResult, Team, new_run_id
 
 __all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "check_limits", "run",
            "run_async", "iter_run", "resume", "replay", "Replayed", "open_for_resume",
-           "open_for_replay", "RunFolder", "RunResult", "RunOptions", "new_run_id"]
+           "open_for_replay", "RunFolder", "RunResult", "RunOptions", "new_run_id", "answer",
+           "PersonAnswer", "Question"]
 
 
 def load(path: str | Path, include_dirs: tuple[str | Path, ...] = ()) -> CompiledSop:
@@ -141,7 +144,7 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
            model: str | None = None, allow_exec: bool = False, force: bool = False,
            observers: tuple[Any, ...] = (), api_base: str | None = None,
            price: Price | None = None, isolate: bool = False,
-           allow_network: bool = False) -> RunResult:
+           allow_network: bool = False, person: Person | None = None) -> RunResult:
     """Continue an interrupted (or ended) run in its own workspace: same run id, completed
     actions and journaled answers reused, so nothing is paid twice.
 
@@ -149,6 +152,7 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
     what it resumes). Refuses (JournalError) when the SOP file changed since the run (last)
     started, unless `force`. Returns this invocation's RunResult, with the artifacts that
     earlier invocations wrote. `api_base` and `price`: as for `run` (never recorded).
+    `person` answers questions the journal has no answer to (None: the run waits again).
     """
     check_limits(rounds, budget)
     folder = run if isinstance(run, RunFolder) else open_for_resume(run, force=force)
@@ -157,7 +161,7 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
                                  allow_exec=allow_exec)
         team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
                        api_base=api_base, price=price, isolate=isolate,
-                       allow_network=allow_network, **options)
+                       allow_network=allow_network, person=person, **options)
         team.check()
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock
@@ -166,6 +170,14 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
     still_there = {p for p in folder.origin.artifacts if (folder.path / p).is_file()}
     result.artifacts = sorted(set(result.artifacts) | still_there)
     return result
+
+
+def answer(run: str | Path, reply: PersonAnswer, *, question_id: str | None = None) -> Question:
+    """Record a person's answer to the question a `waiting` run waits for (what `sopctl
+    answer` does); `resume` then continues the run. Returns the question answered.
+    UsageError when the run is not waiting, `question_id` names another question, or the
+    answer does not fit the output tree; the run then still waits."""
+    return answer_question(run, reply, question_id=question_id)
 
 
 @dataclass

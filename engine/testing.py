@@ -14,6 +14,9 @@
   raises `RealModelBlocked`; `allow_real_models()` lifts it for one test. As a pytest
   plugin (`pytest_plugins = ["engine.testing"]` in a conftest.py) it is on for the session.
 - `MemoryAnswerStore`: a dict-backed `AnswerStore`, for journal reuse and replay tests.
+- `ScriptedPerson`: a person whose answers the test writes (`run(..., person=...)`): a list,
+  in order, or a function of the `Question`; once the list is spent the run waits, as it
+  does with nobody at a terminal. It records every question asked and every reply told.
 
 This module imports neither pytest nor litellm.
 """
@@ -28,6 +31,7 @@ from typing import Any, Callable, Iterator, Sequence, Union
 
 from engine.errors import LLMError
 from engine.models import registry
+from engine.run.people import PersonAnswer, Question, WaitingForPerson
 from engine.models.types import (
     CallSpec,
     ModelAnswer,
@@ -37,7 +41,7 @@ from engine.models.types import (
     StoredAnswer,
 )
 
-__all__ = ["ScriptedModel", "MemoryAnswerStore", "use_model", "block_real_models",
+__all__ = ["ScriptedModel", "ScriptedPerson", "MemoryAnswerStore", "use_model", "block_real_models",
            "allow_real_models", "pytest_configure", "pytest_unconfigure"]
 
 
@@ -123,6 +127,38 @@ class ScriptedModel:
         """The action of every request, in order; with `kind` ("json", "text", "code",
         "choice"), only the requests of that kind of call."""
         return [r.spec.action for r in self.requests if kind is None or r.spec.kind == kind]
+
+
+PersonReply = Union[PersonAnswer, str, dict]
+"""A `PersonAnswer`, or a bare value (text, or an object for an output tree) to answer with."""
+
+
+@dataclass
+class ScriptedPerson:
+    """A person whose answers the test writes: a list (in order) or a function of the question.
+
+    A bare value is the answer's value; `PersonAnswer("approve")`, `PersonAnswer("edit", v)`
+    and `PersonAnswer("reject", comment=...)` review. Once a list is spent, the run waits."""
+
+    answers: Union[Sequence[PersonReply], Callable[[Question], PersonReply]]
+    questions: list[Question] = field(default_factory=list)
+    """Every question asked, in order."""
+    told: list[tuple[str, str]] = field(default_factory=list)
+    """Every (role, text) a `kind: reply` action sent."""
+
+    def ask(self, question: Question) -> PersonAnswer:
+        index = len(self.questions)
+        self.questions.append(question)
+        if callable(self.answers):
+            reply = self.answers(question)
+        elif index < len(self.answers):
+            reply = self.answers[index]
+        else:
+            raise WaitingForPerson(question)
+        return reply if isinstance(reply, PersonAnswer) else PersonAnswer("answer", reply)
+
+    def tell(self, role: str, text: str) -> None:
+        self.told.append((role, text))
 
 
 @dataclass

@@ -34,7 +34,8 @@ from engine.cli.commands import main as sopctl
 from engine.models.fake import instance
 from engine.models.types import CallSpec
 from engine.run.events import ActionCompleted
-from engine.testing import ScriptedModel, allow_real_models, use_model
+from engine.run.people import PersonAnswer, Question
+from engine.testing import ScriptedModel, ScriptedPerson, allow_real_models, use_model
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden_sops"
@@ -78,8 +79,17 @@ def _run(path: Path, workspace: Path, **options: Any) -> api.RunResult:
     name = path.name.removesuffix(".sop.yaml")
     options.setdefault("model", "fake")
     options.setdefault("allow_exec", _needs_exec(path))
+    options.setdefault("person", ScriptedPerson(_approve_or_fill))
     return api.run(api.load(path), {"idea": IDEAS.get(name, DEFAULT_IDEA)},
                    workspace=workspace, **options)
+
+
+def _approve_or_fill(question: Question) -> Any:
+    """The person of a shipped SOP's fake run: approves every review, and answers as `fake`
+    would (a small instance of the output tree)."""
+    if question.kind == "review":
+        return PersonAnswer("approve")
+    return instance(question.schema) if question.output == "json" else f"{question.action} answer"
 
 
 def test_something_is_shipped():

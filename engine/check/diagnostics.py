@@ -67,6 +67,8 @@ CODES: dict[str, str] = {
     "SOP212": "an action redefines the built-in UserRequirement",
     "SOP213": "an input's default does not have the input's type",
     "SOP214": "warning: an exec action's `env` names a secret-looking variable (a key, token, password)",
+    "SOP215": "`review: human` on an action that is not of kind llm",
+    "SOP216": "a role with `human: true` in react_mode plan_and_act, or in react mode with several actions",
     # the watch graph (engine/check/watch.py)
     "SOP301": "a cycle of activations on which no action declares `max_runs`",
     "SOP302": "warning: a role no message can ever reach",

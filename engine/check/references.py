@@ -258,8 +258,8 @@ def exec_actions(ctx: Context) -> Iterator[Diagnostic]:
     checks: SOP104); an `env` name that looks like a key hands the user's secret to the command."""
     for aid, action in ctx.spec.actions.items():
         for key in ("command", "env"):
-            if action.kind == "llm" and getattr(action, key):
-                yield warning("SOP209", f"/actions/{aid}/{key}", f"`{key}` is ignored: the action is of kind llm",
+            if action.kind != "exec" and getattr(action, key):
+                yield warning("SOP209", f"/actions/{aid}/{key}", f"`{key}` is ignored: the action is of kind {action.kind}",
                               "add `kind: exec` to run the command instead of an LLM")
         for index, name in enumerate(action.env):
             if action.kind == "exec" and is_secret_name(name):

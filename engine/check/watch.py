@@ -54,6 +54,8 @@ def consumed(ctx: Context) -> Iterator[Diagnostic]:
         writes = action.artifacts or (action.join is not None and action.join.path is not None)
         if not ran_by[aid] or writes or graph.out_degree(action_node(aid)):
             continue
+        if action.kind == "reply":      # its output is a message to the person: that is its use
+            continue
         if read is None or aid in read or any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
             continue
         if any(_ends_turn(ctx.spec, rid, aid) for rid in ran_by[aid]):

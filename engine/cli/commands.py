@@ -2,7 +2,8 @@
 
 Exit codes (contract §6): 0 ok, 1 diagnostics with an error / run stopped by failure or
 budget, 2 usage or invalid file, 130 stopped by Ctrl-C, 143 stopped by SIGTERM (handled as
-Ctrl-C is: the run ends `interrupted`, journaled). No traceback ever reaches the user: every `SopError` is
+Ctrl-C is: the run ends `interrupted`, journaled), 75 (EX_TEMPFAIL: try again later) the run
+waits for a person: its question is journaled (`sopctl answer`, then `sopctl resume`). No traceback ever reaches the user: every `SopError` is
 rendered as a message, anything else as an internal error with a pointer to report it.
 Heavy modules (litellm, the interpreter) are imported inside the handlers that need them.
 """
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from engine.check.compiler import CompiledSop
     from engine.models.types import Price
     from engine.run.events import RunObserver
+    from engine.run.people import Person, PersonAnswer
     from engine.run.team import RunResult
 
 __all__ = ["main", "build_parser"]
@@ -89,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         result = api.run(checked.compiled, inputs, model=args.model, max_rounds=args.rounds,
                          budget_usd=args.budget, workspace=args.out, allow_exec=args.allow_exec,
                          api_base=args.api_base, price=args.price, isolate=args.isolate,
-                         allow_network=args.allow_network, send_to=args.send_to, observers=[display])
+                         allow_network=args.allow_network, send_to=args.send_to, observers=[display],
+                         person=_person(args))
     return _print_result(result, args.format)
 
 
@@ -108,8 +111,72 @@ def cmd_resume(args: argparse.Namespace) -> int:
         result = api.resume(folder, budget=args.budget, rounds=args.rounds, model=args.model,
                             allow_exec=args.allow_exec, force=args.force, observers=(display,),
                             api_base=args.api_base, price=args.price, isolate=args.isolate,
-                            allow_network=args.allow_network)
+                            allow_network=args.allow_network, person=_person(args))
     return _print_result(result, args.format)
+
+
+def _person(args: argparse.Namespace) -> Person | None:
+    """The terminal, when stdin and stderr (where questions are asked) are one and --no-input
+    is not given; else nobody: a question makes the run wait."""
+    if getattr(args, "no_input", False) or not (sys.stdin.isatty() and sys.stderr.isatty()):
+        return None
+    from engine.cli.person import TerminalPerson
+
+    return TerminalPerson()
+
+
+def cmd_answer(args: argparse.Namespace) -> int:
+    """Record a person's answer to a waiting run's question; with --resume, go on at once.
+
+    Exit 0 when recorded (with --resume: as `sopctl resume`); 2 when the run is not waiting,
+    --question names another question, or the answer does not fit (the run still waits)."""
+    from engine import api
+
+    question = api.answer(args.run_dir, _answer_of(args), question_id=args.question)
+    print(f"sopctl: answer recorded for question {question.id} ({question.role}.{question.action})"
+          + ("" if args.resume else f"; continue with `sopctl resume {args.run_dir}`"),
+          file=sys.stderr)
+    return cmd_resume(args) if args.resume else 0
+
+
+def _answer_of(args: argparse.Namespace) -> PersonAnswer:
+    """The answer the flags give: a review decision, or a value (text, file, JSON)."""
+    import json
+
+    from engine.errors import UsageError
+    from engine.run.people import PersonAnswer
+
+    values = [name for name in ("text", "file", "json") if getattr(args, name) is not None]
+    decisions = [name for name in ("approve", "reject") if getattr(args, name)]
+    if len(values) + len(decisions) != 1:
+        raise UsageError("give exactly one answer: --text, --file, --json, --approve or --reject",
+                         "see the question (and what it takes) with `sopctl show RUN_DIR`")
+    if args.comment is not None and not args.reject:
+        raise UsageError("--comment goes with --reject")
+    if args.approve:
+        return PersonAnswer("approve")
+    if args.reject:
+        return PersonAnswer("reject", comment=args.comment or "")
+    if args.json is not None:
+        try:
+            value = json.loads(args.json)
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"--json is not valid JSON: {exc.msg} (column {exc.colno})") from None
+    elif args.file is not None:
+        value = _read_answer_file(args.file)
+    else:
+        value = args.text
+    return PersonAnswer("answer", value)   # to a review question: an edit
+
+
+def _read_answer_file(path: str) -> str:
+    from engine.errors import UsageError
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read --file {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -197,6 +264,25 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     _add_isolation_flags(p)
     p.add_argument("--format", choices=["text", "json"], default="text", help="result format")
     _add_hosted_flags(p)
+    _add_no_input_flag(p)
+
+
+def _add_no_input_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-input", action="store_true",
+                   help="never ask on the terminal: a question for a person makes the run wait "
+                        "(status waiting, exit 75) until `sopctl answer`")
+
+
+def _add_resume_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget", type=float, metavar="USD", help="raise (or set) the budget")
+    p.add_argument("--rounds", type=int, metavar="N", help="override max_rounds")
+    p.add_argument("--model", help="override the model the run started with")
+    p.add_argument("--allow-exec", action="store_true")
+    _add_isolation_flags(p)
+    p.add_argument("--force", action="store_true", help="resume even if the SOP file changed")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    _add_hosted_flags(p)
+    _add_no_input_flag(p)
 
 
 def _add_hosted_flags(p: argparse.ArgumentParser) -> None:
@@ -270,17 +356,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_include_flag(p)
     p.set_defaults(handler=cmd_run)
 
-    p = sub.add_parser("resume", help="continue an interrupted run from its journal")
+    p = sub.add_parser("resume", help="continue an interrupted (or waiting) run from its journal")
     p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--budget", type=float, metavar="USD", help="raise (or set) the budget")
-    p.add_argument("--rounds", type=int, metavar="N", help="override max_rounds")
-    p.add_argument("--model", help="override the model the run started with")
-    p.add_argument("--allow-exec", action="store_true")
-    _add_isolation_flags(p)
-    p.add_argument("--force", action="store_true", help="resume even if the SOP file changed")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    _add_hosted_flags(p)
+    _add_resume_flags(p)
     p.set_defaults(handler=cmd_resume)
+
+    p = sub.add_parser("answer", help="answer the question a waiting run waits for")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("--question", metavar="ID", help="the question's id (`sopctl show`): refused "
+                   "if the run waits for another one")
+    p.add_argument("--text", help="the answer as text (for an output tree: a JSON object)")
+    p.add_argument("--file", metavar="FILE", help="the answer read from a file (as --text)")
+    p.add_argument("--json", metavar="JSON", help="the answer as JSON: an object for an output tree")
+    p.add_argument("--approve", action="store_true", help="a review: publish the output as it is")
+    p.add_argument("--reject", action="store_true", help="a review: ask the model again (--comment)")
+    p.add_argument("--comment", help="with --reject: what the model should change")
+    p.add_argument("--resume", action="store_true", help="resume the run right after (resume's flags apply)")
+    _add_resume_flags(p)
+    p.set_defaults(handler=cmd_answer)
 
     p = sub.add_parser("replay", help="re-run with every model answer taken from a run's journal")
     p.add_argument("run_dir", metavar="RUN_DIR")

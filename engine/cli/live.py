@@ -20,6 +20,9 @@ from engine.run.events import (
     AnswerRejected,
     ModelEvent,
     ModelRetried,
+    PersonAnswered,
+    PersonTold,
+    QuestionAsked,
     RoundStarted,
     RunEnded,
     RunEvent,
@@ -27,7 +30,7 @@ from engine.run.events import (
     RunStarted,
 )
 
-__all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "trouble_line"]
+__all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "trouble_line", "person_line"]
 
 
 @dataclass
@@ -53,6 +56,10 @@ class RunStats:
             self.roles[event.role] = f"running {event.action}"
         elif isinstance(event, ActionCompleted):
             self.roles[event.role] = f"done {event.action}"
+        elif isinstance(event, QuestionAsked):
+            self.roles[event.role] = f"asking a person ({event.action})"
+        elif isinstance(event, PersonAnswered):
+            self.roles[event.role] = f"running {event.action}"
         elif isinstance(event, ModelEvent):
             self._add_usage(event)
 
@@ -69,6 +76,19 @@ class RunStats:
                           ((u.retries, "retries"), (u.reasks, "re-asks")) if n)
         return (f"round {self.round}/{self.max_rounds} · {u.llm_calls} calls{reused}{trouble} · "
                 f"{u.prompt_tokens}+{u.completion_tokens} tokens · ${u.cost_usd:.4f}")
+
+
+def person_line(event: RunEvent) -> str:
+    """A person's part as it happens: a question, its answer, a message to the person."""
+    if isinstance(event, QuestionAsked):
+        return (f"  {event.role}: {event.action}: a question for a person "
+                f"({event.question.get('kind')}, question {str(event.question.get('key'))[:12]})")
+    if isinstance(event, PersonAnswered):
+        how = "taken from the journal" if event.reused else f"given{' by ' + event.by if event.by else ''}"
+        return f"  {event.role}: {event.action}: a person's answer ({event.decision}) {how}"
+    if isinstance(event, PersonTold):
+        return f"  {event.role} -> you: {event.text}"
+    return ""
 
 
 def trouble_line(event: RunEvent) -> str:
@@ -112,7 +132,7 @@ class PlainProgress:
             return f"  warning: {trouble}"
         if isinstance(event, RunEnded):
             return f"run ended: {event.status} after {event.rounds} round(s)"
-        return ""
+        return person_line(event)
 
 
 class LiveDisplay:
@@ -132,7 +152,14 @@ class LiveDisplay:
             self.logs = (self.logs + [f"{event.role}: {event.message}"])[-3:]
         elif trouble := trouble_line(event):
             self.logs = (self.logs + [trouble])[-3:]
-        if isinstance(event, RunStarted):
+        if isinstance(event, QuestionAsked):
+            self.close()               # the terminal is the person's while they answer
+        elif isinstance(event, PersonTold):
+            from rich.markup import escape
+
+            self.console.print(f"[bold]{escape(event.role)} -> you:[/] {escape(event.text)}",
+                               highlight=False)
+        if isinstance(event, (RunStarted, PersonAnswered)) and self.live is None:
             self._start()
         elif self.live is not None:
             self.live.update(self._render())

@@ -15,6 +15,7 @@ from engine.models.types import Usage
 from engine.run.events import RunStatus
 
 if TYPE_CHECKING:
+    from engine.run.people import Question
     from engine.run.team import RunResult
 
 __all__ = ["runs_json", "result_object", "format_show", "format_runs", "summary", "print_result",
@@ -32,7 +33,8 @@ def runs_json(rows: list[tuple[Path, RunState | JournalError]]) -> list[dict[str
         out.append({"id": item.run_id, "sop": item.sop_name, "status": item.status,
                     "rounds": item.rounds, "calls": usage.llm_calls, "reused": usage.reused_calls,
                     "cost_usd": round(usage.cost_usd, 6), "started_at": _when(item.started_at),
-                    "invocations": item.invocations, "dir": str(path)})
+                    "invocations": item.invocations, "dir": str(path),
+                    "waiting_for": _waiting_id(item)})
     return out
 
 
@@ -65,7 +67,17 @@ def result_object(state: RunState) -> dict[str, Any]:
         "retries": usage.retries,
         "reasks": usage.reasks,
         "unpriced_calls": state.unpriced_calls,
+        **_person_json(state),
     }
+
+
+def _person_json(state: RunState) -> dict[str, Any]:
+    """A person's part: the question a waiting run waits for, answers given, replies told."""
+    from engine.run.people import waiting_summary
+
+    pending = state.waiting_for
+    return {"waiting_for": waiting_summary(pending) if pending else None,
+            "person_answers": state.person_answers, "replies": state.replies}
 
 
 def _summary(message: dict[str, Any]) -> dict[str, Any]:
@@ -93,11 +105,23 @@ def _when(ts: float) -> str:
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
+def _waiting_id(state: RunState) -> str | None:
+    """`Role.Action (question ID)` of a waiting run's question; None when it waits for none."""
+    pending = state.waiting_for
+    if pending is None:
+        return None
+    return f"{pending.get('role')}.{pending.get('action')} (question {str(pending.get('key', ''))[:12]})"
+
+
 def _status_line(state: RunState) -> str:
     if state.status == RunStatus.INTERRUPTED and not state.ended:
         return "interrupted (no end recorded: the process was killed; `sopctl resume` continues it)"
     if state.status == RunStatus.RUNNING:
         return "running (its process is still alive)"
+    if state.status == RunStatus.WAITING:
+        waits = _waiting_id(state)
+        return (f"waiting for a person: {waits}" if waits else
+                "waiting (answered: `sopctl resume` continues it)")
     return f"{state.status}" + (f" — {state.error}" if state.error else "")
 
 
@@ -114,6 +138,9 @@ def format_show(state: RunState) -> str:
         lines.append(f"round {rnd}  roles: {', '.join(state.round_roles.get(rnd, [])) or '-'}")
         lines += [_action_line(r) for r in state.timeline if r.round == rnd]
         lines += [_message_line(m) for m in state.history if int(m.get("round", 0)) == rnd]
+        lines += [f"    person: {g.get('role')}.{g.get('action')}: {g.get('decision')} "
+                  f"(question {str(g.get('key'))[:12]})"
+                  for g in state.answered.values() if g.get("round") == rnd]
         lines += [f"    warning: {g.get('role')}.{g.get('action')}: {g.get('message')}"
                   for g in state.logs if g.get("round") == rnd]
     lines += ["", "per action:", _stats_header()]
@@ -129,7 +156,25 @@ def format_show(state: RunState) -> str:
                      "llm.price)")
     if state.artifacts:
         lines.append("artifacts: " + ", ".join(sorted(state.artifacts)))
+    lines += _person_lines(state)
     return "\n".join(lines)
+
+
+def _person_lines(state: RunState) -> list[str]:
+    """Messages roles sent to the person, and the question a waiting run waits for."""
+    lines = [f"to you from {r.get('role')} ({r.get('action')}, round {r.get('round')}): {r.get('text')}"
+             for r in state.replies]
+    if state.person_answers:
+        lines.append(f"a person answered {state.person_answers} question(s)")
+    pending = state.waiting_for
+    if pending is not None and state.status == RunStatus.WAITING:
+        from engine.run.people import Question
+
+        lines += ["", waiting_text(Question.from_json(pending), state.run_dir)]
+    elif pending is not None and state.status == RunStatus.INTERRUPTED:
+        lines.append(f"stopped while asking a person: {_waiting_id(state)}; `sopctl resume` "
+                     "asks it again")
+    return lines
 
 
 def _action_line(record: ActionRecord) -> str:
@@ -172,7 +217,8 @@ def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
             continue
         lines.append(f"{item.run_id[:24]:<24} {item.sop_name[:20]:<20} {item.status:<12} "
                      f"{item.rounds:>6} {item.usage.llm_calls:>5} ${item.usage.cost_usd:>8.4f}  "
-                     f"{_when(item.started_at):<20} {path}")
+                     f"{_when(item.started_at):<20} {path}"
+                     + (f"  (waits for {waits})" if (waits := _waiting_id(item)) else ""))
     return "\n".join(lines)
 
 
@@ -216,10 +262,23 @@ def print_result(result: RunResult, fmt: str) -> int:
         )
 
         print(format_diagnostic(result.diagnostic, source_lines(result.diagnostic.file)), file=sys.stderr)
+    elif result.waiting_for is not None:
+        print(waiting_text(result.waiting_for, result.workspace), file=sys.stderr)
     elif result.error:
         print(f"sopctl: {result.status}: {result.error}", file=sys.stderr)
     return EXIT_CODES.get(result.status, 1)
 
 
-EXIT_CODES = {RunStatus.IDLE: 0, RunStatus.MAX_ROUNDS: 0, RunStatus.INTERRUPTED: 130}
-"""Exit code per run status; anything else (failed, budget) is 1."""
+def waiting_text(question: Question, run_dir: str) -> str:
+    """What a waiting run waits for, and how to answer it (after `run`, `resume`, in `show`)."""
+    from engine.cli.person import answer_hint, format_question
+
+    return (f"sopctl: waiting for a person (exit 75)\n{format_question(question)}\n\n"
+            f"answer with: {answer_hint(question, run_dir)}\n"
+            f"then:        sopctl resume {run_dir}   (or add --resume to `sopctl answer`)")
+
+
+EXIT_CODES = {RunStatus.IDLE: 0, RunStatus.MAX_ROUNDS: 0, RunStatus.INTERRUPTED: 130,
+              RunStatus.WAITING: 75}
+"""Exit code per run status; anything else (failed, budget) is 1. 75 is EX_TEMPFAIL ("try
+again later"): the run waits for a person's answer (`sopctl answer`, then `sopctl resume`)."""

@@ -34,6 +34,7 @@ from engine.journal.store import (
     writer_active,
 )
 from engine.models.types import Usage
+from engine.run.people import PERSON
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
@@ -41,6 +42,9 @@ from engine.run.events import (
     MessagePublished,
     ModelAnswered,
     ModelEvent,
+    PersonAnswered,
+    PersonTold,
+    QuestionAsked,
     RoundStarted,
     RunEnded,
     RunStarted,
@@ -102,6 +106,20 @@ class RunState:
     usage: Usage = Usage()         # the whole run's, counted as ActionStats are
     journaled_calls: int = 0       # rows of the answers table (replayed answers included)
     unpriced_calls: int = 0        # paid answers of a model whose price is unknown (cost 0)
+    questions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The last invocation's questions to a person, by key (`Question.to_json()`)."""
+    answered: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """A person's answers by question key: the first PersonAnswered payload of each."""
+    person_answers: int = 0        # rows of the answers table that a person gave
+    replies: list[dict[str, Any]] = field(default_factory=list)   # PersonTold payloads
+
+    @property
+    def waiting_for(self) -> dict[str, Any] | None:
+        """The question the run stopped at that nobody has answered yet (None: none)."""
+        if self.status not in (RunStatus.WAITING, RunStatus.INTERRUPTED, RunStatus.RUNNING):
+            return None
+        pending = [q for key, q in self.questions.items() if key not in self.answered]
+        return pending[-1] if pending else None
 
     @property
     def ended(self) -> bool:
@@ -145,6 +163,7 @@ def _apply_segment(state: RunState, segment: list[EventRow],
     open_actions: dict[tuple[int, str, str], ActionRecord] = {}
     messages: list[dict[str, Any]] = []
     state.ended_at = None
+    state.questions = {}
     for row in segment:
         if row.type == "RunLog":
             _on_log(state, row.data)
@@ -165,6 +184,8 @@ def _apply_segment(state: RunState, segment: list[EventRow],
         elif isinstance(event, MessagePublished):
             messages.append(event.message)
             seen.setdefault(str(event.message.get("id")), event.message)
+        elif isinstance(event, (QuestionAsked, PersonAnswered, PersonTold)):
+            _on_person_event(state, event)
         elif isinstance(event, RunEnded):
             state.status, state.rounds, state.error = _status(event, row), event.rounds, event.error
             state.ended_at = row.ts
@@ -224,6 +245,15 @@ def _on_model_event(state: RunState, event: ModelEvent, record: ActionRecord | N
     state.usage += usage
 
 
+def _on_person_event(state: RunState, event: QuestionAsked | PersonAnswered | PersonTold) -> None:
+    if isinstance(event, QuestionAsked):
+        state.questions[str(event.question.get("key", ""))] = event.question
+    elif isinstance(event, PersonAnswered):
+        state.answered.setdefault(event.key, event.to_json())
+    elif event.to_json() not in state.replies:     # a resume may tell it again
+        state.replies.append(event.to_json())
+
+
 def _on_completed(state: RunState, event: ActionCompleted, record: ActionRecord | None) -> None:
     state.completions[event.key] = state.completions.get(event.key, 0) + 1
     stats = state.actions.setdefault(event.action, ActionStats(event.action))
@@ -238,6 +268,9 @@ def _on_completed(state: RunState, event: ActionCompleted, record: ActionRecord 
 def _add_answers(state: RunState, journal: Journal) -> None:
     """Totals from the answers table: every paid answer counted exactly once."""
     for row in journal.answers():
+        if row.origin == PERSON:       # not a model's: neither paid nor a journaled call
+            state.person_answers += 1
+            continue
         state.journaled_calls += 1
         if row.origin != "model":
             continue

@@ -80,6 +80,7 @@ from engine.errors import JournalError
 from engine.load.secrets import scrub, secret_values
 from engine.load.spec import ENGINE_DIR
 from engine.models.types import StoredAnswer
+from engine.run.people import PERSON
 from engine.run import events as _events
 from engine.run.events import ActionCompleted, RunEvent, RunStarted, event_type
 
@@ -440,6 +441,44 @@ class Journal:
             raise
 
     @classmethod
+    def open_to_answer(cls, workspace: str | Path) -> Journal:
+        """An existing journal opened to record a person's answer while its run waits: under
+        the writer lock, so no live run (and no other answer) writes it meanwhile."""
+        journal = cls.open(workspace, writable=True)
+        try:
+            journal._lock = _take_writer_lock(journal.path)
+        except BaseException:
+            journal.close()
+            raise
+        return journal
+
+    def record_person_answer(self, key: str, action: str, answer: StoredAnswer,
+                             event: RunEvent) -> bool:
+        """A person's answer and its event in one transaction, only if `key` has no answer
+        yet (False when it had one: the other answer was taken)."""
+        self._require_writable()
+        text = scrub(answer.text, self._secrets)
+        payload = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
+        with self._mutex, _guard(self.path, "write an answer to"):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                taken = self._conn.execute("SELECT 1 FROM answers WHERE request_hash = ?",
+                                           (key,)).fetchone()
+                if taken is None:
+                    self._conn.execute(
+                        "INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)",
+                        (time.time(), event_type(event), key, payload))
+                    self._conn.execute(
+                        "INSERT INTO answers VALUES (?, ?, ?, 0, 0, 0.0, ?, 0.0, ?, "
+                        "(SELECT COALESCE(MAX(seq), 0) FROM events))",
+                        (key, action, text, PERSON, PERSON))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+        return taken is None
+
+    @classmethod
     def open(cls, workspace: str | Path, *, writable: bool = False) -> Journal:
         """Open an existing journal (read-only by default); a missing one is a JournalError."""
         path = journal_path(workspace)
@@ -655,7 +694,10 @@ class Journal:
         self.record_as(request_hash, action, answer, origin="model")
 
     def record_as(self, request_hash: str, action: str, answer: StoredAnswer, *, origin: str) -> None:
-        """Store an answer with its origin (`model`, or `replay` when copied from a journal)."""
+        """Store an answer with its origin (`model`, or `replay` when copied from a journal);
+        a person's answer (its model is `person`) keeps the origin `person` either way."""
+        if answer.model == PERSON:
+            origin = PERSON
         with self._mutex:
             self._store_answer(request_hash, action, answer, origin)
 

@@ -161,7 +161,9 @@ class ActionSpec(_Model):
     """What a role can do: one LLM call filling an output tree, or (`kind: exec`) a command."""
 
     description: str = ""
-    kind: Literal["llm", "exec"] = "llm"
+    kind: Literal["llm", "exec", "ask", "reply"] = "llm"
+    """`ask`: a person answers the rendered prompt against `output`; `reply`: the rendered
+    prompt is sent to the person (MetaGPT's ask_human / reply_to_human)."""
     prompt: str = ""
     system: str | None = None
     """A template: this action's own system prompt, after the role's prefix."""
@@ -169,6 +171,9 @@ class ActionSpec(_Model):
     output: Output = "text"
     format: Literal["json", "markdown"] = "json"
     retries: int = Field(default=2, ge=0, le=10)
+    review: Literal["human"] | None = None
+    """`human`: a person approves, edits or rejects (with a comment) the model's output
+    before it is published; a rejection asks the model again, up to `retries` times."""
     send_to: list[str] = Field(default_factory=lambda: ["<all>"])
     artifacts: list[ArtifactSpec] = Field(default_factory=list)
     for_each: str | None = None
@@ -240,6 +245,8 @@ class RoleSpec(_Model):
     vars: dict[VarName, str | int | float | bool] = Field(default_factory=dict)
     """Values this role gives its actions' templates (`role.vars.X`) and `send_to` templates,
     so that roles can share one action (each debater sends to its own opponent)."""
+    human: bool = False
+    """MetaGPT's is_human: a person answers this role's actions instead of a model."""
     actions: list[ActionId] = Field(min_length=1)
     watch: list[str] = Field(default_factory=list)
     react_mode: Literal["react", "by_order", "plan_and_act"] = "react"

@@ -23,16 +23,25 @@ from engine.load.spec import ActionSpec, CodeOutput, JoinSpec
 from engine.models.gateway import Gateway
 from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec
-from engine.run.events import RunEvent
+from engine.run.events import RunEvent, RunLog
 from engine.run.exec import exec_content, run_command
 from engine.run.isolation import Sandbox
 from engine.run.memory import Memory
 from engine.run.message import Message, content_of
+from engine.run.people import (
+    NoPerson,
+    Person,
+    PersonAnswer,
+    Question,
+    ask_person,
+    question_key,
+    tell_person,
+)
 from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
 
 __all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ActionResult", "role_prefix", "role_label", "context_section",
            "template_variables", "execute_action", "action_applies", "gather_or_cancel",
-           "call_gateway", "used_actions"]
+           "call_gateway", "used_actions", "ask_human", "reply_to_human"]
 
 
 MAX_FOR_EACH_ITEMS = 1000
@@ -52,6 +61,8 @@ class RunContext:
     allow_exec: bool = False
     sandbox: Sandbox | None = None
     """`--isolate`: exec commands run in it (set by the team's checks before the run starts)."""
+    person: Person = field(default_factory=NoPerson)
+    """Who answers `human` roles, `kind: ask` and review gates (NoPerson: the run waits)."""
 
 
 @dataclass
@@ -134,11 +145,14 @@ async def gather_or_cancel(coros: Sequence[Awaitable[Any]]) -> list[Any]:
 
 
 async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
-                         variables: dict[str, Any], round_: int, note: str = "") -> ActionResult:
-    """Run an action once (or once per `for_each` item) and write its artifacts."""
+                         variables: dict[str, Any], round_: int, note: str = "",
+                         key: str = "") -> ActionResult:
+    """Run an action once (or once per `for_each` item) and write its artifacts.
+
+    `key` is the action's idempotency key: a person's questions are keyed by it."""
     action = ctx.compiled.spec.actions[action_id]
     if action.for_each is None:
-        out, content = await _run_once(ctx, role_id, action_id, memory, variables, round_, note)
+        out, content = await _run_once(ctx, role_id, action_id, memory, variables, round_, note, key)
         written = _write_artifacts(action_id, action, ctx.workspace, {**variables, "out": out})
         return ActionResult(content, out, written)
     items = _for_each_items(action_id, action, variables)
@@ -147,7 +161,8 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
     async def one(index: int, item: Any) -> tuple[Any, str]:
         async with limit:
             item_vars = {**variables, action.as_: item, "index": index}
-            return await _run_once(ctx, role_id, action_id, memory, item_vars, round_, note)
+            return await _run_once(ctx, role_id, action_id, memory, item_vars, round_, note,
+                                   f"{key}/{index}")
 
     results = await gather_or_cancel([one(i, it) for i, it in enumerate(items)])
     files: list[WrittenFile] = []
@@ -229,7 +244,7 @@ def _evaluate(action_id: str, field: str, source: str, variables: dict[str, Any]
 
 
 async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
-                    variables: dict[str, Any], round_: int, note: str) -> tuple[Any, str]:
+                    variables: dict[str, Any], round_: int, note: str, key: str) -> tuple[Any, str]:
     action = ctx.compiled.spec.actions[action_id]
     if action.kind == "exec":
         out = await run_command(action_id, action, variables, workspace=ctx.workspace,
@@ -237,16 +252,53 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
         return out, exec_content(out)
     here = join_pointer("/actions", action_id)
     prompt = _render(action_id, action.prompt, variables, f"{here}/prompt", "prompt")
+    if action.kind == "reply":   # MetaGPT's reply_to_human: a message, no answer
+        text = prompt.strip()
+        tell_person(ctx.person, ctx.emit, round_=round_, role=role_id, action=action_id, text=text)
+        return text, text
     prompt = prompt.rstrip() + context_section(ctx.compiled, action, memory)
     if note:
         prompt += f"\n\n## Note\n{note}"
-    kind = output_kind(action.output)
-    lang = action.output.code if isinstance(action.output, CodeOutput) else None
-    llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override)
+    system = _system_prompt(ctx, role_id, action_id, variables)
+    value = await _answer(ctx, role_id, action_id, prompt, system, round_, key)
+    return value, content_of(output_kind(action.output), value)
+
+
+def _system_prompt(ctx: RunContext, role_id: str, action_id: str, variables: dict[str, Any]) -> str:
+    """The role's prefix, then the action's own `system` text (rendered) after a blank line."""
     system = role_prefix(ctx.compiled, role_id)
-    if action.system is not None:  # the action's own system text follows the role's prefix
-        own = _render(action_id, action.system, variables, f"{here}/system", "system").strip()
+    action = ctx.compiled.spec.actions[action_id]
+    if action.system is not None:
+        here = join_pointer("/actions", action_id, "system")
+        own = _render(action_id, action.system, variables, here, "system").strip()
         system = f"{system}\n\n{own}" if own else system
+    return system
+
+
+def _code_lang(action: ActionSpec) -> str | None:
+    return action.output.code if isinstance(action.output, CodeOutput) else None
+
+
+async def _answer(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
+                  round_: int, key: str) -> Any:
+    """The action's output: a person's (a `human` role, `kind: ask`), a model's reviewed by a
+    person (`review: human`), or a model's."""
+    action = ctx.compiled.spec.actions[action_id]
+    if action.kind == "ask" or ctx.compiled.spec.roles[role_id].human:
+        question = _question(ctx, role_id, action_id, prompt, round_, key, "answer")
+        return (await _ask(ctx, question)).value
+    if action.review == "human":
+        return await _reviewed(ctx, role_id, action_id, prompt, system, round_, key)
+    return await _model_value(ctx, role_id, action_id, prompt, system, round_)
+
+
+async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: str,
+                       system: str, round_: int) -> Any:
+    """The model's accepted answer to the action's prompt (one gateway call)."""
+    action = ctx.compiled.spec.actions[action_id]
+    kind = output_kind(action.output)
+    lang = _code_lang(action)
+    llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override)
     spec = CallSpec(action=action_id, role=role_id, system=system,
                     prompt=prompt, kind=kind, model=llm["model"],  # type: ignore[arg-type]
                     schema=ctx.compiled.output_schemas.get(action_id), code_lang=lang,
@@ -257,7 +309,65 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
         result = await call_gateway(ctx, spec)
     except ActionFailed as exc:  # the answers never fitted what the action declares
         raise exc.at("SOP505", join_pointer("/actions", action_id, "output"))
-    return result.value, content_of(kind, result.value)
+    return result.value
+
+
+_REJECTED_NOTE = ("A person reviewed your previous answer and rejected it with this comment:\n"
+                  "{comment}\nWrite the answer again, taking the comment into account.")
+
+
+async def _reviewed(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
+                    round_: int, key: str) -> Any:
+    """`review: human`: the model answers, a person approves, edits or rejects; a rejection
+    asks the model again with the comment, up to the action's retries."""
+    attempts = ctx.compiled.spec.actions[action_id].retries + 1
+    comment = ""
+    for attempt in range(attempts):
+        asked = prompt + ("\n\n## Note\n" + _REJECTED_NOTE.format(comment=comment) if comment else "")
+        draft = await _model_value(ctx, role_id, action_id, asked, system, round_)
+        question = _question(ctx, role_id, action_id, asked, round_, key, "review", draft, attempt)
+        decision = await _ask(ctx, question)
+        if decision.decision == "approve":
+            return draft
+        if decision.decision == "edit":
+            return decision.value
+        comment = decision.comment
+        ctx.emit(RunLog(round=round_, level="warning", role=role_id, action=action_id,
+                        message=f"a person rejected the output (attempt {attempt + 1}): {comment}"))
+    raise ActionFailed(action_id, f"a person rejected the output {attempts} time(s); last comment: "
+                       f"{comment}", hint="raise the action's `retries` to allow more attempts",
+                       code="SOP505", pointer=join_pointer("/actions", action_id, "review"))
+
+
+def _question(ctx: RunContext, role_id: str, action_id: str, prompt: str, round_: int, key: str,
+              kind: str, draft: Any = None, attempt: int = 0) -> Question:
+    action = ctx.compiled.spec.actions[action_id]
+    return Question(key=question_key(key, kind, attempt, prompt, draft), kind=kind,  # type: ignore[arg-type]
+                    role=role_id, action=action_id, round=round_, prompt=prompt,
+                    output=output_kind(action.output),
+                    schema=ctx.compiled.output_schemas.get(action_id), format=action.format,
+                    code_lang=_code_lang(action), draft=draft, attempt=attempt)
+
+
+async def ask_human(ctx: RunContext, *, role: str, action: str, round_: int, key: str, prompt: str,
+                    schema: dict[str, Any] | None = None) -> Any:
+    """MetaGPT's `ask_human`, for a tool-using role's `human.ask`: the person's answer to
+    `prompt` (text, or with `schema` an object checked against it), journaled before it is
+    returned and reused on resume. `key` is the calling step's own deterministic key."""
+    question = Question(key=question_key(key, "ask", prompt, schema), kind="answer", role=role,
+                        action=action, round=round_, prompt=prompt,
+                        output="json" if schema else "text", schema=schema)
+    return (await _ask(ctx, question)).value
+
+
+def reply_to_human(ctx: RunContext, *, role: str, action: str, round_: int, text: str) -> None:
+    """MetaGPT's `reply_to_human`, for `human.reply`: a message to the person, journaled and shown."""
+    tell_person(ctx.person, ctx.emit, round_=round_, role=role, action=action, text=text)
+
+
+async def _ask(ctx: RunContext, question: Question) -> PersonAnswer:
+    return await ask_person(question, person=ctx.person, store=ctx.gateway.store, emit=ctx.emit,
+                            replay=ctx.gateway.replay)
 
 
 async def call_gateway(ctx: RunContext, spec: CallSpec) -> CallResult:

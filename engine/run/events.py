@@ -35,7 +35,7 @@ from engine.models.types import (
 
 __all__ = ["RunStatus", "RunStarted", "RoundStarted", "ActionStarted", "ModelAnswered",
            "ModelRetried", "AnswerRejected", "LLMCalled", "ActionCompleted", "MessagePublished",
-           "RunEnded", "RunLog", "RunEvent", "GatewayEvent", "ModelEvent", "RunObserver",
+           "RunEnded", "RunLog", "QuestionAsked", "PersonAnswered", "PersonTold", "RunEvent", "GatewayEvent", "ModelEvent", "RunObserver",
            "CompletedActions", "RunJournal", "event_type"]
 
 
@@ -49,6 +49,7 @@ class RunStatus(str, Enum):
     FAILED = "failed"              # an action failed after its retries, or a bug
     INTERRUPTED = "interrupted"    # Ctrl-C or cancelled; in `show`, also killed (no RunEnded)
     RUNNING = "running"            # `show` only: no RunEnded yet and its writer is alive
+    WAITING = "waiting"            # a question for a person is journaled, unanswered (no terminal)
 
     def __str__(self) -> str:      # f-strings print the value on every Python version
         return self.value
@@ -164,9 +165,45 @@ class RunLog(Event):
     action: str = ""
 
 
+@dataclass(frozen=True)
+class QuestionAsked(Event):
+    """A person is asked a question (`engine.run.people.Question.to_json()`): to answer an
+    action, or to review a model's output. Journaled before the person is asked."""
+
+    round: int
+    role: str
+    action: str
+    question: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class PersonAnswered(Event):
+    """A person's answer to the question `key` was journaled (`reused`: taken from the journal;
+    `by`: `sopctl answer` when recorded while the run waited)."""
+
+    round: int
+    role: str
+    action: str
+    key: str
+    decision: str                  # answer, approve, edit or reject
+    reused: bool = False
+    by: str = ""
+
+
+@dataclass(frozen=True)
+class PersonTold(Event):
+    """A message a role sends to the person (`kind: reply`)."""
+
+    round: int
+    role: str
+    action: str
+    text: str
+
+
 ModelEvent = GatewayEvent | LLMCalled
 """Every event that carries model usage (its `usage`): the gateway's, and old journals' summary."""
 
 
 RunEvent = (RunStarted | RoundStarted | ActionStarted | ModelAnswered | ModelRetried
-            | AnswerRejected | LLMCalled | ActionCompleted | MessagePublished | RunEnded | RunLog)
+            | AnswerRejected | LLMCalled | ActionCompleted | MessagePublished | RunEnded | RunLog
+            | QuestionAsked | PersonAnswered | PersonTold)

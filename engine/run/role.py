@@ -280,7 +280,7 @@ class Role:
             return self._reuse(record, made)
         self.ctx.emit(ActionStarted(round=self._round, role=self.id, action=action_id, key=key))
         result = await execute_action(self.ctx, self.id, action_id, self.memory, variables,
-                                      self._round, note)
+                                      self._round, note, key)
         message = self._make_message(action_id, result.content, result.out)
         self.memory.add(message)
         made.append(message)

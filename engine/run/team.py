@@ -40,6 +40,7 @@ from engine.run.events import (
 )
 from engine.run.isolation import find_sandbox
 from engine.run.message import Message, user_requirement
+from engine.run.people import NoPerson, Person, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
 from engine.run.workspace import Workspace
 
@@ -73,6 +74,7 @@ class RunOptions:
     api_base: str | None = None      # where hosted models are reached (`--api-base`)
     price: Price | None = None       # `--price`, for models litellm cannot price
     send_to: Sequence[str] = ()      # `--send-to`: the idea's addresses, beating the file's team.send_to
+    person: Person | None = None     # who answers a person's questions (None: the run waits)
 
 
 @dataclass
@@ -89,6 +91,8 @@ class RunResult:
     error: str = ""
     diagnostic: Diagnostic | None = None
     """Where a failed run failed in the SOP file (`file:line:col`), when the failure names a place."""
+    waiting_for: Question | None = None
+    """Status `waiting`: the question a person must answer (`sopctl answer`) before a resume."""
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -126,6 +130,8 @@ class RunResult:
         }
         if self.error:
             data["error"] = self.error
+        if self.waiting_for is not None:
+            data["waiting_for"] = waiting_summary(self.waiting_for.to_json())
         return data
 
 
@@ -166,13 +172,15 @@ class Team:
         gateway.emit = self._emit         # its attempts, retries and re-asks are run events
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
-                              model_override=options.model, allow_exec=options.allow_exec)
+                              model_override=options.model, allow_exec=options.allow_exec,
+                              person=options.person or NoPerson())
         self.roles = [Role(rid, self.ctx, options.completed) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit)
         self.idea_to = idea_addresses(compiled, options.send_to)
         self.rounds = 0
         self._checked = False
         self.failure: Diagnostic | None = None
+        self.waiting_for: Question | None = None
 
     def check(self) -> None:
         """Refuse to start (before any model call or file): exec not allowed, a model that
@@ -209,9 +217,11 @@ class Team:
 
     def models(self) -> list[str]:
         """Every model this run may call, resolved (`--model` > env > action > role > file)."""
+        spec = self.compiled.spec
         found = {resolve_llm(self.compiled, rid, aid, self.options.model)["model"]
-                 for rid, role in self.compiled.spec.roles.items()
-                 for aid in role.runnable_actions()}
+                 for rid, role in spec.roles.items()
+                 for aid in role.runnable_actions()
+                 if not (role.human or spec.actions[aid].kind in ("ask", "reply"))}  # a person's
         return sorted(found)
 
     async def run(self) -> RunResult:
@@ -224,6 +234,9 @@ class Team:
             self.env.publish(user_requirement(str(self.inputs.get("idea", "")), self.idea_to))
             with stop_renders_on_cancel():
                 status, error = await self._loop(), ""
+        except WaitingForPerson as exc:
+            self.waiting_for = exc.question
+            status, error = RunStatus.WAITING, str(exc)
         except BudgetExceeded as exc:
             status, error = RunStatus.BUDGET, str(exc)
         except SopError as exc:  # located like a checker diagnostic when it names its place
@@ -295,4 +308,5 @@ class Team:
         return RunResult(run_id=self.run_id, status=status, rounds=self.rounds,
                          usage=self.ctx.gateway.usage, workspace=str(self.workspace.root),
                          artifacts=sorted(self._artifacts),
-                         messages=list(self.env.history), error=error, diagnostic=self.failure)
+                         messages=list(self.env.history), error=error, diagnostic=self.failure,
+                         waiting_for=self.waiting_for)
