@@ -645,6 +645,11 @@ class Journal:
         text, prompt_tokens, completion_tokens, cost, model, seconds = row
         return StoredAnswer(text, prompt_tokens, completion_tokens, cost, model=model, seconds=seconds)
 
+    def holds(self, request_hash: str) -> bool:
+        with _guard(self.path, "read"):
+            return self._conn.execute("SELECT 1 FROM answers WHERE request_hash = ?",
+                                      (request_hash,)).fetchone() is not None
+
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         """Store a model answer (the first answer for a request wins), durably."""
         self.record_as(request_hash, action, answer, origin="model")
@@ -697,6 +702,9 @@ class ReplayStore:
             action = self._action_of(request_hash)
             self.target.record_as(request_hash, action, answer, origin="replay")
         return answer
+
+    def holds(self, request_hash: str) -> bool:
+        return self.source.holds(request_hash)
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         self.target.record(request_hash, action, answer)

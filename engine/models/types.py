@@ -136,6 +136,10 @@ class AnswerStore(Protocol):
 
     def lookup(self, request_hash: str) -> StoredAnswer | None: ...
 
+    def holds(self, request_hash: str) -> bool:
+        """Whether an answer is stored (a replay's look ahead: not a use, nor a miss)."""
+        ...
+
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None: ...
 
 
