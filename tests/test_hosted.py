@@ -314,6 +314,17 @@ def test_the_files_price_prices_a_self_hosted_model(server, sop_file, tmp_path, 
     assert json.loads(out)["cost_usd"] == pytest.approx(11e-6 + 6e-6)
 
 
+def test_the_price_flag_beats_the_files_price(server, sop_file, tmp_path, capsys):
+    sop_file.write_text(TEXT_SOP.replace(
+        "name: hello", "name: hello\nllm: {price: {input_per_million: 1, output_per_million: 2}}"))
+    server.replies = [(200, {}, answer())]
+    code, out, err = sopctl(capsys, "run", str(sop_file), "--idea", "greet", "--model", MODEL,
+                            "--api-base", server.base, "--price", "10,20", "--out",
+                            str(tmp_path / "ws"), "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["cost_usd"] == pytest.approx(10 * (11e-6 + 6e-6))
+
+
 @pytest.mark.parametrize("key", ["api_base", "base_url", "api_key"])
 def test_a_shared_file_cannot_say_where_the_key_goes(sop_file, capsys, key):
     sop_file.write_text(TEXT_SOP.replace("name: hello", f"name: hello\nllm: {{{key}: http://evil.example}}"))

@@ -31,8 +31,8 @@ Answers reused from the journal were paid when they were recorded: they are not 
 `usage.reused_cost_usd`, so a resumed run keeps the budget of the whole run. Every call
 reserves its worst-case cost before it starts: its prompt tokens bounded from the request's
 text (a token is at least one byte), its completion by `max_tokens` (else the model's most
-output tokens, else DEFAULT_COMPLETION_CAP), at the model's price (the provider's `price`;
-a provider that does not tell its price is reserved at the dearest call seen so far). A call
+output tokens, else DEFAULT_COMPLETION_CAP), at the model's price (`types.price_of`: the provider's `price`, else the user's;
+a call whose price is unknown is reserved at the dearest call seen so far). A call
 starts only if spend + every in-flight reservation + its own stays within the budget, and
 always when nothing is in flight (so a run makes progress); when it ends its reservation is
 released and its real cost counted. So a run overspends by at most one call, however the
@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import random
 import time
@@ -86,6 +85,7 @@ from engine.models.types import (
     StoredAnswer,
     TransientModelError,
     Usage,
+    price_of,
 )
 
 __all__ = ["Gateway"]
@@ -125,8 +125,6 @@ class Gateway:
     """How backoff waits (tests pass a recorder instead of sleeping)."""
     api_base: str | None = None
     """Where hosted models are reached (`--api-base`); never from a SOP file (see hosted)."""
-    price: Price | None = None
-    """`--price`: the price of every model whose price litellm does not know (over the file's)."""
     _hosted: Provider | None = field(default=None, repr=False)
     _admission: tuple[Any, asyncio.Condition] | None = field(default=None, repr=False)
     _in_flight: int = field(default=0, repr=False)
@@ -155,8 +153,6 @@ class Gateway:
     async def call(self, spec: CallSpec) -> CallResult:
         """The accepted answer for `spec`, or ActionFailed / LLMError / BudgetExceeded / ReplayDivergence."""
         _check_spec(spec)
-        if self.price is not None:
-            spec = dataclasses.replace(spec, fallback_price=self.price)
         provider = self.provider(spec.model)
         schema_mode = spec.kind == "json" and provider.supports_schema(spec.model)
         rformat = answers.response_format(spec) if schema_mode else None
@@ -284,7 +280,7 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def _admitted(self, provider: Provider, request: ModelRequest) -> Any:
-        price = _price_of(provider, request.spec)
+        price = price_of(provider, request.spec)
         tokens = (_prompt_token_bound(request), _completion_token_bound(request.spec, price))
         cond = self._condition()
         async with cond:
@@ -337,13 +333,6 @@ def _answered(request: ModelRequest, key: str, prompt_tokens: int, completion_to
     spec = request.spec
     return ModelAnswered(spec.round, spec.role, spec.action, request.attempt, key, prompt_tokens,
                          completion_tokens, cost, seconds, reused, unpriced)
-
-
-def _price_of(provider: Provider, spec: CallSpec) -> Price | None:
-    """The model's price per token: the provider's, else the user's for an unpriced model."""
-    told = getattr(provider, "price", None)
-    price = told(spec.model) if told is not None else None
-    return price if price is not None else spec.fallback_price
 
 
 def _prompt_token_bound(request: ModelRequest) -> int:

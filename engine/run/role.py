@@ -141,7 +141,8 @@ class Role:
     async def _think(self, previous: int) -> int:
         """Ask the model for the next state; anything but a valid number ends the cycle."""
         actions = self.spec.actions
-        llm = resolve_llm(self.ctx.compiled, self.id, actions[0], self.ctx.model_override)
+        llm = resolve_llm(self.ctx.compiled, self.id, actions[0], self.ctx.model_override,
+                          self.ctx.price)
         spec = CallSpec(action=actions[previous] if previous >= 0 else actions[0], role=self.id,
                         system=role_prefix(self.ctx.compiled, self.id),
                         prompt=choice_prompt(self.ctx, self.spec, self.memory, previous),

@@ -147,12 +147,13 @@ class Team:
         self.workspace = Workspace(root)
         self._artifacts: dict[str, str] = {}
         gateway = options.gateway or Gateway(store=options.store, replay=options.replay,
-                                             api_base=options.api_base, price=options.price)
+                                             api_base=options.api_base)
         gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
         gateway.emit = self._emit         # its attempts, retries and re-asks are run events
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
-                              model_override=options.model, allow_exec=options.allow_exec)
+                              model_override=options.model, price=options.price,
+                              allow_exec=options.allow_exec)
         self.roles = [Role(rid, self.ctx, options.completed) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit)
         self.rounds = 0
