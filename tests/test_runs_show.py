@@ -203,4 +203,4 @@ def test_a_fan_out_with_reasks_and_retries_counts_alike_everywhere(
     state = assert_one_count(tmp_path / "run")
     assert _counted(state.actions["Name"].usage)[:4] == (4, 0, 1, 1)
     code, out, _ = cli(capsys, "show", str(tmp_path / "run"))
-    assert "Namer.Name  [done]  calls 4  reused 0" in out and "retries 1  re-asks 1" in out
+    assert "Namer.Name  [done]  calls 4  reused 0" in out and "1 retries  1 re-asks" in out
