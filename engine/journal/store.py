@@ -438,20 +438,21 @@ class Journal:
             raise
 
     @classmethod
-    def open(cls, workspace: str | Path, *, writable: bool = False) -> Journal:
-        """Open an existing journal (read-only by default); a missing one is a JournalError."""
+    def open(cls, workspace: str | Path) -> Journal:
+        """Open an existing journal read-only (a resume makes it writable with `begin`); a
+        missing one is a JournalError."""
         path = journal_path(workspace)
         if not Path(workspace).is_dir():
             what = "is not a folder" if Path(workspace).exists() else "does not exist"
             raise JournalError(f"run folder {workspace} {what}",
                                "give the workspace of a run (`sopctl runs` lists them)")
-        _refuse_planted(path, writing=writable)
+        _refuse_planted(path, writing=False)
         if not path.is_file():
             raise JournalError(f"{workspace} has no journal ({JOURNAL_DIR}/{JOURNAL_FILE})",
                                "give the workspace of a run made by `sopctl run`")
         with _guard(path, "open"):
-            conn = _connect(path, readonly=not writable)
-        journal = cls(path, conn, writable=writable)
+            conn = _connect(path, readonly=True)
+        journal = cls(path, conn, writable=False)
         try:
             journal._check_meta(sop_hash=None, force=False)
         except BaseException:
@@ -589,7 +590,6 @@ class Journal:
         self._require_writable()
         if isinstance(event, RunStarted):
             self._check_same_run(event.run_id)
-            self._remember_sop_path(event.sop_file)
         key = getattr(event, "key", None)
         text = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
         with _guard(self.path, "write an event to"):
@@ -623,15 +623,6 @@ class Journal:
         if full != self._full:
             self._conn.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
             self._full = full
-
-    def _remember_sop_path(self, sop_file: str) -> None:
-        """The SOP file's absolute path, resolved in the process that runs it (for resume)."""
-        path = Path(sop_file)
-        if not sop_file or sop_file.startswith("<") or not path.is_file():
-            return
-        with _guard(self.path, "write"):
-            self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('sop_path', ?)",
-                               (str(path.resolve()),))
 
     # AnswerStore -------------------------------------------------------------------------
 

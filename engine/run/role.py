@@ -46,8 +46,7 @@ class PlanError(ValueError):
 class Role:
     """The run-time state of one role: memory, inbox, how often each action ran."""
 
-    def __init__(self, role_id: str, ctx: RunContext,
-                 completed: CompletedActions | None = None) -> None:
+    def __init__(self, role_id: str, ctx: RunContext) -> None:
         spec = ctx.compiled.spec
         self.id = role_id
         self.spec: RoleSpec = spec.roles[role_id]
@@ -55,7 +54,8 @@ class Role:
         self.addresses = frozenset({role_id, self.name})
         self.watch = frozenset(self.spec.watch)  # as declared (the checker reasons the same)
         self.ctx = ctx
-        self.completed = completed
+        self.completed: CompletedActions | None = None
+        """The journal's finished actions (`Team.attach`): a resume reuses them."""
         self.memory = Memory()
         self.inbox: list[Message] = []
         self.runs: Counter[str] = Counter()

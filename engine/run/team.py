@@ -27,7 +27,6 @@ from engine.run.actions import RunContext, used_actions
 from engine.run.environment import Environment
 from engine.run.events import (
     ActionCompleted,
-    CompletedActions,
     RoundStarted,
     RunEnded,
     RunEvent,
@@ -64,7 +63,6 @@ class RunOptions:
     """With `isolate`: keep the network (without it, commands see only a private loopback)."""
     run_id: str | None = None
     observers: Sequence[RunObserver] = ()
-    completed: CompletedActions | None = None
     store: AnswerStore | None = None
     replay: bool = False
     gateway: Gateway | None = None
@@ -154,7 +152,7 @@ class Team:
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
                               model_override=options.model, price=options.price,
                               allow_exec=options.allow_exec)
-        self.roles = [Role(rid, self.ctx, options.completed) for rid in compiled.spec.roles]
+        self.roles = [Role(rid, self.ctx) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit)
         self.rounds = 0
         self._checked = False
@@ -188,10 +186,8 @@ class Team:
         self.options.observers = [journal, *self.options.observers]
         if self.ctx.gateway.store is None:
             self.ctx.gateway.store = journal
-        if self.options.completed is None:
-            self.options.completed = journal
-            for role in self.roles:
-                role.completed = journal
+        for role in self.roles:
+            role.completed = journal
 
     def models(self) -> list[str]:
         """Every model this run may call, resolved (`--model` > env > action > role > file)."""
