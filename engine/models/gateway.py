@@ -31,8 +31,9 @@ Answers reused from the journal were paid when they were recorded: they are not 
 `usage.reused_cost_usd`, so a resumed run keeps the budget of the whole run. Every call
 reserves its worst-case cost before it starts: its prompt tokens bounded from the request's
 text (a token is at least one byte), its completion by `max_tokens` (else the model's most
-output tokens, else DEFAULT_COMPLETION_CAP), at the model's price (`types.price_of`: the provider's `price`, else the user's;
-a call whose price is unknown is reserved at the dearest call seen so far). A call
+output tokens, else DEFAULT_COMPLETION_CAP), at the model's price (`types.price_of`: the
+provider's `price`, else the user's; a call whose price is unknown is reserved at the
+dearest call seen so far). A call
 starts only if spend + every in-flight reservation + its own stays within the budget, and
 always when nothing is in flight (so a run makes progress); when it ends its reservation is
 released and its real cost counted. So a run overspends by at most one call, however the
