@@ -353,6 +353,25 @@ def test_resume_takes_api_base_and_price_from_its_own_command_line(server, sop_f
     assert len(server.requests) == 2 and json.loads(out)["cost_usd"] == pytest.approx(17e-6)
 
 
+def test_a_run_killed_between_two_attempts_resumes_without_asking_the_first_again(
+        server, sop_file, tmp_path, capsys, forked_sopctl):
+    """A real process journals an invalid (empty) answer and is killed before its re-ask:
+    the resume reuses that answer and sends the re-ask it was about to send."""
+    server.replies = [(200, {}, answer(""))]
+    ws = tmp_path / "ws"
+    crashed = forked_sopctl("run", str(sop_file), "--idea", "greet", "--model", MODEL,
+                            "--api-base", server.base, "--out", str(ws),
+                            env={"SOPCTL_CRASH_AFTER_ANSWER": "1",
+                                 "OPENAI_API_KEY": "sk-local-test-key-0000"})
+    assert crashed.returncode == 137 and len(server.requests) == 1, crashed.stderr
+    server.replies = [(200, {}, answer("hello there"))]
+    code, out, err = sopctl(capsys, "resume", str(ws), "--api-base", server.base, "--format", "json")
+    assert code == 0, err
+    assert len(server.requests) == 2
+    assert "could not be accepted: the answer is empty" in server.requests[1]["messages"][-1]["content"]
+    assert (json.loads(out)["llm_calls"], json.loads(out)["reused_calls"]) == (1, 1)
+
+
 def test_a_failing_fan_out_item_leaves_no_never_awaited_warning(server, tmp_path, monkeypatch):
     """Its siblings are cancelled, some inside litellm's executor step: no warning may say
     a coroutine was never awaited (the process's stderr is the user's screen)."""
