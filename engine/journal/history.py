@@ -42,7 +42,6 @@ from engine.models.types import Usage
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
-    LLMCalled,
     MessagePublished,
     ModelAnswered,
     ModelEvent,
