@@ -442,13 +442,15 @@ class _Render:
 class _Watchdog:
     """One daemon thread for the whole process that looks at the renders in progress every
     TICK seconds and stops one past its CPU time or memory. Watching a render costs a dict
-    insert; the thread sleeps while nothing renders."""
+    insert; the thread ticks while renders come, and sleeps after a quiet second."""
 
     TICK = 0.01
+    QUIET_TICKS = 100   # a second without a render: the thread sleeps until the next one
     _renders: dict[int, _Render] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _wake: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _idle: bool = True      # the thread waits for `_wake` (a render must set it)
 
     def watch(self) -> _Render:
         run = _RUN_TASK.get()
@@ -463,7 +465,9 @@ class _Watchdog:
                 self._thread = threading.Thread(target=self._run, name="sopctl-render-watchdog",
                                                 daemon=True)
                 self._thread.start()
-        self._wake.set()
+            wake, self._idle = self._idle, False
+        if wake:    # only when the thread sleeps: waking it on every render would cost more
+            self._wake.set()
         return render
 
     def forget(self, render: _Render) -> None:
@@ -476,11 +480,17 @@ class _Watchdog:
         while True:
             self._wake.wait()
             self._wake.clear()
-            while self._renders:
+            quiet = 0
+            while quiet < self.QUIET_TICKS:
                 time.sleep(self.TICK)
                 self._look()
+                with self._lock:
+                    quiet = 0 if self._renders else quiet + 1
+                    self._idle = quiet >= self.QUIET_TICKS
 
     def _look(self) -> None:
+        if not self._renders:
+            return
         memory = _resident_bytes()
         with self._lock:
             for render in list(self._renders.values()):
