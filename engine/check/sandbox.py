@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import os
 import re
 import threading
 import time
@@ -536,10 +537,8 @@ def _resident_bytes() -> int:
 
 _PAGE_SIZE = 4096
 try:
-    import os as _os
-
-    _PAGE_SIZE = _os.sysconf("SC_PAGE_SIZE")
-except (ImportError, ValueError, OSError, AttributeError):
+    _PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+except (ValueError, OSError, AttributeError):
     pass
 
 
@@ -552,6 +551,17 @@ def _raise_in_thread(thread: int, reason: type[_Stopped] | None) -> None:
 
 
 _WATCHDOG = _Watchdog()
+
+
+def _new_watchdog_after_fork() -> None:
+    """A forked child has no watchdog thread (and maybe a lock held by the parent's): it
+    starts its own on its first render."""
+    global _WATCHDOG
+    _WATCHDOG = _Watchdog()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_watchdog_after_fork)
 
 
 _RUN_TASK: contextvars.ContextVar[asyncio.Task[Any] | None] = \
