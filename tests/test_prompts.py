@@ -177,3 +177,21 @@ def test_ctrl_c_stops_a_run_in_the_middle_of_a_render(tmp_path, monkeypatch):
     assert result.status == "interrupted" and model.requests == []
     state = read_run(tmp_path / "ws")
     assert state.ended and state.status == "interrupted"    # journaled, not a CPU-bound failure
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_still_bounds_its_renders(monkeypatch):
+    import os
+
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.2)
+    render_template("{{ 1 }}", {})       # the parent's watchdog thread exists now
+    pid = os.fork()
+    if pid == 0:                          # the child: the loop must stop, not hang
+        try:
+            render_template("{% for i in range(100000) %}{% for j in range(100000) %}"
+                            "{% endfor %}{% endfor %}", {})
+        except TemplateFailure as failure:
+            os._exit(0 if "CPU time" in str(failure) else 2)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
