@@ -240,10 +240,31 @@ def cmd_show(args: argparse.Namespace) -> int:
     from engine.journal.history import read_run
 
     state = read_run(args.run_dir)
+    if args.prompts is not None:
+        return _show_prompts(args, state)
     if args.format == "json":
         print(json.dumps(result_object(state), indent=2, ensure_ascii=False))
     else:
         print(format_show(state))
+    return 0
+
+
+def _show_prompts(args: argparse.Namespace, state: object) -> int:
+    """`show --prompts [ACTION]`: the requests as sent and their answers (JSON: the result
+    object with a `prompts` list)."""
+    import json
+
+    from engine.cli.prompts import format_prompts
+    from engine.cli.report import result_object
+    from engine.journal.history import RunState, read_exchanges
+
+    assert isinstance(state, RunState)
+    exchanges = read_exchanges(args.run_dir, args.prompts or None)
+    if args.format == "json":
+        data = {**result_object(state), "prompts": [e.to_json() for e in exchanges]}
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+    else:
+        print(format_prompts(exchanges))
     return 0
 
 
@@ -391,6 +412,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="a run's timeline, tokens and cost per action")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--prompts", nargs="?", const="", default=None, metavar="ACTION",
+                   help="print every request as sent (system and user messages, re-asks) "
+                        "and its answer; only ACTION's (id or Role.action) when given")
     p.set_defaults(handler=cmd_show)
     return parser
 

@@ -186,15 +186,17 @@ class LiteLLMProvider:
         counted = prompt_tokens == 0 and completion_tokens == 0   # no usage: litellm says 0, 0
         if counted:
             prompt_tokens, completion_tokens = _count_tokens(litellm, model, request, text)
+        finish = str(getattr(choices[0], "finish_reason", None) or "")
         price = self.price(model)
         if price is None:  # unknown to litellm: the user's price, else 0 and said so
             given = spec.fallback_price
             cost = given.cost(prompt_tokens, completion_tokens) if given is not None else 0.0
-            return ModelAnswer(text, prompt_tokens, completion_tokens, cost, priced=given is not None)
+            return ModelAnswer(text, prompt_tokens, completion_tokens, cost, priced=given is not None,
+                               finish_reason=finish)
         cost = price.cost(prompt_tokens, completion_tokens)
         if not counted:
             cost = _litellm_cost(litellm, response, cost)
-        return ModelAnswer(text, prompt_tokens, completion_tokens, cost)
+        return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
 
 
 # litellm reports a missing key for some providers as a 500 ("Missing credentials..."):
