@@ -340,7 +340,9 @@ def naming(path: Path) -> Iterator[None]:
     except JournalError as exc:
         if str(path) in exc.message:
             raise
-        raise JournalError(f"journal {path} is damaged: {exc.message}", exc.hint) from None
+        newer = "newer sopctl" in exc.hint or "another sopctl version" in exc.hint
+        state = "cannot be read by this sopctl" if newer else "is damaged"
+        raise JournalError(f"journal {path} {state}: {exc.message}", exc.hint) from None
 
 
 @contextmanager
@@ -803,12 +805,20 @@ class ReplayStore:
             self.misses.append(request_hash)
         else:
             action = self._action_of(request_hash)
-            answer = dataclasses.replace(answer, exchange=self.source.exchange(request_hash))
+            answer = dataclasses.replace(answer, exchange=self._exchange_of(request_hash))
             self.target.record_as(request_hash, action, answer, origin="replay")
         return answer
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         self.target.record(request_hash, action, answer)
+
+    def _exchange_of(self, request_hash: str) -> dict[str, Any] | None:
+        """The prompt to copy with the answer; a damaged one is left out (the answer is what
+        a replay needs, the prompt is only for people to read)."""
+        try:
+            return self.source.exchange(request_hash)
+        except JournalError:
+            return None
 
     def _action_of(self, request_hash: str) -> str:
         with _guard(self.source.path, "read"):
