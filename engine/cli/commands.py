@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
     from engine.check.compiler import CompiledSop
+    from engine.journal.history import RunState
     from engine.models.types import Price
     from engine.run.events import RunObserver
     from engine.run.people import Person, PersonAnswer
@@ -267,16 +268,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _show_prompts(args: argparse.Namespace, state: object) -> int:
+def _show_prompts(args: argparse.Namespace, state: RunState) -> int:
     """`show --prompts [ACTION]`: the requests as sent and their answers (JSON: the result
     object with a `prompts` list)."""
     import json
 
     from engine.cli.prompts import format_prompts
     from engine.cli.report import result_object
-    from engine.journal.history import RunState, read_exchanges
+    from engine.journal.history import read_exchanges
 
-    assert isinstance(state, RunState)
     exchanges = read_exchanges(args.run_dir, args.prompts or None)
     if args.format == "json":
         data = {**result_object(state), "prompts": [e.to_json() for e in exchanges]}
