@@ -242,3 +242,31 @@ def test_an_exporter_sopctl_lacks_is_exit_2(tmp_path: Path, monkeypatch: pytest.
                  "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and value in err
+
+
+@pytest.mark.parametrize(("flag", "env", "wanted"), [
+    (False, {}, False),
+    (True, {}, True),
+    (False, {"OTEL_TRACES_EXPORTER": "otlp"}, True),
+    (False, {"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x"}, False),
+    (False, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, True),
+    (False, {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://x", "OTEL_SDK_DISABLED": "true"}, False),
+    (True, {"OTEL_SDK_DISABLED": "true"}, True),              # the flag is the user's own word
+])
+def test_what_turns_tracing_on(flag: bool, env: dict[str, str], wanted: bool) -> None:
+    from engine.run.tracing import tracing_wanted
+
+    assert tracing_wanted(flag, env) is wanted
+
+
+def test_a_tracing_failure_never_stops_the_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    class BrokenTracer:
+        def start_span(self, *args: Any, **kwargs: Any) -> Any:
+            raise RuntimeError("exporter exploded")
+
+    observer = TracingObserver(BrokenTracer())  # type: ignore[arg-type]
+    result = api.run(compile_path(SMALL), {"idea": "x"}, workspace=tmp_path / "run", model="fake",
+                     observers=[observer])
+    assert result.status == "idle"
+    err = capsys.readouterr().err
+    assert err.count("tracing stopped: RuntimeError: exporter exploded") == 1
