@@ -3,7 +3,7 @@
 Why SQLite: one file per run, atomic commits (WAL), and readable by `sopctl show` while
 the run is still going or after its process was killed.
 
-A journal lives at `<workspace>/.sopctl/journal.sqlite` and has three tables:
+A journal lives at `<workspace>/.sopctl/journal.sqlite` and has four tables:
 
 - `meta`: schema version, the SOP's name and hash, engine version, creation time;
 - `events`: every run event of `engine.run.events`, in order (seq, ts, type, key, json);
@@ -737,8 +737,9 @@ class Journal:
 
     @contextmanager
     def _transaction(self, needed: bool) -> Iterator[None]:
-        """One transaction around several statements (none needed for one: each commits)."""
-        if not needed:
+        """One transaction around several statements (none needed for one: each commits;
+        none either inside one already open, which commits them together)."""
+        if not needed or self._conn.in_transaction:
             yield
             return
         self._conn.execute("BEGIN IMMEDIATE")
