@@ -43,6 +43,7 @@ from engine.models.types import (
     ModelRequest,
     Price,
     TransientModelError,
+    price_of,
 )
 
 __all__ = ["LiteLLMProvider", "litellm_module", "redact", "DEFAULT_TIMEOUT_S"]
@@ -187,14 +188,12 @@ class LiteLLMProvider:
         if counted:
             prompt_tokens, completion_tokens = _count_tokens(litellm, model, request, text)
         finish = str(getattr(choices[0], "finish_reason", None) or "")
-        price = self.price(model)
-        if price is None:  # unknown to litellm: the user's price, else 0 and said so
-            given = spec.fallback_price
-            cost = given.cost(prompt_tokens, completion_tokens) if given is not None else 0.0
-            return ModelAnswer(text, prompt_tokens, completion_tokens, cost, priced=given is not None,
+        price = price_of(self, spec)
+        if price is None:  # unknown to litellm and no price given: 0, and said so
+            return ModelAnswer(text, prompt_tokens, completion_tokens, 0.0, priced=False,
                                finish_reason=finish)
         cost = price.cost(prompt_tokens, completion_tokens)
-        if not counted:
+        if not counted and price is not spec.fallback_price:  # litellm's own price
             cost = _litellm_cost(litellm, response, cost)
         return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
 
