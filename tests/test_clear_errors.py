@@ -180,6 +180,11 @@ _DAMAGES = {
                               "message = 5, which is not an object"),
     "artifact not an object": (_tamper("""UPDATE events SET json = replace(json, '"artifacts": [', '"artifacts": [7, ')
                                         WHERE json LIKE '%"artifacts": [{%'"""), "artifacts = [7"),
+    "from a newer sopctl": (_tamper("UPDATE meta SET value = '99' WHERE key = 'schema_version'"),
+                            "schema version 99; this sopctl reads up to"),
+    "an event of a newer sopctl": (_tamper("INSERT INTO events (ts, type, key, json) VALUES (1, 'ToolCalled', NULL, '{}')"),
+                                   "cannot be read by this sopctl: journal event"),
+    "an empty file": (lambda path: path.write_bytes(b""), "empty or not a sopctl journal"),
 }
 
 
@@ -202,8 +207,8 @@ def test_a_damaged_journal_is_named_and_the_other_runs_still_list(
     for side_file in journal_path(bad).parent.glob("journal.sqlite-*"):
         side_file.unlink()
     damage_file(journal_path(bad))
-    for command in (["show", str(bad)], ["replay", str(bad), "--out", str(tmp_path / "re")],
-                    ["resume", str(bad)]):
+    for command in (["show", str(bad)], ["show", str(bad), "--prompts"],
+                    ["replay", str(bad), "--out", str(tmp_path / "re")], ["resume", str(bad)]):
         code, _, err = sopctl(capsys, *command)
         assert code == 2, (command, err)
         assert str(journal_path(bad)) in err and "internal error" not in err, (command, err)
@@ -214,3 +219,35 @@ def test_a_damaged_journal_is_named_and_the_other_runs_still_list(
     assert code == 0
     lines = {line.split()[-1] if "unreadable" not in line else "bad": line for line in out.splitlines()[1:]}
     assert "idle" in lines[str(tmp_path / "good")] and words in lines["bad"]
+
+
+def test_an_unreadable_prompt_is_named_and_spoils_nothing_else(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, finished_run: Path) -> None:
+    """A damaged row of the prompts (`exchanges`): `show --prompts` names the journal (exit 2);
+    `show` and `replay` go on, since the answers are intact."""
+    bad = tmp_path / "bad"
+    shutil.copytree(finished_run, bad)
+    with sqlite3.connect(journal_path(bad)) as conn:
+        conn.execute("UPDATE exchanges SET data = x'00112233'")
+    conn.close()
+    code, _, err = sopctl(capsys, "show", str(bad), "--prompts")
+    assert code == 2 and str(journal_path(bad)) in err and "cannot be read" in err, err
+    assert sopctl(capsys, "show", str(bad))[0] == 0
+    code, _, err = sopctl(capsys, "replay", str(bad), "--out", str(tmp_path / "re"))
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("what", ["a file", "a folder without a journal"])
+def test_a_run_folder_that_is_not_a_run(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                        what: str) -> None:
+    target = tmp_path / "not-a-run"
+    if what == "a file":
+        target.write_text("hello", encoding="utf-8")
+    else:
+        target.mkdir()
+    for command in (["show", str(target)], ["show", str(target), "--prompts"],
+                    ["resume", str(target)], ["replay", str(target), "--out", str(tmp_path / "re")],
+                    ["answer", str(target), "--text", "x"]):
+        code, _, err = sopctl(capsys, *command)
+        assert code == 2 and str(target) in err and "Traceback" not in err, (command, err)
+        assert "not a folder" in err if what == "a file" else "has no journal" in err

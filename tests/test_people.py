@@ -268,6 +268,7 @@ def test_cli_waiting_answer_resume(tmp_path: Path) -> None:
     assert shown["waiting_for"]["question"] == waiting["waiting_for"]["question"]
     listed = json.loads(_sopctl("runs", ".", "--format", "json", cwd=tmp_path).stdout)
     assert listed[0]["status"] == "waiting" and "SimpleWriteCode" in listed[0]["waiting_for"]
+    assert listed[0]["question"]["question"] == waiting["waiting_for"]["question"]
     table = _sopctl("runs", ".", cwd=tmp_path).stdout
     assert "waiting" in table and "waits for SimpleCoder.SimpleWriteCode" in table
     assert "answer with: sopctl answer" in _sopctl("show", "ws", cwd=tmp_path).stdout

@@ -204,3 +204,19 @@ def test_a_fan_out_with_reasks_and_retries_counts_alike_everywhere(
     assert _counted(state.actions["Name"].usage)[:4] == (4, 0, 1, 1)
     code, out, _ = cli(capsys, "show", str(tmp_path / "run"))
     assert "Namer.Name  [done]  calls 4  reused 0" in out and "1 retries  1 re-asks" in out
+
+
+def test_runs_json_gives_each_runs_totals(runs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    """Calls, tokens, cost, status and the question waited for: a folder's cost at a glance."""
+    code, out, _ = cli(capsys, "runs", str(runs["root"]), "--format", "json")
+    assert code == 0
+    done = {Path(r["dir"]).name: r for r in json.loads(out)}["a-done"]
+    result = runs["result"]
+    assert done["calls"] == result["llm_calls"]
+    assert (done["prompt_tokens"], done["completion_tokens"]) == (result["prompt_tokens"],
+                                                                  result["completion_tokens"])
+    assert done["tokens"] == result["prompt_tokens"] + result["completion_tokens"] > 0
+    assert done["cost_usd"] == result["cost_usd"] and done["model"] == "fake"
+    assert done["question"] is None and done["ended_at"] and done["journaled_calls"] == 8
+    code, text, _ = cli(capsys, "runs", str(runs["root"]))
+    assert code == 0 and "total: 2 runs" in text

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from types import FrameType
 
     from engine.check.compiler import CompiledSop
+    from engine.journal.history import RunState
     from engine.models.types import Price
     from engine.run.events import RunObserver
     from engine.run.people import Person, PersonAnswer
@@ -87,12 +88,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if checked.diagnostics:  # warnings only: say them, then run
         print(format_report([checked], "text", False)[0], file=sys.stderr)
     inputs = api.parse_input_flags(args.input, args.idea)
-    with _display(checked.compiled) as display:
+    with _display(checked.compiled) as display, _tracing(args, checked.compiled) as traced:
         result = api.run(checked.compiled, inputs, model=args.model, max_rounds=args.rounds,
                          budget_usd=args.budget, workspace=args.out, allow_exec=args.allow_exec,
                          api_base=args.api_base, price=args.price, isolate=args.isolate,
-                         allow_network=args.allow_network, send_to=args.send_to, observers=[display],
-                         person=_person(args))
+                         allow_network=args.allow_network, send_to=args.send_to,
+                         observers=[display, *traced], person=_person(args))
     return _print_result(result, args.format)
 
 
@@ -107,9 +108,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
     if args.model and args.model != origin.last.model:
         print(f"sopctl: note: the run used model '{origin.last.model}'; answers journaled for "
               f"it are not reused for '{args.model}'", file=sys.stderr)
-    with _display(folder.compiled) as display:
+    with _display(folder.compiled) as display, _tracing(args, folder.compiled) as traced:
         result = api.resume(folder, budget=args.budget, rounds=args.rounds, model=args.model,
-                            allow_exec=args.allow_exec, force=args.force, observers=(display,),
+                            allow_exec=args.allow_exec, force=args.force, observers=(display, *traced),
                             api_base=args.api_base, price=args.price, isolate=args.isolate,
                             allow_network=args.allow_network, person=_person(args))
     return _print_result(result, args.format)
@@ -185,8 +186,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     folder = api.open_for_replay(args.run_dir)
     interrupted = not folder.origin.ended_status
-    with _display(folder.compiled) as display:
-        replayed = api.replay(folder, args.out, allow_exec=args.allow_exec, observers=(display,),
+    with _display(folder.compiled) as display, _tracing(args, folder.compiled) as traced:
+        replayed = api.replay(folder, args.out, allow_exec=args.allow_exec, observers=(display, *traced),
                               isolate=args.isolate, allow_network=args.allow_network)
     code = _print_result(replayed.result, args.format)
     if replayed.diverged:
@@ -207,6 +208,24 @@ def _display(compiled: CompiledSop) -> Iterator[RunObserver]:
         yield display
     finally:
         getattr(display, "close", lambda: None)()
+
+
+@contextlib.contextmanager
+def _tracing(args: argparse.Namespace, compiled: CompiledSop) -> Iterator[list[RunObserver]]:
+    """OpenTelemetry spans of the run, when `--trace` or OTEL_* asks (none otherwise: the
+    extra is not even imported); what is buffered is exported before the command exits."""
+    from engine.run.tracing import start_tracing, tracing_wanted
+
+    if not tracing_wanted(getattr(args, "trace", False)):
+        yield []
+        return
+    tools = {a: " ".join(s.command or []) for a, s in compiled.spec.actions.items() if s.kind == "exec"}
+    tracing = start_tracing(getattr(args, "trace", False), tools)
+    try:
+        yield [tracing.observer] if tracing is not None else []
+    finally:
+        if tracing is not None:
+            tracing.close()
 
 
 def _print_result(result: RunResult, fmt: str) -> int:
@@ -240,10 +259,30 @@ def cmd_show(args: argparse.Namespace) -> int:
     from engine.journal.history import read_run
 
     state = read_run(args.run_dir)
+    if args.prompts is not None:
+        return _show_prompts(args, state)
     if args.format == "json":
         print(json.dumps(result_object(state), indent=2, ensure_ascii=False))
     else:
         print(format_show(state))
+    return 0
+
+
+def _show_prompts(args: argparse.Namespace, state: RunState) -> int:
+    """`show --prompts [ACTION]`: the requests as sent and their answers (JSON: the result
+    object with a `prompts` list)."""
+    import json
+
+    from engine.cli.prompts import format_prompts
+    from engine.cli.report import result_object
+    from engine.journal.history import read_exchanges
+
+    exchanges = read_exchanges(args.run_dir, args.prompts or None)
+    if args.format == "json":
+        data = {**result_object(state), "prompts": [e.to_json() for e in exchanges]}
+        print(json.dumps(data, indent=2, ensure_ascii=False))
+    else:
+        print(format_prompts(exchanges))
     return 0
 
 
@@ -265,12 +304,20 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["text", "json"], default="text", help="result format")
     _add_hosted_flags(p)
     _add_no_input_flag(p)
+    _add_trace_flag(p)
 
 
 def _add_no_input_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-input", action="store_true",
                    help="never ask on the terminal: a question for a person makes the run wait "
                         "(status waiting, exit 75) until `sopctl answer`")
+
+
+def _add_trace_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--trace", action="store_true",
+                   help="send OpenTelemetry traces of the run (GenAI conventions) to "
+                        "$OTEL_EXPORTER_OTLP_ENDPOINT (default http://localhost:4318); "
+                        "needs the otel extra; the OTEL_* variables turn it on too")
 
 
 def _add_resume_flags(p: argparse.ArgumentParser) -> None:
@@ -283,6 +330,7 @@ def _add_resume_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["text", "json"], default="text")
     _add_hosted_flags(p)
     _add_no_input_flag(p)
+    _add_trace_flag(p)
 
 
 def _add_hosted_flags(p: argparse.ArgumentParser) -> None:
@@ -381,6 +429,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-exec", action="store_true")
     _add_isolation_flags(p)
     p.add_argument("--format", choices=["text", "json"], default="text")
+    _add_trace_flag(p)
     p.set_defaults(handler=cmd_replay)
 
     p = sub.add_parser("runs", help="list runs under a folder (default ./runs)")
@@ -391,6 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="a run's timeline, tokens and cost per action")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("--prompts", nargs="?", const="", default=None, metavar="ACTION",
+                   help="print every request as sent (system and user messages, re-asks) "
+                        "and its answer; only ACTION's (id or Role.action) when given")
     p.set_defaults(handler=cmd_show)
     return parser
 

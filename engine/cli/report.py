@@ -35,8 +35,24 @@ def runs_json(rows: list[tuple[Path, RunState | JournalError]]) -> list[dict[str
                     "rounds": item.rounds, "calls": usage.llm_calls, "reused": usage.reused_calls,
                     "cost_usd": round(usage.cost_usd, 6), "started_at": _when(item.started_at),
                     "invocations": item.invocations, "dir": str(path),
-                    "waiting_for": _waiting_id(item)})
+                    "waiting_for": _waiting_id(item), **_run_totals(item)})
     return out
+
+
+def _run_totals(state: RunState) -> dict[str, Any]:
+    """What a run came to, for `runs --format json`: tokens, the trouble, the model, when it
+    ended, and the question it waits for (None when it waits for none)."""
+    from engine.run.people import waiting_summary
+
+    usage, pending = state.usage, state.waiting_for
+    return {"model": state.model, "ended_at": _when(state.ended_at) if state.ended_at else None,
+            "error": state.error, "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "tokens": usage.prompt_tokens + usage.completion_tokens,
+            "retries": usage.retries, "reasks": usage.reasks,
+            "journaled_calls": state.journaled_calls, "unpriced_calls": state.unpriced_calls,
+            "person_answers": state.person_answers,
+            "question": waiting_summary(pending) if pending else None}
 
 
 # --- rendering --------------------------------------------------------------------------
@@ -219,7 +235,17 @@ def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
                      f"{item.rounds:>6} {item.usage.llm_calls:>5} ${item.usage.cost_usd:>8.4f}  "
                      f"{_when(item.started_at):<20} {path}"
                      + (f"  (waits for {waits})" if (waits := _waiting_id(item)) else ""))
-    return "\n".join(lines)
+    return "\n".join(lines + _runs_total(rows))
+
+
+def _runs_total(rows: list[tuple[Path, RunState | JournalError]]) -> list[str]:
+    """The folder's total under the table: what all its readable runs cost together."""
+    states = [item for _, item in rows if not isinstance(item, JournalError)]
+    if len(states) < 2:
+        return []
+    usage = sum((s.usage for s in states), Usage())
+    return [f"total: {len(states)} runs, {usage.llm_calls} model calls, "
+            f"{usage.prompt_tokens}+{usage.completion_tokens} tokens, ${usage.cost_usd:.4f}"]
 
 
 def summary(result: RunResult) -> str:

@@ -19,10 +19,15 @@ the start with the same answers, so the final state is:
   choice happens outside any action: it is counted on the line of the action it names
   in that round (else the role's last line of the round). Journals of older versions hold
   one `LLMCalled` summary per call instead: read the same way.
+
+`read_exchanges` gives the whole exchange of a run (`sopctl show --prompts`, the HTML
+report): every model request's messages as sent, with its answer, and every question put
+to a person with the person's answer, in the order they were journaled.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -55,8 +60,8 @@ from engine.run.events import (
     RunStatus,
 )
 
-__all__ = ["ActionStats", "ActionRecord", "RunState", "read_run", "rebuild", "find_runs",
-           "list_runs"]
+__all__ = ["ActionStats", "ActionRecord", "RunState", "Exchange", "read_run", "rebuild",
+           "find_runs", "list_runs", "read_exchanges", "exchanges_of"]
 
 
 @dataclass
@@ -364,3 +369,99 @@ def find_runs(folder: str | Path) -> list[Path]:
     found = [root] if (root / marker).is_file() else []
     found += sorted(p for p in root.iterdir() if p.is_dir() and (p / marker).is_file())
     return found
+
+
+# --- the exchange: prompts and answers ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request and its answer: a model's (each ask and re-ask), or a question to a person.
+
+    `messages` are as sent, secrets redacted (`[{"role": "system"|"user"|"assistant",
+    "content": ...}]`; a person's question is one `user` message); empty when the journal
+    did not keep them (written before sopctl kept prompts). `origin`: `model` (paid),
+    `replay` (copied from the replayed run's journal) or `person`."""
+
+    round: int
+    role: str
+    action: str
+    attempt: int
+    origin: str
+    model: str
+    messages: list[dict[str, Any]]
+    answer: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    seconds: float = 0.0
+    request_hash: str = ""
+    response_format: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"round": self.round, "role": self.role, "action": self.action,
+                "attempt": self.attempt, "origin": self.origin, "model": self.model,
+                "messages": self.messages, "answer": self.answer,
+                "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                "cost_usd": round(self.cost_usd, 6), "seconds": self.seconds,
+                "request_hash": self.request_hash, "response_format": self.response_format}
+
+
+def read_exchanges(run_dir: str | Path, action: str | None = None) -> list[Exchange]:
+    """Every exchange of a run, in journal order; `action` keeps one action's (its id, or
+    `Role.action`), and a name the run never asked for is a UsageError listing those it did."""
+    with Journal.open(run_dir) as journal, naming(journal.path):
+        found = exchanges_of(journal)
+    if action is None:
+        return found
+    chosen = [e for e in found if action in (e.action, f"{e.role}.{e.action}")]
+    if not chosen:
+        names = sorted({e.action for e in found})
+        raise UsageError(f"run {run_dir} has no exchange for action {action!r}",
+                         f"its actions with prompts: {', '.join(names) or 'none'}")
+    return chosen
+
+
+def exchanges_of(journal: Journal) -> list[Exchange]:
+    """The exchanges of an open journal (see `read_exchanges`)."""
+    sent = journal.exchanges()
+    asked = _where_asked(journal.events())
+    out: list[Exchange] = []
+    for row in journal.answers():
+        where = asked.get(row.request_hash, {})
+        answer, data = row.answer, sent.get(row.request_hash, {})
+        messages = data.get("messages") or where.get("messages") or []
+        out.append(Exchange(
+            round=int(where.get("round", 0)), role=str(where.get("role", "")), action=row.action,
+            attempt=int(data.get("attempt", where.get("attempt", 0))), origin=row.origin,
+            model=answer.model, messages=list(messages), answer=answer.text,
+            prompt_tokens=answer.prompt_tokens, completion_tokens=answer.completion_tokens,
+            cost_usd=answer.cost_usd, seconds=answer.seconds, request_hash=row.request_hash,
+            response_format=data.get("response_format")))
+    return out
+
+
+def _where_asked(rows: list[EventRow]) -> dict[str, dict[str, Any]]:
+    """Round, role and attempt of each request hash (from the first ModelAnswered naming
+    it), and a person's question as its message (from QuestionAsked, keyed by question key)."""
+    where: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        data = row.data
+        if row.type == "ModelAnswered":
+            where.setdefault(str(data.get("request_hash")), data)
+        elif row.type == "QuestionAsked" and isinstance(data.get("question"), dict):
+            question = data["question"]
+            where.setdefault(str(question.get("key")), {
+                **data, "attempt": question.get("attempt", 0),
+                "messages": [{"role": "user", "content": _question_text(question)}]})
+    return where
+
+
+def _question_text(question: dict[str, Any]) -> str:
+    """What the person was shown: the question, and for a review the draft under review."""
+    text = str(question.get("prompt", ""))
+    draft = question.get("draft")
+    if draft is None:
+        return text
+    shown = draft if isinstance(draft, str) else json.dumps(draft, ensure_ascii=False, indent=2)
+    return f"{text}\n\n## Draft under review\n{shown}"

@@ -3,13 +3,17 @@
 Why SQLite: one file per run, atomic commits (WAL), and readable by `sopctl show` while
 the run is still going or after its process was killed.
 
-A journal lives at `<workspace>/.sopctl/journal.sqlite` and has three tables:
+A journal lives at `<workspace>/.sopctl/journal.sqlite` and has four tables:
 
 - `meta`: schema version, the SOP's name and hash, engine version, creation time;
 - `events`: every run event of `engine.run.events`, in order (seq, ts, type, key, json);
   append-only (triggers refuse UPDATE and DELETE);
 - `answers`: every model answer by the hash of its canonical request, so that `resume`
-  never pays for the same request twice and `replay` never calls a model at all.
+  never pays for the same request twice and `replay` never calls a model at all;
+- `exchanges`: what was sent for each model answer (the rendered messages, system and user,
+  every re-ask's conversation), by the same hash, written in the answer's transaction;
+  JSON, zlib-compressed when longer than EXCHANGE_COMPRESS_AT characters. Journals from
+  before it have no such table and read as having no prompts (`Journal.exchanges`).
 
 `Journal` implements the three interfaces the interpreter talks to: `RunObserver`
 (`on_event`), `CompletedActions` (`completed`) and the gateway's `AnswerStore`
@@ -55,6 +59,7 @@ import sqlite3
 import stat
 import threading
 import time
+import zlib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -89,7 +94,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "JOURNAL_DIR", "JOURNAL_FILE", "CRASH_AFTER_EVENT_ENV",
            "CRASH_AFTER_ANSWER_ENV", "SYNC_ENV", "EventRow", "AnswerRow", "Journal", "ReplayStore",
-           "journal_path", "writer_active", "decode_event", "naming"]
+           "journal_path", "writer_active", "decode_event", "naming", "EXCHANGE_COMPRESS_AT"]
 
 
 SCHEMA_VERSION = 1
@@ -111,6 +116,10 @@ _CRASH_EXIT = 137
 
 
 SYNC_ENV = "SOPCTL_JOURNAL_SYNC"
+
+
+EXCHANGE_COMPRESS_AT = 1024
+"""An exchange's JSON longer than this many characters is stored zlib-compressed (a BLOB)."""
 
 
 _FSYNCED_EVENTS = frozenset({"RunEnded"})
@@ -151,6 +160,10 @@ CREATE TABLE IF NOT EXISTS answers (
     seconds           REAL NOT NULL,
     origin            TEXT NOT NULL,
     seq               INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS exchanges (
+    request_hash TEXT PRIMARY KEY,
+    data         BLOB NOT NULL
 );
 """
 
@@ -327,7 +340,9 @@ def naming(path: Path) -> Iterator[None]:
     except JournalError as exc:
         if str(path) in exc.message:
             raise
-        raise JournalError(f"journal {path} is damaged: {exc.message}", exc.hint) from None
+        newer = "newer sopctl" in exc.hint or "another sopctl version" in exc.hint
+        state = "cannot be read by this sopctl" if newer else "is damaged"
+        raise JournalError(f"journal {path} {state}: {exc.message}", exc.hint) from None
 
 
 @contextmanager
@@ -699,17 +714,66 @@ class Journal:
     def _store_answer(self, request_hash: str, action: str, answer: StoredAnswer, origin: str) -> None:
         self._require_writable()
         text = scrub(answer.text, self._secrets)
+        exchange = getattr(answer, "exchange", None)
         with _guard(self.path, "write an answer to"):
             self._sync(full=True)
-            self._conn.execute(
-                "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                "(SELECT COALESCE(MAX(seq), 0) FROM events))",
-                (request_hash, action, text, int(answer.prompt_tokens),
-                 int(answer.completion_tokens), float(answer.cost_usd),
-                 str(getattr(answer, "model", "")), float(getattr(answer, "seconds", 0.0)), origin))
+            with self._transaction(exchange is not None):
+                self._conn.execute(
+                    "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                    "(SELECT COALESCE(MAX(seq), 0) FROM events))",
+                    (request_hash, action, text, int(answer.prompt_tokens),
+                     int(answer.completion_tokens), float(answer.cost_usd),
+                     str(getattr(answer, "model", "")), float(getattr(answer, "seconds", 0.0)), origin))
+                if exchange is not None:
+                    self._insert_exchange(request_hash, exchange)
         self._answers_written += 1
         if self._crash_answer and self._answers_written == self._crash_answer:
             os._exit(_CRASH_EXIT)
+
+    @contextmanager
+    def _transaction(self, needed: bool) -> Iterator[None]:
+        """One transaction around several statements (none needed for one: each commits;
+        none either inside one already open, which commits them together)."""
+        if not needed or self._conn.in_transaction:
+            yield
+            return
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    def _insert_exchange(self, request_hash: str, exchange: dict[str, Any]) -> None:
+        """What was sent for an answer, secrets redacted, compressed when long (the first wins)."""
+        text = scrub(json.dumps(exchange, ensure_ascii=False), self._secrets)
+        data: str | bytes = text
+        if len(text) > EXCHANGE_COMPRESS_AT:
+            data = zlib.compress(text.encode("utf-8"), 6)
+        self._conn.execute("INSERT OR IGNORE INTO exchanges VALUES (?, ?)", (request_hash, data))
+
+    def exchanges(self) -> dict[str, dict[str, Any]]:
+        """What was sent for each answer, by request hash (empty for a journal from before
+        prompts were kept, which has no `exchanges` table)."""
+        with _guard(self.path, "read"):
+            if not self._has_table("exchanges"):
+                return {}
+            rows = self._conn.execute("SELECT request_hash, data FROM exchanges").fetchall()
+        return {key: _exchange_of(key, data) for key, data in rows}
+
+    def exchange(self, request_hash: str) -> dict[str, Any] | None:
+        """What was sent for one answer, or None when the journal did not keep it."""
+        with _guard(self.path, "read"):
+            if not self._has_table("exchanges"):
+                return None
+            row = self._conn.execute("SELECT data FROM exchanges WHERE request_hash = ?",
+                                     (request_hash,)).fetchone()
+        return _exchange_of(request_hash, row[0]) if row else None
+
+    def _has_table(self, name: str) -> bool:
+        return self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                                  (name,)).fetchone() is not None
 
     def _require_writable(self) -> None:
         if not self._writable:
@@ -737,6 +801,7 @@ class ReplayStore:
             self.misses.append(request_hash)
         else:
             action = self._action_of(request_hash)
+            answer = dataclasses.replace(answer, exchange=self._exchange_of(request_hash))
             self.target.record_as(request_hash, action, answer, origin="replay")
         return answer
 
@@ -745,6 +810,14 @@ class ReplayStore:
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         self.target.record(request_hash, action, answer)
+
+    def _exchange_of(self, request_hash: str) -> dict[str, Any] | None:
+        """The prompt to copy with the answer; a damaged one is left out (the answer is what
+        a replay needs, the prompt is only for people to read)."""
+        try:
+            return self.source.exchange(request_hash)
+        except JournalError:
+            return None
 
     def _action_of(self, request_hash: str) -> str:
         with _guard(self.source.path, "read"):
@@ -929,6 +1002,18 @@ def _open_uri(uri: str) -> sqlite3.Connection:
     conn.execute("PRAGMA query_only = ON")
     conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     return conn
+
+
+def _exchange_of(request_hash: str, data: str | bytes) -> dict[str, Any]:
+    """A stored exchange back as JSON (a BLOB is zlib-compressed); damage is a JournalError."""
+    try:
+        text = zlib.decompress(data).decode("utf-8") if isinstance(data, bytes) else str(data)
+        value = json.loads(text)
+    except (zlib.error, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise JournalError(f"journal exchange {request_hash[:12]} cannot be read ({exc})", _DAMAGED) from None
+    if not isinstance(value, dict) or not isinstance(value.get("messages"), list):
+        raise JournalError(f"journal exchange {request_hash[:12]} has no list of messages", _DAMAGED)
+    return value
 
 
 def _loads(text: str, seq: int) -> dict[str, Any]:

@@ -57,7 +57,8 @@ class FakeModel:
         text = answer_text(request.spec, schema_mode=request.response_format is not None)
         prompt_chars = sum(len(m.get("content", "")) for m in request.messages)
         return ModelAnswer(text=text, prompt_tokens=prompt_chars // 4,
-                           completion_tokens=len(text) // 4, cost_usd=0.0)
+                           completion_tokens=len(text) // 4, cost_usd=0.0,
+                           finish_reason="stop")
 
 
 def latency_s() -> float:

@@ -12,7 +12,9 @@
    response_format, temperature, max_tokens, kind) and never an API key. A hash found in
    `store` is **reused**: no model call, counted in `usage.reused_calls`. Missing under
    `replay=True` it is a `ReplayDivergence`. Otherwise the model is called and the answer
-   is recorded in `store` at once, before it is parsed, so a crash never loses a paid answer.
+   is recorded in `store` at once, before it is parsed, so a crash never loses a paid answer;
+   with it what was sent (`StoredAnswer.exchange`: the rendered messages), which the journal
+   keeps so that `sopctl show --prompts` can show it.
 4. The answer is parsed and validated (`engine.models.answers.read`). An invalid answer is never
    accepted: it is shown back to the model with the error, up to `spec.retries` times, then
    `ActionFailed` names the action and the last error. `choice` answers are never invalid.
@@ -220,13 +222,13 @@ class Gateway:
             answer, seconds = await self._complete(provider, request, result)
             event = _answered(request, key, answer.prompt_tokens, answer.completion_tokens,
                               max(float(answer.cost_usd or 0.0), 0.0), round(seconds, 3),
-                              unpriced=not answer.priced)
+                              unpriced=not answer.priced, finish_reason=answer.finish_reason)
             self._count(event, result)  # before the admission slot frees: the budget sees it
             self._max_call_cost = max(self._max_call_cost or 0.0, event.cost_usd)
         if self.store is not None:  # recorded before it is reported or parsed: never lost
             self.store.record(key, request.spec.action, StoredAnswer(
                 answer.text, answer.prompt_tokens, answer.completion_tokens, answer.cost_usd,
-                model=request.spec.model, seconds=event.seconds))
+                model=request.spec.model, seconds=event.seconds, exchange=request.sent()))
             self._recorded.add(key)
         self._send(event)
         return answer.text, False
@@ -330,10 +332,11 @@ class Gateway:
 
 def _answered(request: ModelRequest, key: str, prompt_tokens: int, completion_tokens: int,
               cost: float, seconds: float, *, reused: bool = False,
-              unpriced: bool = False) -> ModelAnswered:
+              unpriced: bool = False, finish_reason: str = "") -> ModelAnswered:
     spec = request.spec
     return ModelAnswered(spec.round, spec.role, spec.action, request.attempt, key, prompt_tokens,
-                         completion_tokens, cost, seconds, reused, unpriced)
+                         completion_tokens, cost, seconds, reused, unpriced, spec.model,
+                         finish_reason)
 
 
 def _prompt_token_bound(request: ModelRequest) -> int:

@@ -187,13 +187,15 @@ class LiteLLMProvider:
         counted = prompt_tokens == 0 and completion_tokens == 0   # no usage: litellm says 0, 0
         if counted:
             prompt_tokens, completion_tokens = _count_tokens(litellm, model, request, text)
+        finish = str(getattr(choices[0], "finish_reason", None) or "")
         price = price_of(self, spec)
         if price is None:  # unknown to litellm and no price given: 0, and said so
-            return ModelAnswer(text, prompt_tokens, completion_tokens, 0.0, priced=False)
+            return ModelAnswer(text, prompt_tokens, completion_tokens, 0.0, priced=False,
+                               finish_reason=finish)
         cost = price.cost(prompt_tokens, completion_tokens)
         if not counted and price is not spec.fallback_price:  # litellm's own price
             cost = _litellm_cost(litellm, response, cost)
-        return ModelAnswer(text, prompt_tokens, completion_tokens, cost)
+        return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
 
 
 # litellm reports a missing key for some providers as a 500 ("Missing credentials..."):

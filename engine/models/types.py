@@ -129,6 +129,9 @@ class StoredAnswer:
     cost_usd: float
     model: str = ""
     seconds: float = 0.0
+    exchange: dict[str, Any] | None = None
+    """What was sent for it (`ModelRequest.sent()`: the messages as rendered, the attempt,
+    the response_format), for the journal to keep; None where unknown (a person's answer)."""
 
 
 class AnswerStore(Protocol):
@@ -169,6 +172,8 @@ class ModelAnswered(Event):
     seconds: float                 # the model's time (a reused answer: as recorded)
     reused: bool = False           # taken from the journal: not paid again
     unpriced: bool = False         # the model's price is unknown: cost_usd 0 is not a real cost
+    model: str = ""                # the model asked ("" in journals older than issue 14)
+    finish_reason: str = ""        # why the model stopped (`stop`, `length`...), "" if not told
 
     @property
     def usage(self) -> Usage:
@@ -243,6 +248,14 @@ class ModelRequest:
     def hash(self) -> str:
         return request_hash(self.canonical())
 
+    def sent(self) -> dict[str, Any]:
+        """What the journal keeps of the request: the messages as sent, which attempt it is,
+        and the response_format when the schema travelled as one."""
+        data: dict[str, Any] = {"messages": list(self.messages), "attempt": self.attempt}
+        if self.response_format is not None:
+            data["response_format"] = self.response_format
+        return data
+
 
 @dataclass(frozen=True)
 class ModelAnswer:
@@ -254,6 +267,8 @@ class ModelAnswer:
     cost_usd: float = 0.0
     priced: bool = True
     """False: the model's price is unknown and `cost_usd` is 0 for want of one."""
+    finish_reason: str = ""
+    """Why the model stopped, as the provider says (`stop`, `length`, ...); "" if it does not."""
 
 
 class Provider(Protocol):
