@@ -206,6 +206,10 @@ def test_prompts_are_folded_and_escaped_when_recorded(runs: dict[str, Path], tmp
     assert "not recorded" not in run_block
     other = html.split('id="run-1"')[1].split('id="run-2"')[0]
     assert "not recorded" in other                 # it had model calls but no exchange
+    exchange["messages"][1]["content"] = "x" * (html_report.PROMPT_SHOWN_CHARS + 10)
+    html = html_report.render_report(state)
+    assert "x" * html_report.PROMPT_SHOWN_CHARS + "\n… (10 more characters: `sopctl show RUN_DIR " \
+        f"--prompts {first.action}`)" in html
 
 
 def test_prompts_not_recorded_says_so(runs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:

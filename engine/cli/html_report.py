@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["render_report", "write_report", "default_output"]
 
 ARTIFACT_SHOWN_CHARS = 64 * 1024
+PROMPT_SHOWN_CHARS = 8 * 1024
 """Artifacts are shown up to this size (the rest is cut, and says so): the report stays small."""
 
 
@@ -161,10 +162,26 @@ def _run_view(index: int, record: ActionRecord, state: RunState,
               exchanges: list[dict[str, Any]] | None) -> dict[str, Any]:
     end = record.ended_at if record.ended_at is not None else (state.ended_at or state.last_event_at)
     mine = None if exchanges is None else [
-        e for e in exchanges
+        _shown_exchange(e) for e in exchanges
         if (e.get("round"), e.get("role"), e.get("action")) == (record.round, record.role, record.action)]
     return {"index": index, "record": record, "duration": duration_text(max(end - record.started_at, 0.0)),
             "prompts": mine}
+
+
+def _shown_exchange(exchange: dict[str, Any]) -> dict[str, Any]:
+    """An exchange with each text cut to PROMPT_SHOWN_CHARS: with `context: all` a prompt holds
+    every earlier message, so prompts grow with the square of a run's length; the full text
+    is in the journal."""
+    hint = f"sopctl show RUN_DIR --prompts {exchange.get('action', '')}"
+    messages = [{**m, "content": _cut(str(m.get("content", "")), hint)}
+                for m in exchange.get("messages") or [] if isinstance(m, dict)]
+    return {**exchange, "messages": messages, "answer": _cut(str(exchange.get("answer", "")), hint)}
+
+
+def _cut(text: str, hint: str) -> str:
+    if len(text) <= PROMPT_SHOWN_CHARS:
+        return text
+    return f"{text[:PROMPT_SHOWN_CHARS]}\n… ({len(text) - PROMPT_SHOWN_CHARS} more characters: `{hint}`)"
 
 
 def _exchanges(state: RunState) -> list[dict[str, Any]] | None:
