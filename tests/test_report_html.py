@@ -257,3 +257,15 @@ def test_report_without_the_sop_file_still_renders(runs: dict[str, Path], tmp_pa
     html = html_report.render_report(state)
     assert "is gone: no graph" in html and 'id="graph-svg"' not in html
     assert html.count('<rect class="bar') == len(state.timeline)
+
+
+def test_a_failed_run_shows_its_error_where_it_stopped(runs: dict[str, Path]) -> None:
+    from engine.run.events import RunStatus
+
+    state = read_run(runs["debate"])
+    state.status, state.error = RunStatus.FAILED, "action Argue failed: <b>boom</b>"
+    html = html_report.render_report(state)
+    banner = html.split('<div class="banner failed" id="stopped">')[1].split("</div>")[0]
+    assert "action Argue failed: &lt;b&gt;boom&lt;/b&gt;" in banner
+    assert f"stopped in round {state.rounds}" in banner
+    assert 'id="stop-mark"' in html and "failed here" in html

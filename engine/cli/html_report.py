@@ -31,6 +31,8 @@ __all__ = ["render_report", "write_report", "default_output"]
 
 ARTIFACT_SHOWN_CHARS = 64 * 1024
 PROMPT_SHOWN_CHARS = 8 * 1024
+ARTIFACT_READ_BYTES = 16 * 1024 * 1024
+"""A larger artifact is not read at all (nor checked against its hash)."""
 """Artifacts are shown up to this size (the rest is cut, and says so): the report stays small."""
 
 
@@ -100,7 +102,7 @@ def _view(state: RunState) -> dict[str, Any]:
         "graph": drawing,
         "graph_note": graph_note,
         "timeline": layout_timeline(state, role_order),
-        "actions": [_action_row(s.action, s.roles, s.runs, s.usage) for s in state.actions.values()],
+        "actions": [_usage_row(s.action, s.roles, s.runs, s.usage) for s in state.actions.values()],
         "roles": _role_rows(state),
         "runs": [_run_view(i, r, state, exchanges) for i, r in enumerate(state.timeline)],
         "rounds": _rounds(state),
@@ -143,7 +145,7 @@ def _elapsed(state: RunState) -> float:
     return max(end - state.started_at, 0.0) if state.started_at else 0.0
 
 
-def _action_row(name: str, roles: list[str], runs: int, usage: Usage) -> dict[str, Any]:
+def _usage_row(name: str, roles: list[str], runs: int, usage: Usage) -> dict[str, Any]:
     return {"name": name, "detail": ", ".join(roles), "runs": runs, "usage": usage}
 
 
@@ -155,7 +157,7 @@ def _role_rows(state: RunState) -> list[dict[str, Any]]:
         if record.action not in actions:
             actions = [*actions, record.action]
         by_role[record.role] = (actions, count + 1, usage + record.usage)
-    return [_action_row(role, actions, count, usage) for role, (actions, count, usage) in by_role.items()]
+    return [_usage_row(role, actions, count, usage) for role, (actions, count, usage) in by_role.items()]
 
 
 def _run_view(index: int, record: ActionRecord, state: RunState,
@@ -227,7 +229,11 @@ def _artifact(state: RunState, rel: str, digest: str) -> dict[str, Any]:
     view: dict[str, Any] = {"path": rel, "sha256": digest, "text": None, "note": ""}
     try:
         path = Workspace(state.run_dir).confine(rel)
-        data = path.read_bytes() if path.is_file() else None
+        size = path.stat().st_size if path.is_file() else None
+        if size is not None and size > ARTIFACT_READ_BYTES:
+            view["note"] = f"not shown: {size} bytes"
+            return view
+        data = path.read_bytes() if size is not None else None
     except (SopError, OSError) as exc:
         view["note"] = f"not shown: {exc}"
         return view

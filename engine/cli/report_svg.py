@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from engine.check.graph import action_node, cycle_edges, cycles
 from engine.journal.history import ActionRecord, RunState
 from engine.load.spec import USER_REQUIREMENT
+from engine.run.events import RunStatus
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -220,10 +221,9 @@ class TimelineDrawing:
 
 def layout_timeline(state: RunState, role_order: list[str]) -> TimelineDrawing:
     """Rows of roles, bars of action runs over wall time, rounds as bands, calls in flight."""
-    start = min([state.started_at or 0.0] + [r.started_at for r in state.timeline if r.started_at]) \
-        if state.timeline else state.started_at
-    end = max([state.ended_at or 0.0, state.last_event_at, start]
-              + [r.ended_at or 0.0 for r in state.timeline])
+    starts = [t for t in [state.started_at, *(r.started_at for r in state.timeline)] if t]
+    start = min(starts, default=0.0)
+    end = max([state.ended_at or 0.0, state.last_event_at, start, *(r.ended_at or 0.0 for r in state.timeline)])
     span = max(end - start, 1e-6)
 
     def x_of(ts: float) -> float:
@@ -235,7 +235,7 @@ def layout_timeline(state: RunState, role_order: list[str]) -> TimelineDrawing:
     bars = [_bar(i, r, x_of, row_y[r.role], end) for i, r in enumerate(state.timeline)]
     flight_y = 24 + len(rows) * ROW_H + 12
     path, peak = _in_flight(state.timeline, x_of, flight_y + FLIGHT_H)
-    stopped = state.status not in ("idle", "max_rounds")
+    stopped = state.status not in (RunStatus.IDLE, RunStatus.MAX_ROUNDS)
     return TimelineDrawing(
         width=LABEL_W + PLOT_W + 20, height=flight_y + FLIGHT_H + 28, plot_x=LABEL_W, plot_w=PLOT_W,
         rows=rows, bands=_bands(state, x_of, end), bars=bars, flight_y=flight_y, flight_path=path,
