@@ -269,3 +269,12 @@ def test_a_failed_run_shows_its_error_where_it_stopped(runs: dict[str, Path]) ->
     assert "action Argue failed: &lt;b&gt;boom&lt;/b&gt;" in banner
     assert f"stopped in round {state.rounds}" in banner
     assert 'id="stop-mark"' in html and "failed here" in html
+
+
+def test_a_changed_sop_file_is_drawn_as_it_is_now_and_says_so(runs: dict[str, Path]) -> None:
+    state = read_run(runs["company"])
+    assert "changed since the run" not in html_report.render_report(state)
+    state.sop_hash = "0" * 64                      # as if the file had been edited since
+    html = html_report.render_report(state)
+    assert "changed since the run: this is the graph of the file as it is now" in html
+    assert 'id="graph-svg"' in html

@@ -96,7 +96,6 @@ def _view(state: RunState) -> dict[str, Any]:
         "status_text": status_line(state),
         "stopped": _stopped(state),
         "started": format_time(state.started_at),
-        "ended": format_time(state.ended_at or 0.0),
         "elapsed": duration_text(_elapsed(state)),
         "usage": state.usage,
         "graph": drawing,
