@@ -4,6 +4,7 @@ tests/test_report_browser.py opens it in Chromium)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import re
@@ -227,7 +228,7 @@ def test_a_folder_that_is_not_a_run_is_exit_2(tmp_path: Path, capsys: pytest.Cap
     assert not html_report.default_output(tmp_path).exists()
 
 
-@pytest.mark.parametrize("damage", ["garbage", "truncated"])
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "newer"])
 def test_a_damaged_journal_is_exit_2(runs: dict[str, Path], tmp_path: Path, damage: str,
                                      capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
@@ -236,7 +237,13 @@ def test_a_damaged_journal_is_exit_2(runs: dict[str, Path], tmp_path: Path, dama
     shutil.copytree(runs["company"], copy)
     path = journal_path(copy)
     data = path.read_bytes()
-    path.write_bytes(b"not a database at all" * 50 if damage == "garbage" else data[: len(data) // 3])
+    if damage == "newer":
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(path)) as conn, conn:
+            conn.execute("UPDATE meta SET value = '999' WHERE key = 'schema_version'")
+    else:
+        path.write_bytes(b"not a database at all" * 50 if damage == "garbage" else data[: len(data) // 3])
     code, _, err = report(capsys, copy, "-o", str(tmp_path / "r.html"))
     assert code == 2, err
     assert "journal" in err and "Traceback" not in err and "internal error" not in err
