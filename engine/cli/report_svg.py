@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["GraphNode", "GraphEdge", "GraphDrawing", "layout_graph", "TimelineBar",
            "TimelineDrawing", "layout_timeline", "duration_text"]
 
-CHAR_W, NODE_H, LAYER_GAP, NODE_GAP, MARGIN = 7.2, 30, 70, 26, 20
+CHAR_W, NODE_H, LAYER_GAP, NODE_GAP, MARGIN = 7.2, 30, 48, 26, 20
 SWEEPS = 4
 
 
