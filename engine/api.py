@@ -79,7 +79,7 @@ async def run_async(compiled: CompiledSop, inputs: Mapping[str, Any] | None = No
     """Run to the end, journaled in the workspace unless `journal=False`.
 
     Options: model, max_rounds, budget_usd, workspace (default runs/<run-id>), allow_exec,
-    isolate and allow_network (exec commands under bubblewrap), run_id, observers, completed,
+    isolate and allow_network (exec commands under bubblewrap), run_id, observers,
     store, gateway, api_base (where hosted models are reached), price (a `Price` for models
     litellm cannot price). A run cannot start (UsageError, RunError)
     before any model call or file write: bad inputs, exec not allowed, an unusable model.

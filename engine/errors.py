@@ -13,7 +13,7 @@ from typing import Literal
 
 __all__ = ["Severity", "Related", "Diagnostic", "SopError", "LoadError", "CompileError",
            "UsageError", "RunError", "ActionFailed", "LLMError", "BudgetExceeded", "JournalError",
-           "ReplayDivergence"]
+           "ReplayDivergence", "require_utf8"]
 
 
 Severity = Literal["error", "warning"]
@@ -78,6 +78,22 @@ class UsageError(SopError):
     """A bad flag, a missing input, a file that cannot be used at all."""
 
     exit_code = 2
+
+
+def require_utf8(text: str, what: str) -> None:
+    """Refuse text that cannot be written as UTF-8, before anything is written (here, the
+    bottom layer: the CLI checks its arguments with it before importing anything heavier).
+
+    Python keeps the bytes of a non-UTF-8 command line (or file name) as lone surrogates;
+    such text can be neither journaled nor printed, so it is a usage error naming where."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        char = ord(text[exc.start])
+        what_char = (f"the byte 0x{char - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= char <= 0xDCFF
+                     else f"a lone surrogate U+{char:04X}")
+        raise UsageError(f"{what} is not valid UTF-8 text: {what_char}, at character {exc.start + 1}",
+                         hint="give the text in UTF-8 (check the terminal's or the file's encoding)") from None
 
 
 class LoadError(SopError):

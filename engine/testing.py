@@ -171,6 +171,9 @@ class MemoryAnswerStore:
     def lookup(self, request_hash: str) -> StoredAnswer | None:
         return self.answers.get(request_hash)
 
+    def holds(self, request_hash: str) -> bool:
+        return request_hash in self.answers
+
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         self.answers[request_hash] = answer
         self.actions[request_hash] = action

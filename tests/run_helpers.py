@@ -93,6 +93,9 @@ class _NoReuse:
     def lookup(self, request_hash: str) -> StoredAnswer | None:
         return None
 
+    def holds(self, request_hash: str) -> bool:
+        return False
+
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         pass
 

@@ -125,8 +125,8 @@ def test_show_counts_retries_and_reasks_per_action_and_in_total(
     assert main(["show", str(troubled["ws"])]) == 0
     text = capsys.readouterr().out
     assert "total: 3 model calls, 0 reused, 1 retries, 1 re-asks" in text
-    assert "Writer.Write  [done]  calls 2" in text and "re-asks 1" in text
-    assert "Reviewer.Review  [done]  calls 1" in text and "retries 1" in text
+    assert "Writer.Write  [done]  calls 2" in text and "$0.0000  1 re-asks" in text
+    assert "Reviewer.Review  [done]  calls 1" in text and "$0.0000  1 retries" in text
 
 
 def test_the_displays_show_them_as_they_happen(troubled: dict[str, Any]) -> None:

@@ -314,6 +314,17 @@ def test_the_files_price_prices_a_self_hosted_model(server, sop_file, tmp_path, 
     assert json.loads(out)["cost_usd"] == pytest.approx(11e-6 + 6e-6)
 
 
+def test_the_price_flag_beats_the_files_price(server, sop_file, tmp_path, capsys):
+    sop_file.write_text(TEXT_SOP.replace(
+        "name: hello", "name: hello\nllm: {price: {input_per_million: 1, output_per_million: 2}}"))
+    server.replies = [(200, {}, answer())]
+    code, out, err = sopctl(capsys, "run", str(sop_file), "--idea", "greet", "--model", MODEL,
+                            "--api-base", server.base, "--price", "10,20", "--out",
+                            str(tmp_path / "ws"), "--format", "json")
+    assert code == 0, err
+    assert json.loads(out)["cost_usd"] == pytest.approx(10 * (11e-6 + 6e-6))
+
+
 @pytest.mark.parametrize("key", ["api_base", "base_url", "api_key"])
 def test_a_shared_file_cannot_say_where_the_key_goes(sop_file, capsys, key):
     sop_file.write_text(TEXT_SOP.replace("name: hello", f"name: hello\nllm: {{{key}: http://evil.example}}"))
@@ -340,6 +351,25 @@ def test_resume_takes_api_base_and_price_from_its_own_command_line(server, sop_f
                             "--price", "1,2", "--format", "json")
     assert code == 0, err
     assert len(server.requests) == 2 and json.loads(out)["cost_usd"] == pytest.approx(17e-6)
+
+
+def test_a_run_killed_between_two_attempts_resumes_without_asking_the_first_again(
+        server, sop_file, tmp_path, capsys, forked_sopctl):
+    """A real process journals an invalid (empty) answer and is killed before its re-ask:
+    the resume reuses that answer and sends the re-ask it was about to send."""
+    server.replies = [(200, {}, answer(""))]
+    ws = tmp_path / "ws"
+    crashed = forked_sopctl("run", str(sop_file), "--idea", "greet", "--model", MODEL,
+                            "--api-base", server.base, "--out", str(ws),
+                            env={"SOPCTL_CRASH_AFTER_ANSWER": "1",
+                                 "OPENAI_API_KEY": "sk-local-test-key-0000"})
+    assert crashed.returncode == 137 and len(server.requests) == 1, crashed.stderr
+    server.replies = [(200, {}, answer("hello there"))]
+    code, out, err = sopctl(capsys, "resume", str(ws), "--api-base", server.base, "--format", "json")
+    assert code == 0, err
+    assert len(server.requests) == 2
+    assert "could not be accepted: the answer is empty" in server.requests[1]["messages"][-1]["content"]
+    assert (json.loads(out)["llm_calls"], json.loads(out)["reused_calls"]) == (1, 1)
 
 
 def test_a_failing_fan_out_item_leaves_no_never_awaited_warning(server, tmp_path, monkeypatch):

@@ -42,7 +42,8 @@ def message(mid: str, rnd: int, cause: str, sender: str, content: str = "hello")
 
 
 def answered(rnd: int, role: str, action: str, *, reused: bool = False) -> ModelAnswered:
-    return ModelAnswered(round=rnd, role=role, action=action, attempt=0, request_hash=HASH,
+    """The answer of an action, journaled as `h-<action>` (as the gateway reports it)."""
+    return ModelAnswered(round=rnd, role=role, action=action, attempt=0, request_hash=f"h-{action}",
                          prompt_tokens=10, completion_tokens=5, cost_usd=0.01, seconds=0.5,
                          reused=reused)
 
@@ -76,8 +77,8 @@ def test_events_roundtrip_and_state(tmp_path: Path) -> None:
     with new_journal(tmp_path) as journal:
         for event in full_run():
             journal.on_event(event)
-        journal.record("h1", "Write", StoredAnswer("draft", 10, 5, 0.01))
-        journal.record("h2", "Review", StoredAnswer("ok", 10, 5, 0.01))
+        journal.record("h-Write", "Write", StoredAnswer("draft", 10, 5, 0.01))
+        journal.record("h-Review", "Review", StoredAnswer("ok", 10, 5, 0.01))
     state = read_run(tmp_path)
     assert state.status == "idle" and state.rounds == 2 and state.run_id == "r1"
     assert [m["id"] for m in state.history] == ["0-Human-0", "1-Writer-0", "2-Reviewer-0"]

@@ -140,7 +140,7 @@ def test_a_llama_failure_is_a_model_error_naming_the_action_and_is_not_retried()
     gateway = Gateway(providers={"local": LocalModel(llama=broken)})
     with allow_real_models(), pytest.raises(LLMError) as info:
         asyncio.run(gateway.call(spec()))
-    assert "the local model failed for action WritePRD: ValueError: llama_decode returned -3" in str(info.value)
+    assert "model 'local' failed for action WritePRD: ValueError: llama_decode returned -3" in str(info.value)
     assert len(broken.calls) == 1 and gateway.usage.retries == 0
 
 

@@ -76,22 +76,7 @@ roles:
     watch: [Report]
 """
 
-HUMAN_TEXT = """\
-apiVersion: sop/v1
-name: human_text
-inputs:
-  idea: {type: str, required: true}
-actions:
-  Decide:
-    prompt: "Decide about {{ inputs.idea }}."
-    output: text
-    artifacts: [{path: decision.md, content: "{{ out }}"}]
-roles:
-  Boss:
-    human: true
-    actions: [Decide]
-    watch: [UserRequirement]
-"""
+HUMAN_TEXT = (Path(__file__).parent / "sops" / "human_text.sop.yaml").read_text(encoding="utf-8")
 
 
 def _sop(tmp_path: Path, text: str, name: str = "s.sop.yaml") -> Path:

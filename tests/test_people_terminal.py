@@ -22,22 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "human_review.sop.yaml"
 PROMPT = r"\[a/e/r\]: "
 
-HUMAN_TEXT = """\
-apiVersion: sop/v1
-name: human_text
-inputs:
-  idea: {type: str, required: true}
-actions:
-  Decide:
-    prompt: "Decide about {{ inputs.idea }}."
-    output: text
-    artifacts: [{path: decision.md, content: "{{ out }}"}]
-roles:
-  Boss:
-    human: true
-    actions: [Decide]
-    watch: [UserRequirement]
-"""
+HUMAN_TEXT = (Path(__file__).parent / "sops" / "human_text.sop.yaml").read_text(encoding="utf-8")
 
 
 def _spawn(cwd: Path, *args: str, editor: str = "", **extra_env: str) -> pexpect.spawn:

@@ -12,7 +12,9 @@ import pytest
 from run_helpers import ForkedSopctl
 
 from engine.cli.commands import main
+from engine.errors import LLMError
 from engine.journal.history import read_run
+from engine.journal.store import Journal
 from engine.models.fake import answer_text
 from engine.models.types import CallSpec
 from engine.testing import ScriptedModel, use_model
@@ -292,3 +294,85 @@ def test_resume_of_a_finished_run_redoes_nothing_when_a_later_action_rewrote_a_f
     code, restored, _ = sopctl(capsys, "resume", str(ws), "--format", "json")
     assert code == 0 and model.calls == 2 and restored["reused_calls"] == 2
     assert (ws / "out.txt").read_text() == final
+
+
+DECIDE = """
+apiVersion: sop/v1
+name: one_decision
+actions:
+  Decide:
+    prompt: "Decide."
+    context: none
+    retries: 2
+    output:
+      Choice: {type: str, instruction: the decision}
+    artifacts: [{path: choice.txt, content: "{{ out['Choice'] }}"}]
+roles:
+  Chooser: {actions: [Decide], watch: [UserRequirement]}
+"""
+
+VALID = '{"Choice": "yes"}'
+
+
+def decide(tmp_path: Path, capsys: pytest.CaptureFixture[str], ws: Path) -> tuple[int, dict[str, Any], str]:
+    sop = tmp_path / "decide.sop.yaml"
+    sop.write_text(DECIDE)
+    return sopctl(capsys, "run", str(sop), "--idea", "x", "--model", "scripted", "--out", str(ws),
+                  "--format", "json")
+
+
+def test_resume_after_no_valid_answer_asks_the_model_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Each resume of a run whose attempts were all spent gets a fresh set of them (the
+    conversation goes on with the last error); the journal keeps every answer, and a
+    replay reproduces each invocation without calling anything."""
+    model = ScriptedModel(["no json, sorry"] * 6 + [VALID])
+    ws = tmp_path / "run"
+    with use_model(model, name="scripted"):
+        code, first, err = decide(tmp_path, capsys, ws)
+        assert code == 1 and first["status"] == "failed" and model.calls == 3
+        assert "no valid answer" in first["error"] and "after 3 attempt(s)" in first["error"]
+        code, replayed, err = sopctl(capsys, "replay", str(ws), "--out", str(tmp_path / "r0"),
+                                     "--format", "json")
+        assert code == 1 and "after 3 attempt(s)" in replayed["error"] and "diverged" not in err
+        assert model.calls == 3
+
+        code, again, err = sopctl(capsys, "resume", str(ws), "--format", "json")
+        assert code == 1 and again["status"] == "failed" and "after 6 attempt(s)" in again["error"]
+        assert (again["llm_calls"], again["reused_calls"], model.calls) == (3, 3, 6)
+        assert "could not be accepted" in model.prompts()[3]     # the chain goes on, error shown
+
+        code, resumed, err = sopctl(capsys, "resume", str(ws), "--format", "json")
+        assert code == 0 and resumed["status"] == "idle", err
+        assert (resumed["llm_calls"], resumed["reused_calls"], model.calls) == (1, 6, 7)
+        assert (ws / "choice.txt").read_text() == "yes"
+
+        code, replayed, err = sopctl(capsys, "replay", str(ws), "--out", str(tmp_path / "r1"),
+                                     "--format", "json")
+        assert code == 0 and replayed["history"] == resumed["history"], err
+        assert (replayed["llm_calls"], replayed["reused_calls"], model.calls) == (0, 7, 7)
+
+    with Journal.open(ws) as journal:
+        texts = [row.answer.text for row in journal.answers()]
+    assert texts == ["no json, sorry"] * 6 + [VALID]             # old answers kept, new ones added
+    code, shown, _ = sopctl(capsys, "show", str(ws), "--format", "json")
+    assert shown["invocations"] == 3 and shown["journaled_calls"] == 7
+    assert [(a["action"], a["calls"]) for a in shown["actions"]] == [("Decide", 7)]
+    assert main(["show", str(ws)]) == 0
+    assert "Chooser.Decide  [done]  calls 7" in capsys.readouterr().out
+
+
+def test_resume_after_an_unfinished_chain_does_not_pay_its_first_answer_again(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Attempt 0 journaled invalid, then the run stopped before attempt 1 (here the model
+    failed; a kill -9 leaves the same journal): the resume reuses attempt 0 and sends the
+    re-ask the run was about to send."""
+    model = ScriptedModel(["no json, sorry", LLMError("the server went away"), VALID])
+    ws = tmp_path / "run"
+    with use_model(model, name="scripted"):
+        code, first, _ = decide(tmp_path, capsys, ws)
+        assert code == 1 and "server went away" in first["error"] and model.calls == 2
+        code, resumed, err = sopctl(capsys, "resume", str(ws), "--format", "json")
+    assert code == 0 and resumed["status"] == "idle", err
+    assert (resumed["llm_calls"], resumed["reused_calls"], model.calls) == (1, 1, 3)
+    assert model.requests[2].messages == model.requests[1].messages

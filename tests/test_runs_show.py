@@ -10,9 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from run_helpers import ForkedSopctl
 
 from engine.cli.commands import main
+from engine.journal.history import RunState, read_run
 from engine.journal.store import Journal, journal_path
+from engine.models.types import TransientModelError, Usage
+from engine.testing import ScriptedModel, use_model
 
 SOP = Path(__file__).parent / "sops" / "journal_small.sop.yaml"
 ROOT = Path(__file__).parent.parent
@@ -133,3 +137,70 @@ def test_show_marks_a_run_whose_writer_is_alive(tmp_path: Path,
         assert json.loads(out)["status"] == "running"
     _, out, _ = cli(capsys, "show", str(tmp_path), "--format", "json")
     assert json.loads(out)["status"] == "interrupted"
+
+
+# --- one count: the timeline's action lines add up to the per-action table and the total ------
+
+
+def _counted(usage: Usage) -> tuple[int, ...]:
+    return (usage.llm_calls, usage.reused_calls, usage.retries, usage.reasks,
+            usage.prompt_tokens, usage.completion_tokens)
+
+
+def assert_one_count(ws: Path) -> RunState:
+    """Every action's table row is the sum of its timeline lines, and the total their sum."""
+    state = read_run(ws)
+    for action, stats in state.actions.items():
+        lines = sum((r.usage for r in state.timeline if r.action == action), Usage())
+        assert _counted(lines) == _counted(stats.usage), action
+    assert _counted(sum((s.usage for s in state.actions.values()), Usage())) == _counted(state.usage)
+    return state
+
+
+def test_a_resumed_run_that_lost_an_answer_event_counts_it_on_its_action_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], forked_sopctl: ForkedSopctl) -> None:
+    """Killed right after its 3rd answer was journaled (before the answer's event): the resume
+    reuses it. The line of the action that paid it says so (not `calls 0`), and the react
+    role's state choices are on its action lines as they are in its table rows."""
+    crashed = forked_sopctl("run", str(SOP), "--idea", "x", "--model", "fake", "--out",
+                            str(tmp_path / "run"), env={"SOPCTL_CRASH_AFTER_ANSWER": "3"})
+    assert crashed.returncode == 137
+    assert forked_sopctl("resume", str(tmp_path / "run")).returncode == 0
+    state = assert_one_count(tmp_path / "run")
+    with Journal.open(tmp_path / "run") as journal:
+        assert state.usage.llm_calls == len(journal.answers()) == 8     # none paid twice
+    code, out, _ = cli(capsys, "show", str(tmp_path / "run"))
+    assert code == 0 and "Architect.WriteDesign  [done]  calls 1  reused 1" in out
+    assert "Engineer.WriteCode  [done]  calls 3" in out
+
+
+FAN_OUT = """
+apiVersion: sop/v1
+name: fan_out
+actions:
+  Name:
+    prompt: "Name {{ item }}."
+    context: none
+    for_each: "{{ ['a', 'b', 'c'] }}"
+    max_concurrency: 1
+    output:
+      Name: {type: str, instruction: a name}
+roles:
+  Namer: {actions: [Name], watch: [UserRequirement]}
+"""
+
+
+def test_a_fan_out_with_reasks_and_retries_counts_alike_everywhere(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sop = tmp_path / "fan.sop.yaml"
+    sop.write_text(FAN_OUT)
+    model = ScriptedModel(['{"Name": "A"}', "no json", '{"Name": "B"}',
+                           TransientModelError("rate limited (429)", retry_after_s=0), '{"Name": "C"}'])
+    with use_model(model, name="scripted"):
+        code, out, err = cli(capsys, "run", str(sop), "--idea", "x", "--model", "scripted",
+                             "--out", str(tmp_path / "run"), "--format", "json")
+    assert code == 0, err
+    state = assert_one_count(tmp_path / "run")
+    assert _counted(state.actions["Name"].usage)[:4] == (4, 0, 1, 1)
+    code, out, _ = cli(capsys, "show", str(tmp_path / "run"))
+    assert "Namer.Name  [done]  calls 4  reused 0" in out and "1 retries  1 re-asks" in out

@@ -21,7 +21,7 @@ import threading
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 from engine import __version__
-from engine.errors import SopError
+from engine.errors import SopError, require_utf8
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -476,19 +476,9 @@ def _refuse_undecodable_args(args: argparse.Namespace) -> None:
     before anything starts, so no run folder is left behind half made."""
     for name, value in vars(args).items():
         for text in value if isinstance(value, list) else [value]:
-            if isinstance(text, str) and not _is_utf8(text):
-                from engine.run.inputs import require_utf8  # only on the refusal path
-
+            if isinstance(text, str):
                 require_utf8(text, _ARG_NAMES.get(name, "--" + name.replace("_", "-")))
 
 
 _ARG_NAMES = {"file": "FILE", "files": "FILE", "run_dir": "RUN_DIR", "dir": "DIR"}
 """The positional arguments, as `--help` names them (flags are named `--flag`)."""
-
-
-def _is_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True

@@ -30,7 +30,15 @@ from engine.run.events import (
     RunStarted,
 )
 
-__all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "trouble_line", "person_line"]
+__all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "trouble_line", "person_line", "usage_notes"]
+
+
+def usage_notes(usage: Usage, *, reused: bool = True) -> list[str]:
+    """What else the answers came to, in words, only what happened: `+2 reused` (unless
+    `reused` is False), `1 retries`, `1 re-asks`. The headline, `show` and the summary say it alike."""
+    counts = ((f"+{usage.reused_calls} reused", usage.reused_calls if reused else 0),
+              (f"{usage.retries} retries", usage.retries), (f"{usage.reasks} re-asks", usage.reasks))
+    return [note for note, n in counts if n]
 
 
 @dataclass
@@ -71,9 +79,9 @@ class RunStats:
 
     def headline(self) -> str:
         u = self.usage
-        reused = f" (+{u.reused_calls} reused)" if u.reused_calls else ""
-        trouble = "".join(f" · {n} {label}" for n, label in
-                          ((u.retries, "retries"), (u.reasks, "re-asks")) if n)
+        notes = usage_notes(u)
+        reused = f" ({notes.pop(0)})" if u.reused_calls else ""
+        trouble = "".join(f" · {note}" for note in notes)
         return (f"round {self.round}/{self.max_rounds} · {u.llm_calls} calls{reused}{trouble} · "
                 f"{u.prompt_tokens}+{u.completion_tokens} tokens · ${u.cost_usd:.4f}")
 

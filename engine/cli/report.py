@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.check.diagnostics import format_diagnostic
+from engine.cli.live import usage_notes
 from engine.errors import JournalError
 from engine.journal.history import ActionRecord, ActionStats, RunState
 from engine.models.types import Usage
@@ -181,8 +182,7 @@ def _person_lines(state: RunState) -> list[str]:
 def _action_line(record: ActionRecord) -> str:
     mark = "done" if record.completed else "NOT COMPLETED"
     usage = record.usage
-    trouble = "".join(f"  {label} {n}" for label, n in
-                      (("retries", usage.retries), ("re-asks", usage.reasks)) if n)
+    trouble = "".join(f"  {note}" for note in usage_notes(usage, reused=False))
     return (f"  {record.role}.{record.action}  [{mark}]  calls {usage.llm_calls}  reused "
             f"{usage.reused_calls}  tokens {usage.prompt_tokens}+{usage.completion_tokens}  "
             f"${usage.cost_usd:.4f}{trouble}")
@@ -243,9 +243,7 @@ def summary(result: RunResult) -> str:
 
 def _call_notes(usage: Usage) -> str:
     """` (+2 reused; 1 retries; 1 re-asks)`: only what happened, nothing when none did."""
-    notes = [f"{prefix}{n} {label}" for prefix, n, label in
-             (("+", usage.reused_calls, "reused"), ("", usage.retries, "retries"),
-              ("", usage.reasks, "re-asks")) if n]
+    notes = usage_notes(usage)
     return f" ({'; '.join(notes)})" if notes else ""
 
 

@@ -10,11 +10,15 @@ the start with the same answers, so the final state is:
 - history: the last invocation's messages if it ended, else the union of every
   invocation's messages by id (ids are deterministic), in round order;
 - artifacts: every path an ActionCompleted wrote, with its latest hash;
-- model usage (a `Usage` per action and in total): paid answers from the `answers` table
-  (each was paid for exactly once, even if its event was lost to a crash), and reuses,
-  retries and re-asks from the gateway's events; the timeline's action lines fold every
-  gateway event of that action. Journals of older versions hold one `LLMCalled` summary
-  per call instead: read the same way.
+- model usage: one count, so the timeline's action lines, the per-action table and the
+  total cannot disagree. Each gateway event (a paid or reused answer, a retry, a re-ask)
+  is counted once, on the line of the action it belongs to, and that line's action row
+  and the total get the same usage. A paid answer whose event was lost (the process died
+  between journaling the answer and its event) is counted from the `answers` table, on
+  the line of the action that was running when it was journaled. A react role's state
+  choice happens outside any action: it is counted on the line of the action it names
+  in that round (else the role's last line of the round). Journals of older versions hold
+  one `LLMCalled` summary per call instead: read the same way.
 """
 
 from __future__ import annotations
@@ -22,12 +26,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from engine.errors import JournalError, UsageError
 from engine.journal.store import (
     JOURNAL_DIR,
     JOURNAL_FILE,
+    AnswerRow,
     EventRow,
     Journal,
     decode_event,
@@ -40,7 +45,6 @@ from engine.run.events import (
     ActionCompleted,
     ActionStarted,
     AnswerRejected,
-    LLMCalled,
     MessagePublished,
     ModelAnswered,
     ModelEvent,
@@ -143,24 +147,49 @@ class RunState:
 def read_run(run_dir: str | Path) -> RunState:
     """Open a run folder's journal read-only and rebuild its state (JournalError if unusable)."""
     with Journal.open(run_dir) as journal, naming(journal.path):
-        state = rebuild(journal.events(), run_dir=str(run_dir))
-        _add_answers(state, journal)
+        state = rebuild(journal.events(), run_dir=str(run_dir), answers=journal.answers())
         _add_meta(state, journal.meta())
         _mark_live(state, run_dir)
     return state
 
 
-def rebuild(rows: list[EventRow], *, run_dir: str = "") -> RunState:
-    """The run's final state from its events in order (see the module docstring)."""
-    state = RunState(run_dir=run_dir)
+def rebuild(rows: list[EventRow], *, run_dir: str = "",
+            answers: Sequence[AnswerRow] = ()) -> RunState:
+    """The run's final state from its events in order and its journaled answers (see the
+    module docstring)."""
+    people = sum(1 for answer in answers if answer.origin == PERSON)  # neither paid nor a call
+    state = RunState(run_dir=run_dir, journaled_calls=len(answers) - people, person_answers=people)
     segments = _segments(rows)
     seen_messages: dict[str, dict[str, Any]] = {}
+    unreported = _unreported_answers(rows, answers)
     for index, segment in enumerate(segments):
         last = index == len(segments) - 1
-        _apply_segment(state, segment, seen_messages, last=last)
+        _apply_segment(state, segment, seen_messages, unreported, last=last)
+    for rest in unreported.values():     # journaled before any event: no line to put them on
+        for answer in rest:
+            _count(state, answer.action, _paid(answer), None)
     if not state.ended:
         state.history = sorted(seen_messages.values(), key=lambda m: int(m.get("round", 0)))
     return state
+
+
+def _unreported_answers(rows: list[EventRow], answers: Sequence[AnswerRow]) -> dict[int, list[AnswerRow]]:
+    """Paid answers without their `ModelAnswered` event (lost to a crash), by the seq of the
+    last event before them. Older journals count paid answers in `LLMCalled`: none there."""
+    if any(row.type == "LLMCalled" for row in rows):
+        return {}
+    reported = {row.data.get("request_hash") for row in rows
+                if row.type == "ModelAnswered" and not row.data.get("reused")}
+    unreported: dict[int, list[AnswerRow]] = {}
+    for answer in answers:
+        if answer.origin == "model" and answer.request_hash not in reported:
+            unreported.setdefault(answer.seq, []).append(answer)
+    return unreported
+
+
+def _paid(answer: AnswerRow) -> Usage:
+    stored = answer.answer
+    return Usage.of_answer(stored.prompt_tokens, stored.completion_tokens, stored.cost_usd)
 
 
 def _segments(rows: list[EventRow]) -> list[list[EventRow]]:
@@ -173,44 +202,71 @@ def _segments(rows: list[EventRow]) -> list[list[EventRow]]:
     return segments
 
 
-def _apply_segment(state: RunState, segment: list[EventRow],
-                   seen: dict[str, dict[str, Any]], *, last: bool) -> None:
-    open_actions: dict[tuple[int, str, str], ActionRecord] = {}
-    messages: list[dict[str, Any]] = []
+@dataclass
+class _Invocation:
+    """What one invocation's events leave open while they are read in order."""
+
+    running: dict[tuple[int, str, str], ActionRecord] = field(default_factory=dict)
+    choices: list[ModelEvent] = field(default_factory=list)    # state choices: outside any action
+    messages: list[dict[str, Any]] = field(default_factory=list)
+
+    def running_action(self, action: str) -> ActionRecord | None:
+        """The line an answer of `action` journaled now belongs to (the latest one started)."""
+        return next((r for (_, _, a), r in reversed(self.running.items()) if a == action), None)
+
+
+def _apply_segment(state: RunState, segment: list[EventRow], seen: dict[str, dict[str, Any]],
+                   unreported: dict[int, list[AnswerRow]], *, last: bool) -> None:
+    invocation = _Invocation()
     state.ended_at = None
     state.questions = {}
     for row in segment:
-        state.last_event_at = max(state.last_event_at, row.ts)
-        if row.type == "RunLog":
-            _on_log(state, row.data)
-            continue
-        event = decode_event(row)
-        if isinstance(event, RunStarted):
-            _on_started(state, event, row.ts)
-            state.invocation_starts.append(row.ts)
-        elif isinstance(event, RoundStarted):
-            roles = state.round_roles.setdefault(event.round, [])
-            roles.extend(r for r in event.active_roles if r not in roles)
-            state.round_started.setdefault(event.round, row.ts)
-            state.rounds = max(state.rounds, event.round)
-        elif isinstance(event, ActionStarted):
-            open_actions[(event.round, event.role, event.action)] = _on_action_started(state, event, row.ts)
-        elif isinstance(event, ModelEvent):
-            _on_model_event(state, event, open_actions.get((event.round, event.role, event.action)), row.ts)
-        elif isinstance(event, ActionCompleted):
-            _on_completed(state, event, open_actions.pop((event.round, event.role, event.action), None), row.ts)
-        elif isinstance(event, MessagePublished):
-            messages.append(event.message)
-            seen.setdefault(str(event.message.get("id")), event.message)
-        elif isinstance(event, (QuestionAsked, PersonAnswered, PersonTold)):
-            _on_person_event(state, event)
-        elif isinstance(event, RunEnded):
-            state.status, state.rounds, state.error = _status(event, row), event.rounds, event.error
-            state.ended_at = row.ts
+        _apply_row(state, row, invocation, seen)
+        for answer in unreported.pop(row.seq, []):   # journaled right after this event
+            _count(state, answer.action, _paid(answer), invocation.running_action(answer.action))
+    for event in invocation.choices:
+        _on_model_event(state, event, _line_of_choice(state, event))
     if last and state.ended:
-        state.history = messages
+        state.history = invocation.messages
     elif last:
         state.status, state.error = RunStatus.INTERRUPTED, ""
+
+
+def _apply_row(state: RunState, row: EventRow, invocation: _Invocation,
+               seen: dict[str, dict[str, Any]]) -> None:
+    state.last_event_at = max(state.last_event_at, row.ts)
+    if row.type == "RunLog":
+        _on_log(state, row.data)
+        return
+    event = decode_event(row)
+    running = invocation.running
+    if isinstance(event, RunStarted):
+        _on_started(state, event, row.ts)
+        state.invocation_starts.append(row.ts)
+    elif isinstance(event, RoundStarted):
+        roles = state.round_roles.setdefault(event.round, [])
+        roles.extend(r for r in event.active_roles if r not in roles)
+        state.round_started.setdefault(event.round, row.ts)
+        state.rounds = max(state.rounds, event.round)
+    elif isinstance(event, ActionStarted):
+        running[(event.round, event.role, event.action)] = _on_action_started(state, event, row.ts)
+    elif isinstance(event, ModelEvent):
+        record = running.get((event.round, event.role, event.action))
+        if record is None:
+            invocation.choices.append(event)
+        else:
+            _on_model_event(state, event, record)
+            _note_call(record, event, row.ts)
+    elif isinstance(event, ActionCompleted):
+        _on_completed(state, event, running.pop((event.round, event.role, event.action), None), row.ts)
+    elif isinstance(event, MessagePublished):
+        invocation.messages.append(event.message)
+        seen.setdefault(str(event.message.get("id")), event.message)
+    elif isinstance(event, (QuestionAsked, PersonAnswered, PersonTold)):
+        _on_person_event(state, event)
+    elif isinstance(event, RunEnded):
+        state.status, state.rounds, state.error = _status(event, row), event.rounds, event.error
+        state.ended_at = row.ts
 
 
 def _status(event: RunEnded, row: EventRow) -> RunStatus:
@@ -250,19 +306,28 @@ def _on_action_started(state: RunState, event: ActionStarted, ts: float) -> Acti
     return record
 
 
-def _on_model_event(state: RunState, event: ModelEvent, record: ActionRecord | None,
-                    ts: float) -> None:
-    usage = event.usage
+def _line_of_choice(state: RunState, event: ModelEvent) -> ActionRecord | None:
+    """The timeline line a state choice is counted on: the action it names in its round,
+    else the role's last action of the round (none: the role did nothing that round)."""
+    same_round = [r for r in state.timeline if r.round == event.round and r.role == event.role]
+    named = [r for r in same_round if r.action == event.action]
+    lines = named or same_round
+    return lines[-1] if lines else None
+
+
+def _on_model_event(state: RunState, event: ModelEvent, record: ActionRecord | None) -> None:
+    if isinstance(event, ModelAnswered) and not event.reused:
+        state.unpriced_calls += event.unpriced
+    _count(state, event.action, event.usage, record)
+
+
+def _count(state: RunState, action: str, usage: Usage, record: ActionRecord | None) -> None:
+    """The one place usage is counted: on its timeline line (if any), that line's action row
+    (else the named action's) and the total, alike."""
     if record is not None:
         record.usage += usage
-        _note_call(record, event, ts)
-    # Paid answers are counted from the answers table (see the module docstring), not here.
-    if isinstance(event, LLMCalled):
-        usage = Usage(reused_calls=event.reused)
-    elif isinstance(event, ModelAnswered) and not event.reused:
-        state.unpriced_calls += event.unpriced
-        return
-    stats = state.actions.setdefault(event.action, ActionStats(event.action))
+        action = record.action
+    stats = state.actions.setdefault(action, ActionStats(action))
     stats.usage += usage
     state.usage += usage
 
@@ -297,22 +362,6 @@ def _on_completed(state: RunState, event: ActionCompleted, record: ActionRecord 
         record.completed, record.ended_at = True, ts
     for artifact in event.artifacts:
         state.artifacts[str(artifact.get("path"))] = str(artifact.get("sha256", ""))
-
-
-def _add_answers(state: RunState, journal: Journal) -> None:
-    """Totals from the answers table: every paid answer counted exactly once."""
-    for row in journal.answers():
-        if row.origin == PERSON:       # not a model's: neither paid nor a journaled call
-            state.person_answers += 1
-            continue
-        state.journaled_calls += 1
-        if row.origin != "model":
-            continue
-        answer = row.answer
-        usage = Usage.of_answer(answer.prompt_tokens, answer.completion_tokens, answer.cost_usd)
-        stats = state.actions.setdefault(row.action, ActionStats(row.action))
-        stats.usage += usage
-        state.usage += usage
 
 
 def _add_meta(state: RunState, meta: dict[str, str]) -> None:

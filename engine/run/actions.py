@@ -22,7 +22,7 @@ from engine.load.source import join_pointer
 from engine.load.spec import ActionSpec, CodeOutput, JoinSpec
 from engine.models.gateway import Gateway
 from engine.models.registry import resolve_llm
-from engine.models.types import CallResult, CallSpec
+from engine.models.types import CallResult, CallSpec, Price
 from engine.run.events import RunEvent, RunLog
 from engine.run.exec import exec_content, run_command
 from engine.run.isolation import Sandbox
@@ -58,6 +58,8 @@ class RunContext:
     gateway: Gateway
     emit: Callable[[RunEvent], None]
     model_override: str | None = None
+    price: Price | None = None
+    """`--price`: for every model whose price litellm does not know (over the file's)."""
     allow_exec: bool = False
     sandbox: Sandbox | None = None
     """`--isolate`: exec commands run in it (set by the team's checks before the run starts)."""
@@ -298,7 +300,7 @@ async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: st
     action = ctx.compiled.spec.actions[action_id]
     kind = output_kind(action.output)
     lang = _code_lang(action)
-    llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override)
+    llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override, ctx.price)
     spec = CallSpec(action=action_id, role=role_id, system=system,
                     prompt=prompt, kind=kind, model=llm["model"],  # type: ignore[arg-type]
                     schema=ctx.compiled.output_schemas.get(action_id), code_lang=lang,

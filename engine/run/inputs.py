@@ -12,11 +12,10 @@ import stat
 from typing import Any, Mapping
 
 from engine.check.compiler import CompiledSop
-from engine.errors import UsageError
+from engine.errors import UsageError, require_utf8
 from engine.load.spec import InputSpec
 
-__all__ = ["resolve_inputs", "parse_input_flags", "read_input_file", "check_limits", "require_utf8",
-           "INPUT_FILE_LIMIT"]
+__all__ = ["resolve_inputs", "parse_input_flags", "read_input_file", "check_limits", "INPUT_FILE_LIMIT"]
 
 
 _TRUE = {"true", "yes", "y", "1", "on"}
@@ -129,21 +128,6 @@ def read_input_file(key: str, path: str) -> str:
     except UnicodeDecodeError as exc:
         raise UsageError(f"{what}: the file is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})",
                          hint="convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
-
-
-def require_utf8(text: str, what: str) -> None:
-    """Refuse text that cannot be written as UTF-8, before anything is written.
-
-    Python keeps the bytes of a non-UTF-8 command line (or file name) as lone surrogates;
-    such text can be neither journaled nor printed, so it is a usage error naming where."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        char = ord(text[exc.start])
-        what_char = (f"the byte 0x{char - 0xDC00:02x}, which is not UTF-8" if 0xDC80 <= char <= 0xDCFF
-                     else f"a lone surrogate U+{char:04X}")
-        raise UsageError(f"{what} is not valid UTF-8 text: {what_char}, at character {exc.start + 1}",
-                         hint="give the text in UTF-8 (check the terminal's or the file's encoding)") from None
 
 
 def check_limits(max_rounds: int | None, budget_usd: float | None) -> None:

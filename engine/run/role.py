@@ -48,8 +48,7 @@ class PlanError(ValueError):
 class Role:
     """The run-time state of one role: memory, inbox, how often each action ran."""
 
-    def __init__(self, role_id: str, ctx: RunContext,
-                 completed: CompletedActions | None = None) -> None:
+    def __init__(self, role_id: str, ctx: RunContext) -> None:
         spec = ctx.compiled.spec
         self.id = role_id
         self.spec: RoleSpec = spec.roles[role_id]
@@ -57,7 +56,8 @@ class Role:
         self.addresses = frozenset({role_id, self.name})
         self.watch = frozenset(self.spec.watch)  # as declared (the checker reasons the same)
         self.ctx = ctx
-        self.completed = completed
+        self.completed: CompletedActions | None = None
+        """The journal's finished actions (`Team.attach`): a resume reuses them."""
         self.memory = Memory()
         self.inbox: list[Message] = []
         self.runs: Counter[str] = Counter()
@@ -143,7 +143,8 @@ class Role:
     async def _think(self, previous: int) -> int:
         """Ask the model for the next state; anything but a valid number ends the cycle."""
         actions = self.spec.actions
-        llm = resolve_llm(self.ctx.compiled, self.id, actions[0], self.ctx.model_override)
+        llm = resolve_llm(self.ctx.compiled, self.id, actions[0], self.ctx.model_override,
+                          self.ctx.price)
         spec = CallSpec(action=actions[previous] if previous >= 0 else actions[0], role=self.id,
                         system=role_prefix(self.ctx.compiled, self.id),
                         prompt=choice_prompt(self.ctx, self.spec, self.memory, previous),

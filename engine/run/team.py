@@ -29,7 +29,6 @@ from engine.run.actions import RunContext, used_actions
 from engine.run.environment import Environment
 from engine.run.events import (
     ActionCompleted,
-    CompletedActions,
     RoundStarted,
     RunEnded,
     RunEvent,
@@ -67,7 +66,6 @@ class RunOptions:
     """With `isolate`: keep the network (without it, commands see only a private loopback)."""
     run_id: str | None = None
     observers: Sequence[RunObserver] = ()
-    completed: CompletedActions | None = None
     store: AnswerStore | None = None
     replay: bool = False
     gateway: Gateway | None = None
@@ -167,14 +165,15 @@ class Team:
         self.workspace = Workspace(root)
         self._artifacts: dict[str, str] = {}
         gateway = options.gateway or Gateway(store=options.store, replay=options.replay,
-                                             api_base=options.api_base, price=options.price)
+                                             api_base=options.api_base)
         gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
         gateway.emit = self._emit         # its attempts, retries and re-asks are run events
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
-                              model_override=options.model, allow_exec=options.allow_exec,
+                              model_override=options.model, price=options.price,
+                              allow_exec=options.allow_exec,
                               person=options.person or NoPerson())
-        self.roles = [Role(rid, self.ctx, options.completed) for rid in compiled.spec.roles]
+        self.roles = [Role(rid, self.ctx) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit)
         self.idea_to = idea_addresses(compiled, options.send_to)
         self.rounds = 0
@@ -210,10 +209,8 @@ class Team:
         self.options.observers = [journal, *self.options.observers]
         if self.ctx.gateway.store is None:
             self.ctx.gateway.store = journal
-        if self.options.completed is None:
-            self.options.completed = journal
-            for role in self.roles:
-                role.completed = journal
+        for role in self.roles:
+            role.completed = journal
 
     def models(self) -> list[str]:
         """Every model this run may call, resolved (`--model` > env > action > role > file)."""
