@@ -39,6 +39,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("run", "bench.run_bench", "Runs on the fake model"),
     ("journal", "bench.journal_bench", "Journal"),
     ("context", "bench.context_bench", "Declared context against `context: all`"),
+    ("report", "bench.report_bench", "The HTML report of a 100-round run"),
 ]
 
 

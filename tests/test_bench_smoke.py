@@ -17,7 +17,7 @@ import pytest
 # bench/ is not an installed package: make it importable under plain `pytest` too.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import compare, metagpt_fake_llm, routing_bench
+from bench import compare, metagpt_fake_llm, report_bench, routing_bench
 from bench.__main__ import DEFAULT_OUT
 from bench.__main__ import main as bench_main
 from bench.metagpt_baseline import _requirements
@@ -102,3 +102,11 @@ def test_metagpt_requirements_follow_the_recipe(tmp_path: Path) -> None:
     reqs = _requirements(wheel)
     assert "aiohttp==3.8.6" in reqs and "agentops==0.3.10" in reqs
     assert not any(r.startswith(("lancedb", "pytest")) for r in reqs)
+
+
+def test_report_bench_measures_a_long_run_report() -> None:
+    res = report_bench.main(size_factor=0.1)
+    assert res["rounds"] == 10                     # one action per round, as the loop is bounded
+    assert 0 < res["size_mb"] and res["render_s"] > 0
+    assert ("open_s" in res) == ("blank_open_s" in res)
+    assert "report size" in res["markdown"]

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     import networkx as nx
 
 __all__ = ["Cycle", "action_node", "build", "cycles", "delivered", "reachable_roles", "role_node", "runners",
-           "render_address", "send_to_for", "send_targets", "to_dot", "to_json", "to_mermaid", "unbounded_cycles", "format_graph"]
+           "render_address", "send_to_for", "send_targets", "to_dot", "to_json", "to_mermaid", "unbounded_cycles", "format_graph", "cycle_edges", "bound_text"]
 
 
 def action_node(action_id: str) -> str:
@@ -191,7 +191,7 @@ def reachable_roles(graph: nx.DiGraph) -> set[str]:
     return {graph.nodes[n]["id"] for n in seen if graph.nodes[n]["kind"] == "role"}
 
 
-def _cycle_edges(found: list[Cycle]) -> dict[tuple[str, str], Cycle]:
+def cycle_edges(found: list[Cycle]) -> dict[tuple[str, str], Cycle]:
     """Edge -> a cycle through it; an unbounded cycle wins, so the danger is what is shown."""
     table: dict[tuple[str, str], Cycle] = {}
     for cycle in sorted(found, key=lambda c: c.bounded):
@@ -200,7 +200,7 @@ def _cycle_edges(found: list[Cycle]) -> dict[tuple[str, str], Cycle]:
     return table
 
 
-def _bound_text(cycle: Cycle) -> str:
+def bound_text(cycle: Cycle) -> str:
     if not cycle.bounded:
         return "unbounded loop"
     return "loop, " + ", ".join(f"{aid} max_runs={n}" for aid, n in cycle.bounds)
@@ -213,7 +213,7 @@ def _mermaid_id(node: str) -> str:
 
 def to_mermaid(graph: nx.DiGraph) -> str:
     """A mermaid flowchart: roles as boxes, actions as stadiums, loops as thick edges."""
-    on_cycle = _cycle_edges(cycles(graph))
+    on_cycle = cycle_edges(cycles(graph))
     lines = ["flowchart LR"]
     for node, data in graph.nodes(data=True):
         label = data["id"] if data["kind"] == "action" or data["name"] == data["id"] else f"{data['id']} ({data['name']})"
@@ -223,7 +223,7 @@ def to_mermaid(graph: nx.DiGraph) -> str:
         lines.append(f"  {_mermaid_id(node)}{shape}")
     for u, v, data in graph.edges(data=True):
         cycle = on_cycle.get((u, v))
-        arrow = f'==>|"{data["kind"]}; {_bound_text(cycle)}"|' if cycle else f"-->|{data['kind']}|"
+        arrow = f'==>|"{data["kind"]}; {bound_text(cycle)}"|' if cycle else f"-->|{data['kind']}|"
         lines.append(f"  {_mermaid_id(u)} {arrow} {_mermaid_id(v)}")
     lines.append("  classDef role fill:#eef,stroke:#447")
     roles = [_mermaid_id(n) for n, d in graph.nodes(data=True) if d["kind"] == "role"]
@@ -234,7 +234,7 @@ def to_mermaid(graph: nx.DiGraph) -> str:
 
 def to_dot(graph: nx.DiGraph) -> str:
     """Graphviz dot: loops in red (unbounded) or orange (bounded), labelled with their bounds."""
-    on_cycle = _cycle_edges(cycles(graph))
+    on_cycle = cycle_edges(cycles(graph))
     lines = [f"digraph {json.dumps(graph.graph.get('name', 'sop'))} {{", "  rankdir=LR;"]
     for node, data in graph.nodes(data=True):
         shape = "box" if data["kind"] == "role" else "ellipse"
@@ -245,7 +245,7 @@ def to_dot(graph: nx.DiGraph) -> str:
         cycle = on_cycle.get((u, v))
         if cycle:
             colour = "orange" if cycle.bounded else "red"
-            attrs = [f"label={json.dumps(data['kind'] + '; ' + _bound_text(cycle))}",
+            attrs = [f"label={json.dumps(data['kind'] + '; ' + bound_text(cycle))}",
                      f"color={colour}", "penwidth=2"]
         lines.append(f"  {json.dumps(u)} -> {json.dumps(v)} [{', '.join(attrs)}];")
     lines.append("}")
@@ -255,7 +255,7 @@ def to_dot(graph: nx.DiGraph) -> str:
 def to_json(graph: nx.DiGraph) -> dict[str, Any]:
     """Nodes, edges (each marked when on a loop) and the loops with their bounds."""
     found = cycles(graph)
-    on_cycle = _cycle_edges(found)
+    on_cycle = cycle_edges(found)
     return {
         "nodes": [{"id": n, **dict(d)} for n, d in graph.nodes(data=True)],
         "edges": [{"source": u, "target": v, "kind": d["kind"], "on_cycle": (u, v) in on_cycle}

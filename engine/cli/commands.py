@@ -286,6 +286,18 @@ def _show_prompts(args: argparse.Namespace, state: RunState) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """A run as one self-contained HTML file (`-o`, default RUN_DIR.html), from its journal."""
+    from engine.cli.html_report import default_output, write_report
+    from engine.journal.history import read_run
+
+    state = read_run(args.run_dir)
+    written = write_report(state, args.output or default_output(args.run_dir))
+    print(f"sopctl: report of run {state.run_id} ({state.status}) written to {written}",
+          file=sys.stderr)
+    return 0
+
+
 def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--idea", help="the one-line requirement (sets the `idea` input)")
     p.add_argument("--input", action="append", default=[], metavar="KEY=VALUE",
@@ -444,6 +456,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print every request as sent (system and user messages, re-asks) "
                         "and its answer; only ACTION's (id or Role.action) when given")
     p.set_defaults(handler=cmd_show)
+
+    p = sub.add_parser("report", help="a run as one HTML file: graph, timeline, cost, messages, prompts")
+    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("-o", "--output", metavar="FILE",
+                   help="the HTML file to write (default: RUN_DIR.html, beside the run folder)")
+    p.set_defaults(handler=cmd_report)
     return parser
 
 

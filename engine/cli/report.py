@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from engine.run.team import RunResult
 
 __all__ = ["runs_json", "result_object", "format_show", "format_runs", "summary", "print_result",
+           "status_line", "format_time",
            "EXIT_CODES"]
 
 
@@ -33,7 +34,7 @@ def runs_json(rows: list[tuple[Path, RunState | JournalError]]) -> list[dict[str
         usage = item.usage
         out.append({"id": item.run_id, "sop": item.sop_name, "status": item.status,
                     "rounds": item.rounds, "calls": usage.llm_calls, "reused": usage.reused_calls,
-                    "cost_usd": round(usage.cost_usd, 6), "started_at": _when(item.started_at),
+                    "cost_usd": round(usage.cost_usd, 6), "started_at": format_time(item.started_at),
                     "invocations": item.invocations, "dir": str(path),
                     "waiting_for": _waiting_id(item), **_run_totals(item)})
     return out
@@ -45,7 +46,7 @@ def _run_totals(state: RunState) -> dict[str, Any]:
     from engine.run.people import waiting_summary
 
     usage, pending = state.usage, state.waiting_for
-    return {"model": state.model, "ended_at": _when(state.ended_at) if state.ended_at else None,
+    return {"model": state.model, "ended_at": format_time(state.ended_at) if state.ended_at else None,
             "error": state.error, "prompt_tokens": usage.prompt_tokens,
             "completion_tokens": usage.completion_tokens,
             "tokens": usage.prompt_tokens + usage.completion_tokens,
@@ -116,7 +117,7 @@ def _action_json(stats: ActionStats) -> dict[str, Any]:
             "cost_usd": round(usage.cost_usd, 6), "retries": usage.retries, "reasks": usage.reasks}
 
 
-def _when(ts: float) -> str:
+def format_time(ts: float) -> str:
     if not ts:
         return "-"
     return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
@@ -130,7 +131,7 @@ def _waiting_id(state: RunState) -> str | None:
     return f"{pending.get('role')}.{pending.get('action')} (question {str(pending.get('key', ''))[:12]})"
 
 
-def _status_line(state: RunState) -> str:
+def status_line(state: RunState) -> str:
     if state.status == RunStatus.INTERRUPTED and not state.ended:
         return "interrupted (no end recorded: the process was killed; `sopctl resume` continues it)"
     if state.status == RunStatus.RUNNING:
@@ -146,8 +147,8 @@ def format_show(state: RunState) -> str:
     """The human timeline: header, rounds with roles, actions and messages, per-action usage."""
     lines = [
         f"run {state.run_id}  sop {state.sop_name} ({state.sop_file})  model {state.model}",
-        f"started {_when(state.started_at)}  invocations {state.invocations}  "
-        f"status {_status_line(state)}",
+        f"started {format_time(state.started_at)}  invocations {state.invocations}  "
+        f"status {status_line(state)}",
         "",
     ]
     rounds = set(state.round_roles) | {r.round for r in state.timeline}
@@ -233,7 +234,7 @@ def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
             continue
         lines.append(f"{item.run_id[:24]:<24} {item.sop_name[:20]:<20} {item.status:<12} "
                      f"{item.rounds:>6} {item.usage.llm_calls:>5} ${item.usage.cost_usd:>8.4f}  "
-                     f"{_when(item.started_at):<20} {path}"
+                     f"{format_time(item.started_at):<20} {path}"
                      + (f"  (waits for {waits})" if (waits := _waiting_id(item)) else ""))
     return "\n".join(lines + _runs_total(rows))
 

@@ -48,9 +48,11 @@ from engine.run.people import PERSON
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
+    AnswerRejected,
     MessagePublished,
     ModelAnswered,
     ModelEvent,
+    ModelRetried,
     PersonAnswered,
     PersonTold,
     QuestionAsked,
@@ -85,6 +87,12 @@ class ActionRecord:
     key: str
     completed: bool = False
     usage: Usage = Usage()         # what its gateway events report
+    started_at: float = 0.0        # wall time of its (latest uncompleted) ActionStarted
+    ended_at: float | None = None  # wall time of its first ActionCompleted
+    calls: list[tuple[float, float]] = field(default_factory=list)
+    """(start, end) wall times of its paid model answers: the calls in flight."""
+    problems: list[str] = field(default_factory=list)
+    """Retries' causes and rejected answers' errors, in order."""
 
 
 @dataclass
@@ -121,6 +129,11 @@ class RunState:
     """A person's answers by question key: the first PersonAnswered payload of each."""
     person_answers: int = 0        # rows of the answers table that a person gave
     replies: list[dict[str, Any]] = field(default_factory=list)   # PersonTold payloads
+    round_started: dict[int, float] = field(default_factory=dict)  # round -> first start time
+    invocation_starts: list[float] = field(default_factory=list)   # each RunStarted's time
+    last_event_at: float = 0.0     # the journal's last event: where an unended run stopped
+    sop_path: str = ""             # the SOP file's absolute path, as the journal remembers it
+    include_dirs: list[str] = field(default_factory=list)          # the run's --include-path
 
     @property
     def waiting_for(self) -> dict[str, Any] | None:
@@ -139,6 +152,7 @@ def read_run(run_dir: str | Path) -> RunState:
     """Open a run folder's journal read-only and rebuild its state (JournalError if unusable)."""
     with Journal.open(run_dir) as journal, naming(journal.path):
         state = rebuild(journal.events(), run_dir=str(run_dir), answers=journal.answers())
+        _add_meta(state, journal.meta())
         _mark_live(state, run_dir)
     return state
 
@@ -224,6 +238,7 @@ def _apply_segment(state: RunState, segment: list[EventRow], seen: dict[str, dic
 
 def _apply_row(state: RunState, row: EventRow, invocation: _Invocation,
                seen: dict[str, dict[str, Any]]) -> None:
+    state.last_event_at = max(state.last_event_at, row.ts)
     if row.type == "RunLog":
         _on_log(state, row.data)
         return
@@ -231,20 +246,23 @@ def _apply_row(state: RunState, row: EventRow, invocation: _Invocation,
     running = invocation.running
     if isinstance(event, RunStarted):
         _on_started(state, event, row.ts)
+        state.invocation_starts.append(row.ts)
     elif isinstance(event, RoundStarted):
         roles = state.round_roles.setdefault(event.round, [])
         roles.extend(r for r in event.active_roles if r not in roles)
+        state.round_started.setdefault(event.round, row.ts)
         state.rounds = max(state.rounds, event.round)
     elif isinstance(event, ActionStarted):
-        running[(event.round, event.role, event.action)] = _on_action_started(state, event)
+        running[(event.round, event.role, event.action)] = _on_action_started(state, event, row.ts)
     elif isinstance(event, ModelEvent):
         record = running.get((event.round, event.role, event.action))
         if record is None:
             invocation.choices.append(event)
         else:
             _on_model_event(state, event, record)
+            _note_call(record, event, row.ts)
     elif isinstance(event, ActionCompleted):
-        _on_completed(state, event, running.pop((event.round, event.role, event.action), None))
+        _on_completed(state, event, running.pop((event.round, event.role, event.action), None), row.ts)
     elif isinstance(event, MessagePublished):
         invocation.messages.append(event.message)
         seen.setdefault(str(event.message.get("id")), event.message)
@@ -278,7 +296,7 @@ def _on_log(state: RunState, data: dict[str, Any]) -> None:
         state.logs.append(data)
 
 
-def _on_action_started(state: RunState, event: ActionStarted) -> ActionRecord:
+def _on_action_started(state: RunState, event: ActionStarted, ts: float) -> ActionRecord:
     stats = state.actions.setdefault(event.action, ActionStats(event.action))
     stats.runs += 1
     if event.role not in stats.roles:
@@ -287,6 +305,8 @@ def _on_action_started(state: RunState, event: ActionStarted) -> ActionRecord:
     if record is None:
         record = ActionRecord(event.round, event.role, event.action, event.key)
         state.timeline.append(record)
+    if not record.completed:       # a resume runs it again: its duration is the last try's
+        record.started_at = ts
     return record
 
 
@@ -316,6 +336,17 @@ def _count(state: RunState, action: str, usage: Usage, record: ActionRecord | No
     state.usage += usage
 
 
+def _note_call(record: ActionRecord, event: ModelEvent, ts: float) -> None:
+    """A paid answer's time in flight (it ends when its event is written), or a problem."""
+    if isinstance(event, ModelAnswered) and not event.reused:
+        record.calls.append((ts - max(event.seconds, 0.0), ts))
+    elif isinstance(event, ModelRetried):
+        record.problems.append(f"retry {event.retry}: {event.cause}")
+    elif isinstance(event, AnswerRejected):
+        again = "asked again" if event.reask else "no retries left"
+        record.problems.append(f"answer rejected ({again}): {event.error}")
+
+
 def _on_person_event(state: RunState, event: QuestionAsked | PersonAnswered | PersonTold) -> None:
     if isinstance(event, QuestionAsked):
         state.questions[str(event.question.get("key", ""))] = event.question
@@ -325,15 +356,26 @@ def _on_person_event(state: RunState, event: QuestionAsked | PersonAnswered | Pe
         state.replies.append(event.to_json())
 
 
-def _on_completed(state: RunState, event: ActionCompleted, record: ActionRecord | None) -> None:
+def _on_completed(state: RunState, event: ActionCompleted, record: ActionRecord | None,
+                  ts: float) -> None:
     state.completions[event.key] = state.completions.get(event.key, 0) + 1
     stats = state.actions.setdefault(event.action, ActionStats(event.action))
     if state.completions[event.key] == 1:
         stats.completed += 1
-    if record is not None:
-        record.completed = True
+    if record is not None and not record.completed:
+        record.completed, record.ended_at = True, ts
     for artifact in event.artifacts:
         state.artifacts[str(artifact.get("path"))] = str(artifact.get("sha256", ""))
+
+
+def _add_meta(state: RunState, meta: dict[str, str]) -> None:
+    """Where the run's SOP file is (absolute) and the folders its includes may come from."""
+    state.sop_path = meta.get("sop_path", "")
+    try:
+        dirs = json.loads(meta.get("include_dirs", "[]"))
+    except ValueError:
+        dirs = []
+    state.include_dirs = [str(d) for d in dirs] if isinstance(dirs, list) else []
 
 
 def _mark_live(state: RunState, run_dir: str | Path) -> None:
