@@ -39,6 +39,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("run", "bench.run_bench", "Runs on the fake model"),
     ("journal", "bench.journal_bench", "Journal"),
     ("context", "bench.context_bench", "Declared context against `context: all`"),
+    ("batch", "bench.batch_bench", "Batches: rows per second, memory, Ray"),
 ]
 
 
@@ -46,6 +47,7 @@ RATIO_LABELS = {  # what the `ratio` a bench returns is a ratio of (when it does
     "run": "run wall time / critical path at 200 ms (fake)",
     "journal": "run wall time with the journal / without, at 200 ms",
     "context": "prompt tokens, declared context / `context: all`",
+    "batch": "batch wall time / critical path at 200 ms (fake)",
 }
 
 

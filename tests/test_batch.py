@@ -328,3 +328,19 @@ def test_ray_local_cluster_gives_the_local_results(tmp_path: Path) -> None:
         assert process.returncode == 1, err              # row 3 fails in both
     strip = lambda lines: [{k: v for k, v in line.items() if k != "run_id"} for line in lines]  # noqa: E731
     assert strip(_lines(tmp_path / "ray")) == strip(_lines(tmp_path / "local"))
+
+
+def test_a_row_killed_while_its_journal_was_created_starts_afresh(tmp_path: Path) -> None:
+    rows = _jsonl(tmp_path / "rows.jsonl", {"idea": "a"}, {"idea": "b"})
+    out = tmp_path / "b"
+    for number in (1, 2):      # an empty journal file; one with its tables and nothing in them
+        (out / "rows" / f"00000{number}" / ".sopctl").mkdir(parents=True)
+    (out / "rows/000001/.sopctl/journal.sqlite").write_bytes(b"")
+    import sqlite3
+
+    from engine.journal.store import _SCHEMA  # the journal's own tables, made in one go
+
+    with sqlite3.connect(out / "rows/000002/.sopctl/journal.sqlite") as conn:
+        conn.executescript(_SCHEMA)
+    assert _batch(str(PIPELINE), "--inputs", str(rows), "--model", "fake", "--out", str(out)) == 0
+    assert [(line["status"], line["calls"]) for line in _lines(out)] == [("idle", 3), ("idle", 3)]

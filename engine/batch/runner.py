@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterable, Protocol
@@ -42,7 +43,7 @@ from engine.batch.rows import Row, read_rows
 from engine.check.compiler import CompiledSop
 from engine.errors import SopError, UsageError
 from engine.journal.history import RunState, read_run
-from engine.journal.store import journal_path
+from engine.journal.store import JOURNAL_DIR, journal_path, never_started
 from engine.models.types import Price
 from engine.run.events import RunStatus
 
@@ -106,6 +107,8 @@ async def _run_or_resume(ctx: RowContext, compiled: CompiledSop, row: Row, works
                               "allow_network": ctx.allow_network, "api_base": ctx.api_base,
                               "price": ctx.price}
     own_budget = compiled.spec.team.budget_usd
+    if journal_path(workspace).is_file() and never_started(workspace):
+        shutil.rmtree(workspace / JOURNAL_DIR)   # killed while its journal was being created
     if journal_path(workspace).is_file():
         before = read_run(workspace)
         if before.ended and before.status not in (RunStatus.INTERRUPTED, RunStatus.WAITING):
@@ -269,7 +272,7 @@ class _Batch:
         row, share = self.pending.pop(task)
         if share is not None:
             self.budget.allotted -= share
-        line = None if task.cancelled() else task.result()
+        line = None if task.cancelled() else _line_of(row, task)
         if line is None:                    # interrupted: a rerun resumes it
             self.interrupted = True
             return
@@ -290,6 +293,14 @@ class _Batch:
         await asyncio.gather(*self.pending, return_exceptions=True)
         for task in list(self.pending):
             self._finish(task)
+
+
+def _line_of(row: Row, task: asyncio.Future[Any]) -> dict[str, Any] | None:
+    """The row's line; a launcher that failed (a Ray worker lost, a bug) fails just the row."""
+    error = task.exception()
+    if error is None:
+        return task.result()
+    return problem_line(row.number, f"internal error: {type(error).__name__}: {error}")
 
 
 async def run_batch(ctx: RowContext, inputs: str | Path, *, concurrency: int = 4,

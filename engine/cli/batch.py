@@ -188,7 +188,7 @@ class ProgressLine:
         elif now - self.last_print >= 1.0 or done >= self.total:
             print(self.text, file=self.stream, flush=True)
             self.last_print = now
-        if not line.get("status") in ("idle", "max_rounds") or line.get("diverged"):
+        if line.get("status") not in ("idle", "max_rounds") or line.get("diverged"):
             self._row_note(line)
 
     def _row_note(self, line: dict[str, Any]) -> None:
