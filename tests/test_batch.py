@@ -344,3 +344,14 @@ def test_a_row_killed_while_its_journal_was_created_starts_afresh(tmp_path: Path
         conn.executescript(_SCHEMA)
     assert _batch(str(PIPELINE), "--inputs", str(rows), "--model", "fake", "--out", str(out)) == 0
     assert [(line["status"], line["calls"]) for line in _lines(out)] == [("idle", 3), ("idle", 3)]
+
+
+def test_a_row_whose_inputs_changed_since_its_run_started_fails(tmp_path: Path) -> None:
+    out = tmp_path / "b"
+    assert main(["run", str(PIPELINE), "--idea", "old", "--model", "fake", "--out",
+                 str(out / "rows" / "000001")]) == 0            # a run already in row 1's folder
+    rows = _jsonl(tmp_path / "rows.jsonl", {"idea": "new"}, {"idea": "other"})
+    assert _batch(str(PIPELINE), "--inputs", str(rows), "--model", "fake", "--out", str(out)) == 1
+    first, second = _lines(out)
+    assert first["status"] == "failed" and "inputs changed" in first["error"]
+    assert second["status"] == "idle"

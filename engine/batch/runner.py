@@ -88,8 +88,8 @@ async def execute_row(ctx: RowContext, row: Row, share_usd: float | None,
     actions = tuple(compiled.spec.actions)
     workspace = row_dir(Path(ctx.out), row.number)
     try:
-        api.resolve_inputs(compiled, row.inputs)
-        state = await _run_or_resume(ctx, compiled, row, workspace, share_usd)
+        inputs = api.resolve_inputs(compiled, row.inputs)
+        state = await _run_or_resume(ctx, compiled, row, inputs, workspace, share_usd)
     except SopError as exc:
         return _judged(ctx, row, problem_line(row.number, exc.message), None, actions)
     except Exception as exc:  # noqa: BLE001 - one row's bug must not stop the others
@@ -100,8 +100,8 @@ async def execute_row(ctx: RowContext, row: Row, share_usd: float | None,
     return _judged(ctx, row, run_line(row.number, Path(ctx.out), state), state, actions)
 
 
-async def _run_or_resume(ctx: RowContext, compiled: CompiledSop, row: Row, workspace: Path,
-                         share_usd: float | None) -> RunState | None:
+async def _run_or_resume(ctx: RowContext, compiled: CompiledSop, row: Row, inputs: dict[str, Any],
+                         workspace: Path, share_usd: float | None) -> RunState | None:
     """The row's run state once it ended (None: interrupted)."""
     common: dict[str, Any] = {"allow_exec": ctx.allow_exec, "isolate": ctx.isolate,
                               "allow_network": ctx.allow_network, "api_base": ctx.api_base,
@@ -111,6 +111,9 @@ async def _run_or_resume(ctx: RowContext, compiled: CompiledSop, row: Row, works
         shutil.rmtree(workspace / JOURNAL_DIR)   # killed while its journal was being created
     if journal_path(workspace).is_file():
         before = read_run(workspace)
+        if before.inputs != inputs:
+            raise UsageError(f"the row's inputs changed since its run started in {workspace}",
+                             "a batch folder belongs to one inputs file; give another --out")
         if before.ended and before.status not in (RunStatus.INTERRUPTED, RunStatus.WAITING):
             return before                  # it ended after the batch's last line was written
         budget = None if share_usd is None else _capped(before.usage.cost_usd + share_usd, own_budget)
