@@ -203,6 +203,27 @@ def test_kill_9_loses_no_finished_row_and_repeats_no_journaled_call(tmp_path: Pa
             assert line == before[line["row"]] and read_run(out / line["dir"]).invocations == 1
 
 
+def test_ctrl_c_stops_the_batch_and_a_rerun_finishes_it(tmp_path: Path) -> None:
+    rows = _jsonl(tmp_path / "rows.jsonl", *({"idea": f"idea {i}"} for i in range(6)))
+    out = tmp_path / "b"
+    args = ("batch", str(PIPELINE), "--inputs", str(rows), "--model", "fake", "--out", str(out))
+    batch = _sopctl(*args, SOPCTL_FAKE_LATENCY_MS="150")
+    results = out / "results.jsonl"
+    while batch.poll() is None and not (results.is_file() and results.read_text().count("\n") >= 1):
+        time.sleep(0.05)
+    batch.send_signal(signal.SIGINT)
+    _, err = batch.communicate(timeout=60)
+    assert batch.returncode == 130, err
+    assert "Traceback" not in err
+    stopped = {line["row"]: line["status"] for line in _lines(out)}
+    assert "interrupted" not in stopped.values() and len(stopped) < 6   # rows in flight: no line
+    again = _sopctl(*args)
+    _, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+    assert [(line["row"], line["status"], line["calls"]) for line in _lines(out)] == \
+        [(n, "idle", 3) for n in range(1, 7)]
+
+
 # --- evaluation ------------------------------------------------------------------------------
 
 
