@@ -19,7 +19,7 @@ from typing import Any
 from engine import api
 from engine.batch.results import ROWS_DIR, RESULTS_FILE, ResultsFile
 from engine.batch.rows import Row
-from engine.batch.runner import BatchProgress, BatchTotals, Launcher, _Batch, _Budget, summarize
+from engine.batch.runner import Batch, BatchBudget, BatchProgress, BatchTotals, Launcher, summarize
 from engine.errors import SopError, UsageError
 from engine.journal.history import RunState, find_runs, read_run
 
@@ -71,7 +71,7 @@ async def replay_one(number: int, source: Path, out: Path) -> dict[str, Any] | N
     except SopError as exc:
         return {**line, "status": "failed", "diverged": True, "where": "", "error": exc.message}
     result = replayed.result
-    if str(result.status) == "interrupted" and not recorded.status == "interrupted":
+    if str(result.status) == "interrupted" and recorded.status != "interrupted":
         return None
     state = read_run(target)
     where = result.error if replayed.diverged else divergence(recorded, state)
@@ -96,7 +96,7 @@ async def replay_runs(runs_dir: str | Path, out: str | Path, *, concurrency: int
         return await replay_one(row.number, folders[row.number - 1], target)
 
     launcher: Launcher = launch
-    batch = _Batch(results, _Budget(0.0, 0.0, concurrency), launcher, concurrency, progress)
+    batch = Batch(results, BatchBudget(0.0, 0.0, concurrency), launcher, concurrency, progress)
     await batch.run(Row(number) for number in range(1, len(folders) + 1))
     results.compact()
     return summarize(results), batch.interrupted

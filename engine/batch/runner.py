@@ -47,8 +47,8 @@ from engine.journal.store import JOURNAL_DIR, journal_path, never_started
 from engine.models.types import Price
 from engine.run.events import RunStatus
 
-__all__ = ["RowContext", "BatchTotals", "BatchProgress", "execute_row", "run_batch", "summarize",
-           "Launcher"]
+__all__ = ["RowContext", "BatchTotals", "BatchProgress", "BatchBudget", "Batch", "execute_row",
+           "run_batch", "summarize", "Launcher"]
 
 _MIN_SHARE_USD = 1e-9
 """Below this a share is no budget at all (and 0 would mean 'no limit' to a run)."""
@@ -210,7 +210,7 @@ Launcher = Callable[[Row, "float | None"], Awaitable["dict[str, Any] | None"]]
 
 
 @dataclass
-class _Budget:
+class BatchBudget:
     """The batch budget split over the rows in flight (see the module docstring)."""
 
     limit: float
@@ -226,9 +226,11 @@ class _Budget:
 
 
 @dataclass
-class _Batch:
+class Batch:
+    """Rows (or replays) launched N at a time, each line recorded as it ends."""
+
     results: ResultsFile
-    budget: _Budget
+    budget: BatchBudget
     launch: Launcher
     concurrency: int
     progress: BatchProgress | None
@@ -318,7 +320,7 @@ async def run_batch(ctx: RowContext, inputs: str | Path, *, concurrency: int = 4
     out.mkdir(parents=True, exist_ok=True)
     results = ResultsFile(out)
     compiled = _compiled(ctx.sop_file, ctx.include_dirs)
-    batch = _Batch(results, _Budget(budget_usd, results.spent_usd(), concurrency),
+    batch = Batch(results, BatchBudget(budget_usd, results.spent_usd(), concurrency),
                    launch or (lambda row, share: execute_row(ctx, row, share, compiled)),
                    concurrency, progress)
     await batch.run(read_rows(inputs))
