@@ -40,6 +40,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("journal", "bench.journal_bench", "Journal"),
     ("context", "bench.context_bench", "Declared context against `context: all`"),
     ("report", "bench.report_bench", "The HTML report of a 100-round run"),
+    ("batch", "bench.batch_bench", "Batches: rows per second, memory, Ray"),
 ]
 
 
@@ -47,6 +48,7 @@ RATIO_LABELS = {  # what the `ratio` a bench returns is a ratio of (when it does
     "run": "run wall time / critical path at 200 ms (fake)",
     "journal": "run wall time with the journal / without, at 200 ms",
     "context": "prompt tokens, declared context / `context: all`",
+    "batch": "batch wall time / critical path at 200 ms (fake)",
 }
 
 

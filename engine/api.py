@@ -39,7 +39,7 @@ from engine.run.people import Person, PersonAnswer, Question
 from engine.run.team import RunOptions, RunResult, Team, new_run_id
 
 __all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "check_limits", "run",
-           "run_async", "iter_run", "resume", "replay", "Replayed", "open_for_resume",
+           "run_async", "iter_run", "resume", "resume_async", "replay", "replay_async", "Replayed", "open_for_resume",
            "open_for_replay", "RunFolder", "RunResult", "RunOptions", "new_run_id", "answer",
            "PersonAnswer", "Question"]
 
@@ -145,6 +145,19 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
            observers: tuple[Any, ...] = (), api_base: str | None = None,
            price: Price | None = None, isolate: bool = False,
            allow_network: bool = False, person: Person | None = None) -> RunResult:
+    """The synchronous `resume_async` (not from inside a running event loop)."""
+    return asyncio.run(resume_async(run, budget=budget, rounds=rounds, model=model,
+                                    allow_exec=allow_exec, force=force, observers=observers,
+                                    api_base=api_base, price=price, isolate=isolate,
+                                    allow_network=allow_network, person=person))
+
+
+async def resume_async(run: str | Path | RunFolder, *, budget: float | None = None,
+                       rounds: int | None = None, model: str | None = None,
+                       allow_exec: bool = False, force: bool = False,
+                       observers: tuple[Any, ...] = (), api_base: str | None = None,
+                       price: Price | None = None, isolate: bool = False,
+                       allow_network: bool = False, person: Person | None = None) -> RunResult:
     """Continue an interrupted (or ended) run in its own workspace: same run id, completed
     actions and journaled answers reused, so nothing is paid twice.
 
@@ -165,7 +178,7 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
         team.check()
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock
-        result = asyncio.run(_drive(team, folder.journal))
+        result = await _drive(team, folder.journal)
     # Actions reused from the journal do not write their files again: list those still there.
     still_there = {p for p in folder.origin.artifacts if (folder.path / p).is_file()}
     result.artifacts = sorted(set(result.artifacts) | still_there)
@@ -191,6 +204,14 @@ class Replayed:
 def replay(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = False,
            observers: tuple[Any, ...] = (), isolate: bool = False, allow_network: bool = False
            ) -> Replayed:
+    """The synchronous `replay_async` (not from inside a running event loop)."""
+    return asyncio.run(replay_async(run, out, allow_exec=allow_exec, observers=observers,
+                                    isolate=isolate, allow_network=allow_network))
+
+
+async def replay_async(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = False,
+                       observers: tuple[Any, ...] = (), isolate: bool = False,
+                       allow_network: bool = False) -> Replayed:
     """Run the SOP again in `out` with every answer from the run's journal; no model is called.
 
     A divergence (the SOP, its inputs or the engine changed) ends the replay `failed` with
@@ -204,5 +225,5 @@ def replay(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = F
         target = _journal_of(team, True)
         assert target is not None
         store = ReplayStore(folder.journal, target)
-        result = asyncio.run(_drive(team, target, store))
+        result = await _drive(team, target, store)
     return Replayed(result, bool(store.misses))

@@ -17,7 +17,7 @@ import pytest
 # bench/ is not an installed package: make it importable under plain `pytest` too.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import compare, metagpt_fake_llm, report_bench, routing_bench
+from bench import batch_bench, compare, metagpt_fake_llm, report_bench, routing_bench
 from bench.__main__ import DEFAULT_OUT
 from bench.__main__ import main as bench_main
 from bench.metagpt_baseline import _requirements
@@ -110,3 +110,12 @@ def test_report_bench_measures_a_long_run_report() -> None:
     assert 0 < res["size_mb"] and res["render_s"] > 0
     assert ("open_s" in res) == ("blank_open_s" in res)
     assert "report size" in res["markdown"]
+
+
+def test_batch_bench_produces_its_figures() -> None:
+    res = batch_bench.main(size_factor=0.004, with_ray=False)
+    assert res["rows"] == 4
+    for key in ("rows_per_s", "peak_rss_mb", "wall_s"):
+        assert res["local"][key] > 0
+    assert res["latency"]["critical_path_s"] > 0 and res["ratio"] > 0
+    assert "rows/s, local" in res["markdown"]

@@ -382,6 +382,13 @@ def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-network", action="store_true", help="with --isolate: keep the network")
 
 
+def _add_batch_common_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `batch` shares with `run`."""
+    _add_isolation_flags(p)
+    _add_hosted_flags(p)
+    _add_include_flag(p)
+
+
 def _add_include_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--include-path", action="append", default=[], metavar="DIR",
                    help="a folder whose files `include:` may name, besides the SOP's own folder "
@@ -443,6 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=["text", "json"], default="text")
     _add_trace_flag(p)
     p.set_defaults(handler=cmd_replay)
+
+    from engine.cli.batch import add_batch_parser   # flags only: nothing heavy is imported
+
+    add_batch_parser(sub, _add_batch_common_flags)
 
     p = sub.add_parser("runs", help="list runs under a folder (default ./runs)")
     p.add_argument("dir", nargs="?", default="runs", metavar="DIR")

@@ -94,7 +94,8 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEMA_VERSION", "JOURNAL_DIR", "JOURNAL_FILE", "CRASH_AFTER_EVENT_ENV",
            "CRASH_AFTER_ANSWER_ENV", "SYNC_ENV", "EventRow", "AnswerRow", "Journal", "ReplayStore",
-           "journal_path", "writer_active", "decode_event", "naming", "EXCHANGE_COMPRESS_AT"]
+           "journal_path", "writer_active", "decode_event", "naming", "EXCHANGE_COMPRESS_AT",
+           "never_started"]
 
 
 SCHEMA_VERSION = 1
@@ -945,6 +946,28 @@ def _read_pid(lock: Path) -> str:
         return os.read(handle, 32).decode("ascii", "replace").strip() or "?"
     finally:
         os.close(handle)
+
+
+def never_started(workspace: str | Path) -> bool:
+    """True when the journal in `workspace` holds no run yet: a process killed while creating
+    it left a file without its tables (they are made in one transaction), or one without a
+    single event or answer. Nothing was paid, so the run can be started afresh. A journal
+    that cannot be read is not 'never started' (resume and show explain what is wrong)."""
+    path = journal_path(workspace)
+    if writer_active(workspace):
+        return False
+    try:
+        conn = _connect_readonly(path)
+        try:
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "meta" not in tables:
+                return True
+            used = conn.execute("SELECT (SELECT count(*) FROM events) + (SELECT count(*) FROM answers)")
+            return int(used.fetchone()[0]) == 0
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False
 
 
 def writer_active(workspace: str | Path) -> bool:
