@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 __all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "InputSpec", "LLMSpec", "PriceSpec",
-           "TeamSpec", "OutputNode", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
+           "TeamSpec", "OutputNode", "ReviseSpec", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
            "JoinSpec", "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir", "is_template",
            "VAR_NAME"]
 
@@ -157,6 +157,20 @@ class JoinSpec(_Model):
     """A template: the workspace path the joined text is written to."""
 
 
+class ReviseSpec(_Model):
+    """MetaGPT's ActionNode review → revise, after the output tree is filled: a review names
+    each top-level key that misses its instruction (with a comment), a revise re-fills only
+    those keys; repeated until a review has no comment or `max_passes` revisions are made."""
+
+    review: Literal["auto", "human"] = "auto"
+    """Who writes the comments: the model (`auto`) or a person (`human`)."""
+    revise: Literal["auto", "human", "human_review"] = "auto"
+    """Who re-fills the commented keys: the model, or a person; `human_review` is MetaGPT's
+    mode of that name (a person comments, the model revises) and needs `review: human`."""
+    max_passes: int = Field(default=2, ge=1, le=5)
+    """The most revisions; a review still commenting after them is logged, the output kept."""
+
+
 class ActionSpec(_Model):
     """What a role can do: one LLM call filling an output tree, or (`kind: exec`) a command."""
 
@@ -169,7 +183,12 @@ class ActionSpec(_Model):
     """A template: this action's own system prompt, after the role's prefix."""
     context: list[str] | Literal["all", "none"] = "all"
     output: Output = "text"
-    format: Literal["json", "markdown"] = "json"
+    format: Literal["json", "markdown", "content", "xml"] = "json"
+    """How a prompt-based fill is asked and read: a JSON object, `## Key` sections,
+    MetaGPT's `[CONTENT]{json}[/CONTENT]` raw fill, or `<key>value</key>` tags (xml)."""
+    fill: Literal["simple", "complex"] = "simple"
+    """`complex`: one call per top-level key of the output tree, concurrently, merged."""
+    revise: ReviseSpec | None = None
     retries: int = Field(default=2, ge=0, le=10)
     review: Literal["human"] | None = None
     """`human`: a person approves, edits or rejects (with a comment) the model's output
