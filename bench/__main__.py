@@ -39,6 +39,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("run", "bench.run_bench", "Runs on the fake model"),
     ("journal", "bench.journal_bench", "Journal"),
     ("context", "bench.context_bench", "Declared context against `context: all`"),
+    ("review", "bench.review_bench", "Code review: the merged review against MetaGPT's LGTM/LBTM loop"),
 ]
 
 
