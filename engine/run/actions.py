@@ -26,6 +26,7 @@ from engine.models.types import CallResult, CallSpec
 from engine.run.events import RunEvent, RunLog
 from engine.run.exec import exec_content, run_command
 from engine.run.isolation import Sandbox
+from engine.run.longterm import visible_messages
 from engine.run.memory import Memory
 from engine.run.message import Message, content_of
 from engine.run.node import merge_parts, part_prompt, revise_output, split_schema
@@ -105,11 +106,17 @@ def role_label(compiled: CompiledSop, role_id: str) -> str:
     return f"{spec.role_name(role_id)} ({spec.roles[role_id].profile or role_id})"
 
 
-def context_section(compiled: CompiledSop, action: ActionSpec, memory: Memory) -> str:
-    """The declared context only (`none`, `all` or action ids), as a `## Context` section."""
+def context_section(compiled: CompiledSop, action: ActionSpec, memory: Memory,
+                    role_id: str | None = None, query: str = "") -> str:
+    """The declared context only (`none`, `all` or action ids), as a `## Context` section;
+    within the role's or action's `memory_window`, with `recall`ed older messages (longterm)."""
     if action.context == "none":
         return ""
     picked = memory.get() if action.context == "all" else memory.get_by_actions(action.context)
+    if role_id is not None:
+        role = compiled.spec.roles[role_id]
+        window = action.memory_window or role.memory_window
+        picked = visible_messages(picked, window, action.recall or role.recall, query)
     if not picked:
         return ""
     blocks = [f"### {m.cause_by} from {role_label(compiled, m.sent_from)}\n{m.content}" for m in picked]
@@ -257,7 +264,7 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
         text = prompt.strip()
         tell_person(ctx.person, ctx.emit, round_=round_, role=role_id, action=action_id, text=text)
         return text, text
-    prompt = prompt.rstrip() + context_section(ctx.compiled, action, memory)
+    prompt = prompt.rstrip() + context_section(ctx.compiled, action, memory, role_id, prompt)
     if note:
         prompt += f"\n\n## Note\n{note}"
     system = _system_prompt(ctx, role_id, action_id, variables)
