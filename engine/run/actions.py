@@ -24,6 +24,7 @@ from engine.models.gateway import Gateway
 from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec
 from engine.run.events import RunEvent, RunLog
+from engine.run.experience import ExperiencePool, pooled_call
 from engine.run.exec import exec_content, run_command
 from engine.run.isolation import Sandbox
 from engine.run.longterm import visible_messages
@@ -65,6 +66,8 @@ class RunContext:
     """`--isolate`: exec commands run in it (set by the team's checks before the run starts)."""
     person: Person = field(default_factory=NoPerson)
     """Who answers `human` roles, `kind: ask` and review gates (NoPerson: the run waits)."""
+    pool: ExperiencePool | None = None
+    """`--pool`: accepted answers across runs (engine.run.experience); None: no pool."""
 
 
 @dataclass
@@ -421,7 +424,14 @@ async def call_gateway(ctx: RunContext, spec: CallSpec) -> CallResult:
     (stamped with `spec.round`) through the stream the Team gave it.
     """
     try:
-        return await ctx.gateway.call(spec)
+        if ctx.pool is None or spec.kind == "choice" or ctx.gateway.replay:
+            return await ctx.gateway.call(spec)
+
+        def log(level: str, message: str) -> None:
+            ctx.emit(RunLog(round=spec.round, level=level, role=spec.role, action=spec.action,
+                            message=message))
+        return await pooled_call(ctx.gateway.call, spec, pool=ctx.pool, store=ctx.gateway.store,
+                                 journal_key=lambda s: ctx.gateway.first_request(s).hash(), log=log)
     except (ActionFailed, BudgetExceeded):
         raise
     except LLMError as exc:
