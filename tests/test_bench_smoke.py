@@ -6,6 +6,7 @@ answers and the installer's requirement list are checked as plain functions.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import sys
@@ -102,3 +103,16 @@ def test_metagpt_requirements_follow_the_recipe(tmp_path: Path) -> None:
     reqs = _requirements(wheel)
     assert "aiohttp==3.8.6" in reqs and "agentops==0.3.10" in reqs
     assert not any(r.startswith(("lancedb", "pytest")) for r in reqs)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tiktoken") is None, reason="tiktoken not installed")
+def test_review_and_memory_benches_produce_their_figures() -> None:
+    from bench import memory_bench, review_bench
+
+    review = review_bench.main(size_factor=0.25)
+    merged, best, worst = review["rows"]
+    assert review["statuses"] == ["idle"] * 3
+    assert worst["review_calls"] > best["review_calls"] >= merged["review_calls"] > 0
+    memory = memory_bench.main(size_factor=0.2)
+    assert [r["turns"] for r in memory["rows"]] == sorted(r["turns"] for r in memory["rows"])
+    assert all(r["windowed"] > 0 and r["whole_memory"] > 0 for r in memory["rows"])

@@ -121,3 +121,14 @@ def test_an_actions_recall_on_a_role_with_a_window_is_accepted() -> None:
     text = PING_PONG.format(memory="    memory_window: 3").replace(
         '    max_runs: 6\n  Pong', '    max_runs: 6\n    recall: {keywords: [marmalade]}\n  Pong', 1)
     assert not [d for d in check_text(text, "s.sop.yaml").diagnostics if d.is_error]
+
+
+def test_an_actions_window_overrides_its_roles(tmp_path: Path) -> None:
+    path = tmp_path / "s.sop.yaml"
+    path.write_text(PING_PONG.format(memory="    memory_window: 5").replace(
+        '    max_runs: 6\n  Pong', '    max_runs: 6\n    memory_window: 1\n  Pong', 1), encoding="utf-8")
+    model = ScriptedModel(lambda spec, attempt: f"{spec.action} answer")
+    with use_model(model):
+        assert api.run(api.load(path), {"idea": "x"}, workspace=tmp_path / "ws").status == "idle"
+    pings = [p for r, p in zip(model.requests, model.prompts()) if r.spec.action == "Ping"]
+    assert all(len(_context_blocks(p)) <= 1 for p in pings)

