@@ -40,6 +40,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("journal", "bench.journal_bench", "Journal"),
     ("context", "bench.context_bench", "Declared context against `context: all`"),
     ("review", "bench.review_bench", "Code review: the merged review against MetaGPT's LGTM/LBTM loop"),
+    ("node", "bench.node_bench", "ActionNode keys: fill simple against complex, and revise"),
     ("memory", "bench.memory_bench", "Prompt size as a run grows: whole memory against a memory window"),
 ]
 

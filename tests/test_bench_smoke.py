@@ -107,7 +107,7 @@ def test_metagpt_requirements_follow_the_recipe(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("tiktoken") is None, reason="tiktoken not installed")
 def test_review_and_memory_benches_produce_their_figures() -> None:
-    from bench import memory_bench, review_bench
+    from bench import memory_bench, node_bench, review_bench
 
     review = review_bench.main(size_factor=0.25)
     merged, best, worst = review["rows"]
@@ -116,3 +116,5 @@ def test_review_and_memory_benches_produce_their_figures() -> None:
     memory = memory_bench.main(size_factor=0.2)
     assert [r["turns"] for r in memory["rows"]] == sorted(r["turns"] for r in memory["rows"])
     assert all(r["windowed"] > 0 and r["whole_memory"] > 0 for r in memory["rows"])
+    simple, complex_, revised = node_bench.main()["rows"]
+    assert (simple["calls"], revised["calls"]) == (1, 2) and complex_["calls"] > 1
