@@ -41,6 +41,9 @@ BENCHES: list[tuple[str, str, str]] = [
     ("context", "bench.context_bench", "Declared context against `context: all`"),
     ("report", "bench.report_bench", "The HTML report of a 100-round run"),
     ("batch", "bench.batch_bench", "Batches: rows per second, memory, Ray"),
+    ("review", "bench.review_bench", "Code review: the merged review against MetaGPT's LGTM/LBTM loop"),
+    ("node", "bench.node_bench", "ActionNode keys: fill simple against complex, and revise"),
+    ("memory", "bench.memory_bench", "Prompt size as a run grows: whole memory against a memory window"),
 ]
 
 

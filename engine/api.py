@@ -34,6 +34,7 @@ from engine.journal.people import answer_question
 from engine.journal.store import Journal, ReplayStore
 from engine.models.types import Price
 from engine.run.events import RunEnded, RunEvent
+from engine.run.experience import ExperiencePool
 from engine.run.inputs import check_limits, parse_input_flags, resolve_inputs
 from engine.run.people import Person, PersonAnswer, Question
 from engine.run.team import RunOptions, RunResult, Team, new_run_id
@@ -81,7 +82,7 @@ async def run_async(compiled: CompiledSop, inputs: Mapping[str, Any] | None = No
     Options: model, max_rounds, budget_usd, workspace (default runs/<run-id>), allow_exec,
     isolate and allow_network (exec commands under bubblewrap), run_id, observers,
     store, gateway, api_base (where hosted models are reached), price (a `Price` for models
-    litellm cannot price). A run cannot start (UsageError, RunError)
+    litellm cannot price), pool (an experience pool, `engine.journal.pool.Pool.open(path)`). A run cannot start (UsageError, RunError)
     before any model call or file write: bad inputs, exec not allowed, an unusable model.
     """
     team = prepare(compiled, inputs, **options)
@@ -144,12 +145,13 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
            model: str | None = None, allow_exec: bool = False, force: bool = False,
            observers: tuple[Any, ...] = (), api_base: str | None = None,
            price: Price | None = None, isolate: bool = False,
-           allow_network: bool = False, person: Person | None = None) -> RunResult:
+           allow_network: bool = False, person: Person | None = None,
+           pool: ExperiencePool | None = None) -> RunResult:
     """The synchronous `resume_async` (not from inside a running event loop)."""
     return asyncio.run(resume_async(run, budget=budget, rounds=rounds, model=model,
                                     allow_exec=allow_exec, force=force, observers=observers,
                                     api_base=api_base, price=price, isolate=isolate,
-                                    allow_network=allow_network, person=person))
+                                    allow_network=allow_network, person=person, pool=pool))
 
 
 async def resume_async(run: str | Path | RunFolder, *, budget: float | None = None,
@@ -157,7 +159,8 @@ async def resume_async(run: str | Path | RunFolder, *, budget: float | None = No
                        allow_exec: bool = False, force: bool = False,
                        observers: tuple[Any, ...] = (), api_base: str | None = None,
                        price: Price | None = None, isolate: bool = False,
-                       allow_network: bool = False, person: Person | None = None) -> RunResult:
+                       allow_network: bool = False, person: Person | None = None,
+                       pool: ExperiencePool | None = None) -> RunResult:
     """Continue an interrupted (or ended) run in its own workspace: same run id, completed
     actions and journaled answers reused, so nothing is paid twice.
 
@@ -166,6 +169,7 @@ async def resume_async(run: str | Path | RunFolder, *, budget: float | None = No
     started, unless `force`. Returns this invocation's RunResult, with the artifacts that
     earlier invocations wrote. `api_base` and `price`: as for `run` (never recorded).
     `person` answers questions the journal has no answer to (None: the run waits again).
+    `pool`: the experience pool (`engine.journal.pool.Pool`), as for `run`.
     """
     check_limits(rounds, budget)
     folder = run if isinstance(run, RunFolder) else open_for_resume(run, force=force)
@@ -174,7 +178,7 @@ async def resume_async(run: str | Path | RunFolder, *, budget: float | None = No
                                  allow_exec=allow_exec)
         team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
                        api_base=api_base, price=price, isolate=isolate,
-                       allow_network=allow_network, person=person, **options)
+                       allow_network=allow_network, person=person, pool=pool, **options)
         team.check()
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock

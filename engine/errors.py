@@ -13,7 +13,7 @@ from typing import Literal
 
 __all__ = ["Severity", "Related", "Diagnostic", "SopError", "LoadError", "CompileError",
            "UsageError", "RunError", "ActionFailed", "LLMError", "BudgetExceeded", "JournalError",
-           "ReplayDivergence", "require_utf8"]
+           "ReplayDivergence", "require_utf8", "PoolError"]
 
 
 Severity = Literal["error", "warning"]
@@ -158,6 +158,12 @@ class BudgetExceeded(SopError):
 
 class JournalError(SopError):
     """The run journal is missing, torn, from another SOP, or cannot be written."""
+
+    exit_code = 2
+
+
+class PoolError(SopError):
+    """The experience pool file is not a pool (corrupt, another database) or cannot be used."""
 
     exit_code = 2
 

@@ -6,6 +6,7 @@ answers and the installer's requirement list are checked as plain functions.
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import sys
@@ -119,3 +120,18 @@ def test_batch_bench_produces_its_figures() -> None:
         assert res["local"][key] > 0
     assert res["latency"]["critical_path_s"] > 0 and res["ratio"] > 0
     assert "rows/s, local" in res["markdown"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tiktoken") is None, reason="tiktoken not installed")
+def test_review_and_memory_benches_produce_their_figures() -> None:
+    from bench import memory_bench, node_bench, review_bench
+
+    review = review_bench.main(size_factor=0.25)
+    merged, best, worst = review["rows"]
+    assert review["statuses"] == ["idle"] * 3
+    assert worst["review_calls"] > best["review_calls"] >= merged["review_calls"] > 0
+    memory = memory_bench.main(size_factor=0.2)
+    assert [r["turns"] for r in memory["rows"]] == sorted(r["turns"] for r in memory["rows"])
+    assert all(r["windowed"] > 0 and r["whole_memory"] > 0 for r in memory["rows"])
+    simple, complex_, revised = node_bench.main()["rows"]
+    assert (simple["calls"], revised["calls"]) == (1, 2) and complex_["calls"] > 1

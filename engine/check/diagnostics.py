@@ -69,6 +69,9 @@ CODES: dict[str, str] = {
     "SOP214": "warning: an exec action's `env` names a secret-looking variable (a key, token, password)",
     "SOP215": "`review: human` on an action that is not of kind llm",
     "SOP216": "a role with `human: true` in react_mode plan_and_act, or in react mode with several actions",
+    "SOP217": "`fill: complex` or `revise` on an action that is not a model filling an output tree",
+    "SOP218": "`revise: human_review` without `review: human` (MetaGPT's mode: a person comments, the model revises)",
+    "SOP219": "`recall` without a `memory_window` (on the action or the role running it), or on an action with `context: none`",
     # the watch graph (engine/check/watch.py)
     "SOP301": "a cycle of activations on which no action declares `max_runs`",
     "SOP302": "warning: a role no message can ever reach",

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import os
 import re
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 from engine import __version__
-from engine.errors import SopError, require_utf8
+from engine.errors import SopError, UsageError, require_utf8
 
 if TYPE_CHECKING:
     from types import FrameType
@@ -93,7 +94,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                          budget_usd=args.budget, workspace=args.out, allow_exec=args.allow_exec,
                          api_base=args.api_base, price=args.price, isolate=args.isolate,
                          allow_network=args.allow_network, send_to=args.send_to,
-                         observers=[display, *traced], person=_person(args))
+                         observers=[display, *traced], person=_person(args), pool=_pool(args))
     return _print_result(result, args.format)
 
 
@@ -112,8 +113,51 @@ def cmd_resume(args: argparse.Namespace) -> int:
         result = api.resume(folder, budget=args.budget, rounds=args.rounds, model=args.model,
                             allow_exec=args.allow_exec, force=args.force, observers=(display, *traced),
                             api_base=args.api_base, price=args.price, isolate=args.isolate,
-                            allow_network=args.allow_network, person=_person(args))
+                            allow_network=args.allow_network, person=_person(args),
+                            pool=_pool(args))
     return _print_result(result, args.format)
+
+
+def _pool(args: argparse.Namespace) -> Any:
+    """The experience pool of `--pool` (else $SOPCTL_POOL), opened and checked; None: none."""
+    from engine.journal.pool import POOL_ENV, Pool
+
+    path = getattr(args, "pool", None) or os.environ.get(POOL_ENV, "").strip()
+    if not path:
+        return None
+    return Pool.open(path, threshold=getattr(args, "pool_threshold", None) or 0.8)
+
+
+def cmd_pool(args: argparse.Namespace) -> int:
+    """`sopctl pool list|clear|prune`: look after the experience pool."""
+    pool = _pool(args)
+    if pool is None:
+        raise UsageError("no experience pool: give --pool FILE (or set $SOPCTL_POOL)")
+    try:
+        if args.pool_command == "list":
+            entries = pool.entries(args.action)
+            if args.format == "json":
+                print(json.dumps([{"id": e.id, "action": e.action, "score": e.score, "uses": e.uses,
+                                   "prompt": e.prompt, "answer": e.answer} for e in entries], indent=2))
+            else:
+                for e in entries:
+                    print(f"{e.id:>5}  {e.action:<24} score {e.score:<6g} uses {e.uses:<4} "
+                          f"{_one_line(e.prompt)}")
+                print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} in {pool.path}")
+        elif args.pool_command == "clear":
+            print(f"removed {pool.clear(args.action)} entries from {pool.path}")
+        else:
+            if args.keep is None and args.min_score is None:
+                raise UsageError("prune needs --keep N and/or --min-score S")
+            print(f"pruned {pool.prune(args.keep, args.min_score)} entries from {pool.path}")
+    finally:
+        pool.close()
+    return 0
+
+
+def _one_line(text: str, width: int = 60) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[:width - 1] + "…"
 
 
 def _person(args: argparse.Namespace) -> Person | None:
@@ -142,9 +186,6 @@ def cmd_answer(args: argparse.Namespace) -> int:
 
 def _answer_of(args: argparse.Namespace) -> PersonAnswer:
     """The answer the flags give: a review decision, or a value (text, file, JSON)."""
-    import json
-
-    from engine.errors import UsageError
     from engine.run.people import PersonAnswer
 
     values = [name for name in ("text", "file", "json") if getattr(args, name) is not None]
@@ -317,6 +358,16 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     _add_hosted_flags(p)
     _add_no_input_flag(p)
     _add_trace_flag(p)
+    _add_pool_flags(p)
+
+
+def _add_pool_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--pool", metavar="FILE",
+                   help="experience pool (SQLite) of accepted answers across runs: an exact hit "
+                        "is reused with no model call, a near one offered as an example "
+                        "(default: $SOPCTL_POOL; none when unset)")
+    p.add_argument("--pool-threshold", type=float, metavar="S",
+                   help="similarity (0-1, word sets) from which an entry is offered (default 0.8)")
 
 
 def _add_no_input_flag(p: argparse.ArgumentParser) -> None:
@@ -343,6 +394,7 @@ def _add_resume_flags(p: argparse.ArgumentParser) -> None:
     _add_hosted_flags(p)
     _add_no_input_flag(p)
     _add_trace_flag(p)
+    _add_pool_flags(p)
 
 
 def _add_hosted_flags(p: argparse.ArgumentParser) -> None:
@@ -473,6 +525,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", metavar="FILE",
                    help="the HTML file to write (default: RUN_DIR.html, beside the run folder)")
     p.set_defaults(handler=cmd_report)
+
+    p = sub.add_parser("pool", help="list, clear or prune the experience pool (--pool or $SOPCTL_POOL)")
+    p.add_argument("pool_command", choices=["list", "clear", "prune"], metavar="list|clear|prune")
+    p.add_argument("--pool", metavar="FILE", help="the pool file (default: $SOPCTL_POOL)")
+    p.add_argument("--action", help="only this action's entries (list, clear)")
+    p.add_argument("--keep", type=int, metavar="N", help="prune: keep the N best entries per action")
+    p.add_argument("--min-score", type=float, metavar="S", help="prune: drop entries scored below S")
+    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.set_defaults(handler=cmd_pool)
     return parser
 
 

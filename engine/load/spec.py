@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 __all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "InputSpec", "LLMSpec", "PriceSpec",
-           "TeamSpec", "OutputNode", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
+           "TeamSpec", "OutputNode", "ReviseSpec", "RecallSpec", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
            "JoinSpec", "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir", "is_template",
            "VAR_NAME"]
 
@@ -157,6 +157,31 @@ class JoinSpec(_Model):
     """A template: the workspace path the joined text is written to."""
 
 
+class ReviseSpec(_Model):
+    """MetaGPT's ActionNode review → revise, after the output tree is filled: a review names
+    each top-level key that misses its instruction (with a comment), a revise re-fills only
+    those keys; repeated until a review has no comment or `max_passes` revisions are made."""
+
+    review: Literal["auto", "human"] = "auto"
+    """Who writes the comments: the model (`auto`) or a person (`human`)."""
+    revise: Literal["auto", "human", "human_review"] = "auto"
+    """Who re-fills the commented keys: the model, or a person; `human_review` is MetaGPT's
+    mode of that name (a person comments, the model revises) and needs `review: human`."""
+    max_passes: int = Field(default=2, ge=1, le=5)
+    """The most revisions; a review still commenting after them is logged, the output kept."""
+
+
+class RecallSpec(_Model):
+    """Long-term memory (MetaGPT's `try_remember` and RoleZero's overflow): messages older
+    than the memory window, brought back into the context by keyword and relevance."""
+
+    keywords: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
+    """Older messages holding any of these words (case-insensitive) come back first."""
+    top_k: int = Field(default=3, ge=1, le=50)
+    """The most older messages brought back; the rest ranked by BM25 relevance to the
+    keywords (else to the action's prompt)."""
+
+
 class ActionSpec(_Model):
     """What a role can do: one LLM call filling an output tree, or (`kind: exec`) a command."""
 
@@ -169,7 +194,16 @@ class ActionSpec(_Model):
     """A template: this action's own system prompt, after the role's prefix."""
     context: list[str] | Literal["all", "none"] = "all"
     output: Output = "text"
-    format: Literal["json", "markdown"] = "json"
+    format: Literal["json", "markdown", "content", "xml"] = "json"
+    """How a prompt-based fill is asked and read: a JSON object, `## Key` sections,
+    MetaGPT's `[CONTENT]{json}[/CONTENT]` raw fill, or `<key>value</key>` tags (xml)."""
+    fill: Literal["simple", "complex"] = "simple"
+    """`complex`: one call per top-level key of the output tree, concurrently, merged."""
+    revise: ReviseSpec | None = None
+    memory_window: int | None = Field(default=None, ge=1, le=10000)
+    """The `## Context` shows at most the last N messages `context` picks (over the role's)."""
+    recall: RecallSpec | None = None
+    """With a memory window: older messages brought back by keyword and relevance (over the role's)."""
     retries: int = Field(default=2, ge=0, le=10)
     review: Literal["human"] | None = None
     """`human`: a person approves, edits or rejects (with a comment) the model's output
@@ -252,6 +286,10 @@ class RoleSpec(_Model):
     react_mode: Literal["react", "by_order", "plan_and_act"] = "react"
     max_react_loop: int = Field(default=1, ge=1, le=100)
     memory: bool = True
+    memory_window: int | None = Field(default=None, ge=1, le=10000)
+    """MetaGPT's `memory.get(k)`: the last N messages are what its actions' context shows."""
+    recall: RecallSpec | None = None
+    """Long-term memory past the window: older messages recalled by keyword and relevance."""
     llm: LLMSpec | None = None
     planner: PlannerSpec | None = None
 

@@ -9,8 +9,10 @@ Four kinds of answer (`CallSpec.kind`):
 - `json`: an object that must validate against the action's JSON Schema. With a model that
   supports structured output the schema travels as `response_format` and the prompt only
   lists the fields; otherwise the prompt asks for JSON (`format: json`) or for `## Key`
-  sections (`format: markdown`), and `read` parses either, tolerating code fences, leading
-  prose and MetaGPT's `[CONTENT]` wrapper. Validation is strict: an invalid answer raises
+  sections (`format: markdown`), for MetaGPT's `[CONTENT]{json}[/CONTENT]` raw fill
+  (`format: content`) or for `<key>value</key>` tags (`format: xml`, values coerced to their
+  types), and `read` parses each, tolerating code fences, leading prose, and a JSON object
+  where sections or tags were asked (what a structured-output model writes). Validation is strict: an invalid answer raises
   `InvalidAnswer`, whose message is shown to the model when it is asked again.
 - `text`: the answer, stripped; an empty answer is invalid.
 - `code`: the first fenced code block (one left open at the end of a cut-off answer counts);
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
     from engine.models.types import CallSpec
 
 __all__ = ["InvalidAnswer", "first_messages", "reask_messages", "response_format", "read",
-           "parse_json_object", "parse_markdown", "extract_code", "parse_choice", "schema_errors"]
+           "parse_json_object", "parse_markdown", "parse_xml", "field_list", "extract_code", "parse_choice", "schema_errors"]
 
 
 MAX_ECHO_CHARS = 6000
@@ -131,7 +133,7 @@ def _per_schema(schema: dict[str, Any], purpose: str, build: Callable[[], Any]) 
 
 
 def _build_json_instructions(schema: dict[str, Any], mode: str) -> str:
-    fields = "\n".join(_field_lines(schema, "")) or "- (no fields)"
+    fields = field_list(schema)
     if mode == "schema":
         return f"## Answer format\nAnswer with one JSON object that fills these fields:\n{fields}"
     if mode == "markdown":
@@ -142,11 +144,29 @@ def _build_json_instructions(schema: dict[str, Any], mode: str) -> str:
             'e.g. ["first", "second"]. Write nothing before the first section.\n'
             f"Fields:\n{fields}"
         )
+    if mode == "xml":
+        return (
+            "## Answer format\nWrite each field between an opening and a closing tag named exactly "
+            "as below, e.g. <Title>the value</Title>, in this order. Write text as plain text; "
+            'write lists, numbers, booleans and objects as JSON, e.g. ["first", "second"]. '
+            f"Write nothing outside the tags.\nFields:\n{fields}"
+        )
     compact = json.dumps(_without_descriptions(schema), separators=(",", ":"), ensure_ascii=False)
+    if mode == "content":
+        return (
+            "## Answer format\nAnswer with a line [CONTENT], then one JSON object, then a line "
+            f"[/CONTENT], and nothing else. The object must validate against this JSON Schema:\n"
+            f"{compact}\nFields:\n{fields}"
+        )
     return (
         "## Answer format\nAnswer with one JSON object and nothing else (no prose before or after). "
         f"It must validate against this JSON Schema:\n{compact}\nFields:\n{fields}"
     )
+
+
+def field_list(schema: dict[str, Any]) -> str:
+    """An output schema's fields as our prompts list them (`- "Key" (type): instruction`)."""
+    return "\n".join(_field_lines(schema, "")) or "- (no fields)"
 
 
 def _field_lines(schema: dict[str, Any], path: str) -> list[str]:
@@ -230,22 +250,41 @@ def read(spec: CallSpec, text: str) -> Any:
             raise InvalidAnswer("the answer is empty")
         return text.strip()
     schema = spec.schema or {}
-    value = _markdown_or_json(text, schema) if spec.format == "markdown" else parse_json_object(text)
+    value = _SECTION_PARSERS[spec.format](text, schema) if spec.format in _SECTION_PARSERS \
+        else parse_json_object(text)
     errors = schema_errors(value, schema)
     if errors:
         raise InvalidAnswer("the object does not match the schema: " + "; ".join(errors))
     return value
 
 
-def _markdown_or_json(text: str, schema: dict[str, Any]) -> Any:
-    """`format: markdown` answers are sections; a model that answers JSON anyway is read too."""
-    try:
-        return parse_markdown(text, schema)
-    except InvalidAnswer as markdown_error:
+def _or_json(parse: Callable[[str, dict[str, Any]], Any]) -> Callable[[str, dict[str, Any]], Any]:
+    """Sections or tags as asked; a model that answers JSON anyway (a structured-output model
+    always does) is read too, and the first parser's error is the one the model sees."""
+    def parse_either(text: str, schema: dict[str, Any]) -> Any:
         try:
-            return parse_json_object(text)
-        except InvalidAnswer:
-            raise markdown_error from None
+            return parse(text, schema)
+        except InvalidAnswer as asked_error:
+            try:
+                return parse_json_object(text)
+            except InvalidAnswer:
+                raise asked_error from None
+    return parse_either
+
+
+def parse_xml(text: str, schema: dict[str, Any]) -> dict[str, Any]:
+    """`<Key>value</Key>` tags → {key: value}, each value read as the key's schema says
+    (MetaGPT's xml_fill: text stays text, numbers, booleans, lists and objects from JSON)."""
+    props: dict[str, Any] = schema.get("properties") or {}
+    out: dict[str, Any] = {}
+    for key, sub in props.items():
+        match = re.search(rf"<{re.escape(key)}>(.*?)</{re.escape(key)}>", text, re.S)
+        if match:
+            out[key] = _section_value(key, match.group(1), sub)
+    if not out:
+        names = ", ".join(f"<{k}>...</{k}>" for k in props) or "none"
+        raise InvalidAnswer(f"no field tags found; expected: {names}")
+    return out
 
 
 def parse_json_object(text: str) -> dict[str, Any]:
@@ -308,6 +347,11 @@ def parse_markdown(text: str, schema: dict[str, Any]) -> dict[str, Any]:
         if key not in out:
             out[key] = _section_value(key, text[match.end():end], props[key])
     return out
+
+
+_SECTION_PARSERS: dict[str, Callable[[str, dict[str, Any]], Any]] = {
+    "markdown": _or_json(parse_markdown), "xml": _or_json(parse_xml)}
+"""Formats whose answers are not one JSON object (`content` is one, wrapped: `_unwrap`)."""
 
 
 def _norm(name: str) -> str:

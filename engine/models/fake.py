@@ -7,7 +7,9 @@ chosen implicitly (only `--model fake`, `SOPCTL_MODEL=fake` or a file's `llm.mod
 - `json`: a small instance of the action's schema: each list with one element (or its
   `minItems`), each enum its first value, bools false, numbers 0 (or their minimum), and
   short strings derived from the key ("Product Goals item", "main.py" for files,
-  "project_name" for names). Written as JSON, or as `## Key` sections for `format: markdown`.
+  "project_name" for names). Written as JSON, as `## Key` sections for `format: markdown`,
+  wrapped in `[CONTENT]`/`[/CONTENT]` lines for `format: content`, or as `<Key>value</Key>`
+  tags for `format: xml`.
 - `text`: a short sentence naming the action. `code`: a fenced block holding a minimal
   valid program in the language (Python: a small module that compiles).
 - `choice`: `previous_choice + 1` while it is a valid state, then -1 (react runs the
@@ -86,19 +88,20 @@ def answer_text(spec: CallSpec, schema_mode: bool = False) -> str:
         lang = (spec.code_lang or "text").lower()
         return f"```{lang}\n{_program(lang, spec.action)}```\n"
     value = instance(spec.schema or {"type": "object"})
-    if spec.format == "markdown" and not schema_mode:
-        return _markdown(value)
+    if schema_mode or not isinstance(value, dict):
+        return json.dumps(value, ensure_ascii=False)
+    if spec.format == "markdown":
+        return "\n".join(f"## {key}\n{_field_text(item)}\n" for key, item in value.items())
+    if spec.format == "xml":
+        return "\n".join(f"<{key}>{_field_text(item)}</{key}>" for key, item in value.items())
+    if spec.format == "content":
+        return f"[CONTENT]\n{json.dumps(value, ensure_ascii=False)}\n[/CONTENT]"
     return json.dumps(value, ensure_ascii=False)
 
 
-def _markdown(value: Any) -> str:
-    if not isinstance(value, dict):
-        return json.dumps(value, ensure_ascii=False)
-    parts = []
-    for key, item in value.items():
-        body = item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
-        parts.append(f"## {key}\n{body}\n")
-    return "\n".join(parts)
+def _field_text(item: Any) -> str:
+    """A field's value as a section or a tag holds it: text as it is, anything else as JSON."""
+    return item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
 
 
 # --------------------------------------------------------------------------- schema instances

@@ -153,6 +153,13 @@ class Gateway:
         if check is not None:
             check(model)
 
+    def first_request(self, spec: CallSpec) -> ModelRequest:
+        """The request `call` sends first for `spec`; its `hash()` is its answer's journal key
+        (the experience pool writes a reused answer there, engine.run.experience)."""
+        schema_mode = spec.kind == "json" and self.provider(spec.model).supports_schema(spec.model)
+        rformat = answers.response_format(spec) if schema_mode else None
+        return ModelRequest(spec, tuple(answers.first_messages(spec, schema_mode)), rformat, 0)
+
     async def call(self, spec: CallSpec) -> CallResult:
         """The accepted answer for `spec`, or ActionFailed / LLMError / BudgetExceeded / ReplayDivergence."""
         _check_spec(spec)

@@ -50,7 +50,7 @@ class CallSpec:
     model: str                       # resolved model name: "fake", "local" or a litellm string
     schema: dict[str, Any] | None = None  # JSON Schema of the output (kind json)
     code_lang: str | None = None     # kind code
-    format: Literal["json", "markdown"] = "json"
+    format: Literal["json", "markdown", "content", "xml"] = "json"
     retries: int = 2                 # re-asks after an invalid answer, error shown to the model
     n_choices: int = 0               # kind choice: valid answers are -1 .. n_choices-1
     previous_choice: int = -1        # kind choice: the state before (lets `fake` answer "next")

@@ -24,10 +24,13 @@ from engine.models.gateway import Gateway
 from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec, Price
 from engine.run.events import RunEvent, RunLog
+from engine.run.experience import ExperiencePool, pooled_call
 from engine.run.exec import exec_content, run_command
 from engine.run.isolation import Sandbox
+from engine.run.longterm import visible_messages
 from engine.run.memory import Memory
 from engine.run.message import Message, content_of
+from engine.run.node import merge_parts, part_prompt, revise_output, split_schema
 from engine.run.people import (
     NoPerson,
     Person,
@@ -65,6 +68,8 @@ class RunContext:
     """`--isolate`: exec commands run in it (set by the team's checks before the run starts)."""
     person: Person = field(default_factory=NoPerson)
     """Who answers `human` roles, `kind: ask` and review gates (NoPerson: the run waits)."""
+    pool: ExperiencePool | None = None
+    """`--pool`: accepted answers across runs (engine.run.experience); None: no pool."""
 
 
 @dataclass
@@ -106,11 +111,17 @@ def role_label(compiled: CompiledSop, role_id: str) -> str:
     return f"{spec.role_name(role_id)} ({spec.roles[role_id].profile or role_id})"
 
 
-def context_section(compiled: CompiledSop, action: ActionSpec, memory: Memory) -> str:
-    """The declared context only (`none`, `all` or action ids), as a `## Context` section."""
+def context_section(compiled: CompiledSop, action: ActionSpec, memory: Memory,
+                    role_id: str | None = None, query: str = "") -> str:
+    """The declared context only (`none`, `all` or action ids), as a `## Context` section;
+    within the role's or action's `memory_window`, with `recall`ed older messages (longterm)."""
     if action.context == "none":
         return ""
     picked = memory.get() if action.context == "all" else memory.get_by_actions(action.context)
+    if role_id is not None:
+        role = compiled.spec.roles[role_id]
+        window = action.memory_window or role.memory_window
+        picked = visible_messages(picked, window, action.recall or role.recall, query)
     if not picked:
         return ""
     blocks = [f"### {m.cause_by} from {role_label(compiled, m.sent_from)}\n{m.content}" for m in picked]
@@ -258,7 +269,7 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
         text = prompt.strip()
         tell_person(ctx.person, ctx.emit, round_=round_, role=role_id, action=action_id, text=text)
         return text, text
-    prompt = prompt.rstrip() + context_section(ctx.compiled, action, memory)
+    prompt = prompt.rstrip() + context_section(ctx.compiled, action, memory, role_id, prompt)
     if note:
         prompt += f"\n\n## Note\n{note}"
     system = _system_prompt(ctx, role_id, action_id, variables)
@@ -291,19 +302,54 @@ async def _answer(ctx: RunContext, role_id: str, action_id: str, prompt: str, sy
         return (await _ask(ctx, question)).value
     if action.review == "human":
         return await _reviewed(ctx, role_id, action_id, prompt, system, round_, key)
-    return await _model_value(ctx, role_id, action_id, prompt, system, round_)
+    return await _filled(ctx, role_id, action_id, prompt, system, round_, key)
+
+
+async def _filled(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
+                  round_: int, key: str) -> Any:
+    """The model's output tree, filled as the action's `fill` says (one call, or one per
+    top-level key, concurrently) and then reviewed and revised as its `revise` says
+    (`engine.run.node`); every call goes through the gateway, every person's part is a question."""
+    action = ctx.compiled.spec.actions[action_id]
+    schema = ctx.compiled.output_schemas.get(action_id)
+    if schema is None or (action.fill == "simple" and action.revise is None):
+        return await _model_value(ctx, role_id, action_id, prompt, system, round_)
+    if action.fill == "complex":
+        parts = await gather_or_cancel([
+            _model_value(ctx, role_id, action_id, part_prompt(prompt, name), system, round_, part)
+            for name, part in split_schema(schema)])
+        value = merge_parts(schema, parts)
+    else:
+        value = await _model_value(ctx, role_id, action_id, prompt, system, round_)
+    if action.revise is None:
+        return value
+
+    async def model(asked: str, asked_schema: dict[str, Any], step: str) -> Any:
+        return await _model_value(ctx, role_id, action_id, asked, system, round_, asked_schema)
+
+    async def person(asked: str, asked_schema: dict[str, Any], step: str) -> Any:
+        return await ask_human(ctx, role=role_id, action=action_id, round_=round_,
+                               key=f"{key}/{step}", prompt=asked, schema=asked_schema)
+
+    def log(level: str, message: str) -> None:
+        ctx.emit(RunLog(round=round_, level=level, role=role_id, action=action_id, message=message))
+
+    value, _ = await revise_output(action.revise, prompt=prompt, value=value, schema=schema,
+                                   model=model, person=person, log=log)
+    return value
 
 
 async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: str,
-                       system: str, round_: int) -> Any:
-    """The model's accepted answer to the action's prompt (one gateway call)."""
+                       system: str, round_: int, schema: dict[str, Any] | None = None) -> Any:
+    """The model's accepted answer to the action's prompt (one gateway call); `schema`: an
+    object to fill instead of the action's output (a part of it, a review, a revision)."""
     action = ctx.compiled.spec.actions[action_id]
-    kind = output_kind(action.output)
+    kind = "json" if schema is not None else output_kind(action.output)
     lang = _code_lang(action)
     llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override, ctx.price)
     spec = CallSpec(action=action_id, role=role_id, system=system,
                     prompt=prompt, kind=kind, model=llm["model"],  # type: ignore[arg-type]
-                    schema=ctx.compiled.output_schemas.get(action_id), code_lang=lang,
+                    schema=schema or ctx.compiled.output_schemas.get(action_id), code_lang=lang,
                     format=action.format, retries=action.retries, temperature=llm["temperature"],
                     max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"], round=round_,
                     fallback_price=llm["price"])
@@ -326,7 +372,7 @@ async def _reviewed(ctx: RunContext, role_id: str, action_id: str, prompt: str, 
     comment = ""
     for attempt in range(attempts):
         asked = prompt + ("\n\n## Note\n" + _REJECTED_NOTE.format(comment=comment) if comment else "")
-        draft = await _model_value(ctx, role_id, action_id, asked, system, round_)
+        draft = await _filled(ctx, role_id, action_id, asked, system, round_, f"{key}/{attempt}")
         question = _question(ctx, role_id, action_id, asked, round_, key, "review", draft, attempt)
         decision = await _ask(ctx, question)
         if decision.decision == "approve":
@@ -380,7 +426,14 @@ async def call_gateway(ctx: RunContext, spec: CallSpec) -> CallResult:
     (stamped with `spec.round`) through the stream the Team gave it.
     """
     try:
-        return await ctx.gateway.call(spec)
+        if ctx.pool is None or spec.kind == "choice" or ctx.gateway.replay:
+            return await ctx.gateway.call(spec)
+
+        def log(level: str, message: str) -> None:
+            ctx.emit(RunLog(round=spec.round, level=level, role=spec.role, action=spec.action,
+                            message=message))
+        return await pooled_call(ctx.gateway.call, spec, pool=ctx.pool, store=ctx.gateway.store,
+                                 journal_key=lambda s: ctx.gateway.first_request(s).hash(), log=log)
     except (ActionFailed, BudgetExceeded):
         raise
     except LLMError as exc:

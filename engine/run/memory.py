@@ -40,9 +40,14 @@ class Memory:
     def __len__(self) -> int:
         return len(self._storage)
 
-    def get(self) -> list[Message]:
-        """Every stored message, oldest first."""
-        return list(self._storage)
+    def get(self, k: int = 0) -> list[Message]:
+        """Every stored message, oldest first; the last `k` only when k > 0 (MetaGPT's get(k))."""
+        return list(self._storage[-k:]) if k > 0 else list(self._storage)
+
+    def try_remember(self, keyword: str) -> list[Message]:
+        """MetaGPT's try_remember: the messages whose content holds `keyword` (case-insensitive)."""
+        wanted = keyword.lower()
+        return [m for m in self._storage if wanted in m.content.lower()]
 
     def get_by_action(self, action: str) -> list[Message]:
         return list(self._by_action.get(action, ()))

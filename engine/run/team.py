@@ -38,6 +38,7 @@ from engine.run.events import (
     RunStatus,
 )
 from engine.run.isolation import find_sandbox
+from engine.run.experience import ExperiencePool
 from engine.run.message import Message, user_requirement
 from engine.run.people import NoPerson, Person, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
@@ -73,6 +74,7 @@ class RunOptions:
     price: Price | None = None       # `--price`, for models litellm cannot price
     send_to: Sequence[str] = ()      # `--send-to`: the idea's addresses, beating the file's team.send_to
     person: Person | None = None     # who answers a person's questions (None: the run waits)
+    pool: ExperiencePool | None = None   # `--pool`: accepted answers across runs (engine.run.experience)
 
 
 @dataclass
@@ -172,7 +174,7 @@ class Team:
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
                               model_override=options.model, price=options.price,
                               allow_exec=options.allow_exec,
-                              person=options.person or NoPerson())
+                              person=options.person or NoPerson(), pool=options.pool)
         self.roles = [Role(rid, self.ctx) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit)
         self.idea_to = idea_addresses(compiled, options.send_to)
