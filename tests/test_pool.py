@@ -16,6 +16,8 @@ from engine.errors import PoolError
 from engine.journal.pool import Pool
 from engine.journal.store import Journal
 from engine.testing import ScriptedModel, use_model
+from engine.cli.report import format_show
+from engine.journal.history import read_run
 
 SOP = """\
 apiVersion: sop/v1
@@ -58,6 +60,8 @@ def test_an_exact_hit_is_reused_with_no_call_journaled_and_shown(tmp_path: Path)
     assert model.calls == 0 and second.usage.reused_calls == 1
     assert second.messages[-1].out == {"Title": "Tea time"}
     assert any("reused from the experience pool" in m for m in _logs(tmp_path / "two"))
+    shown = format_show(read_run(tmp_path / "two"))          # `sopctl show` says so too
+    assert "notice: " in shown and "reused from the experience pool" in shown
     assert pool.entries()[0].uses == 1 and pool.entries()[0].score == 2
     with use_model(ScriptedModel([])):             # the reused answer is in the run's journal
         replayed = api.replay(tmp_path / "two", tmp_path / "again")

@@ -201,7 +201,7 @@ def _rounds(state: RunState) -> list[dict[str, Any]]:
         "round": rnd,
         "roles": state.round_roles.get(rnd, []),
         "messages": [_message(m) for m in state.history if int(m.get("round", 0)) == rnd],
-        "warnings": [g for g in state.logs if g.get("round") == rnd],
+        "warnings": [g for g in state.logs if g.get("round") == rnd],   # and notices
         "answers": [g for g in state.answered.values() if g.get("round") == rnd],
         "replies": [g for g in state.replies if g.get("round") == rnd],
     } for rnd in sorted(numbers)]

@@ -156,7 +156,7 @@ class LiveDisplay:
 
     def on_event(self, event: RunEvent) -> None:
         self.stats.fold(event)
-        if isinstance(event, RunLog) and event.level == "warning":
+        if isinstance(event, RunLog) and event.level in ("warning", "notice"):
             self.logs = (self.logs + [f"{event.role}: {event.message}"])[-3:]
         elif trouble := trouble_line(event):
             self.logs = (self.logs + [trouble])[-3:]

@@ -159,7 +159,7 @@ def format_show(state: RunState) -> str:
         lines += [f"    person: {g.get('role')}.{g.get('action')}: {g.get('decision')} "
                   f"(question {str(g.get('key'))[:12]})"
                   for g in state.answered.values() if g.get("round") == rnd]
-        lines += [f"    warning: {g.get('role')}.{g.get('action')}: {g.get('message')}"
+        lines += [f"    {g.get('level')}: {g.get('role')}.{g.get('action')}: {g.get('message')}"
                   for g in state.logs if g.get("round") == rnd]
     lines += ["", "per action:", _stats_header()]
     lines += [_stats_line(s) for s in state.actions.values()]

@@ -291,8 +291,9 @@ def _on_started(state: RunState, event: RunStarted, ts: float) -> None:
 
 
 def _on_log(state: RunState, data: dict[str, Any]) -> None:
-    """Keep warnings for the timeline (info lines such as reuse notes repeat on every resume)."""
-    if data.get("level") == "warning" and data not in state.logs:
+    """Keep warnings and notices for the timeline (info lines such as reuse notes repeat on
+    every resume)."""
+    if data.get("level") in ("warning", "notice") and data not in state.logs:
         state.logs.append(data)
 
 

@@ -155,7 +155,8 @@ class RunLog(Event):
     """A line for the run's log: a skipped action (max_runs), a plan warning, a reused action.
 
     Informational only: nothing in a run's state depends on it, so a journal may store it or
-    not. `level` is `info` or `warning`.
+    not. `level` is `info`, `notice` (what a person should see next to the actions: an answer
+    reused from the experience pool, a revise pass; shown live and by `show`) or `warning`.
     """
 
     round: int

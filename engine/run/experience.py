@@ -112,7 +112,7 @@ async def pooled_call(call: Callable[[CallSpec], Awaitable[CallResult]], spec: C
         if store.lookup(journal_key(spec)) is None:
             store.record(journal_key(spec), spec.action,
                          StoredAnswer(hit.answer, 0, 0, 0.0, model=POOL_ORIGIN))
-        log("info", f"answer reused from the experience pool (entry {hit.id}, score {hit.score:g}): "
+        log("notice", f"answer reused from the experience pool (entry {hit.id}, score {hit.score:g}): "
                     "no model call")
         result = await call(spec)
         pool.reused(hit)
@@ -121,7 +121,7 @@ async def pooled_call(call: Callable[[CallSpec], Awaitable[CallResult]], spec: C
     near = pool.nearest(spec.action, signature(spec), spec.prompt)
     if near is not None:
         asked = dataclasses.replace(spec, prompt=spec.prompt + EXAMPLE_NOTE.format(answer=near.answer))
-        log("info", f"experience pool entry {near.id} (similarity {near.similarity:.2f}) offered "
+        log("notice", f"experience pool entry {near.id} (similarity {near.similarity:.2f}) offered "
                     "to the model as an example")
         pool.offered(near)
     result = await call(asked)

@@ -171,13 +171,13 @@ async def revise_output(revise: ReviseSpec, *, prompt: str, value: dict[str, Any
         last = number == revise.max_passes
         passes.append(RevisePass(number + 1, comments, bool(comments) and not last))
         if not comments:
-            log("info", f"review {number + 1}: accepted")
+            log("notice", f"review {number + 1}: accepted")
             return value, passes
         if last:
             log("warning", f"review {number + 1} still comments on {', '.join(comments)} after "
                            f"{revise.max_passes} revision(s) (max_passes); the output is kept as it is")
             return value, passes
-        log("info", f"review {number + 1}: revising {', '.join(comments)}")
+        log("notice", f"review {number + 1}: revising {', '.join(comments)}")
         value = await _revise(revise, prompt, value, schema, comments, model, person, number)
     raise AssertionError("unreachable")  # pragma: no cover
 
