@@ -370,6 +370,15 @@ def _bullets(body: str) -> list[str] | None:
     return [_plain_string(m.group(1).strip()) for m in items if m]
 
 
+def prepare_validator(schema_json: str) -> None:
+    """Build (and cache) the validator of an output schema ahead of its first answer; a schema
+    the validator refuses is left for that answer's check to report."""
+    try:
+        _validator(schema_json)
+    except Exception:  # noqa: BLE001 - a warm-up never fails a run; the real check reports it
+        pass
+
+
 @lru_cache(maxsize=256)
 def _validator(schema_json: str) -> Any:
     from referencing import Registry
