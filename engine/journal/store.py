@@ -524,6 +524,7 @@ class Journal:
 
     def _init_schema(self) -> None:
         with _guard(self.path, "initialise"):
+            self._sync(full=False)   # fsynced with the meta rows, written next
             self._conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
 
     def _check_meta(self, *, sop_hash: str | None, force: bool) -> None:
@@ -548,6 +549,7 @@ class Journal:
         rows |= {"schema_version": str(SCHEMA_VERSION), "sop_name": sop_name,
                 "sop_hash": sop_hash, "engine_version": __version__}
         with _guard(self.path, "write"):
+            self._sync(full=True)
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_at', ?)",
