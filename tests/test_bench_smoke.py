@@ -102,3 +102,25 @@ def test_metagpt_requirements_follow_the_recipe(tmp_path: Path) -> None:
     reqs = _requirements(wheel)
     assert "aiohttp==3.8.6" in reqs and "agentops==0.3.10" in reqs
     assert not any(r.startswith(("lancedb", "pytest")) for r in reqs)
+
+
+def test_scale_bench_runs_the_shipped_company_at_growing_sizes() -> None:
+    from bench import scale_bench
+
+    res = scale_bench.main(size_factor=0.05)
+    points = res["points"]
+    assert [p["files"] for p in points] == list(scale_bench.QUICK_SIZES)
+    assert all(p["status"] == "idle" and p["peak_rss_mb"] > 0 for p in points)
+    calls = [p["calls"] for p in points]
+    chars = [p["prompt_chars"] for p in points]
+    assert calls == sorted(calls) and chars == sorted(chars) and len(set(chars)) == len(chars)
+    assert "| files | calls | prompt chars" in res["markdown"]
+
+
+@pytest.mark.slow
+def test_hosted_bench_reaches_the_local_server_through_litellm() -> None:
+    from bench import hosted_bench
+
+    res = hosted_bench.main(size_factor=0.05)
+    assert res["first_request_s"] > 0 and res["peak_rss_mb"] > 0 and res["import_s"] > 0
+    assert "time from `sopctl run` to the first request" in res["markdown"]
