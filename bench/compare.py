@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["busy_time", "count_tokens", "main", "no_qa_variant", "run_sopctl"]
+__all__ = ["busy_time", "count_tokens", "main", "no_qa_variant", "peak_rss_mb", "run_sopctl"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOP = ROOT / "sops" / "software_company.sop.yaml"
@@ -47,6 +47,18 @@ TARGET_OVERHEAD = 0.1
 def task_files(n: int) -> list[str]:
     """The task list both systems get: n-1 modules in dependency order, then main.py."""
     return [f"module_{i}.py" for i in range(1, n)] + ["main.py"]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS. `VmHWM`, not `ru_maxrss`: Linux keeps ru_maxrss across exec,
+    so a child would report its parent's peak (the bench process's) when that is larger."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def busy_time(intervals: list[list[float]]) -> float:
@@ -200,7 +212,7 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
         "llm_s": sum(b - a for a, b in model.intervals), "llm_busy_s": busy_time(model.intervals),
         "llm_calls": result["llm_calls"], "rounds": result["rounds"], "status": result["status"],
         "prompt_chars": sum(len(p) for p in model.prompts), "prompts": model.prompts,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
         "files_expected": names, "files_written": [f for f in names if f in written],
     }
     if warm:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
 import sys
 import time
@@ -37,11 +36,11 @@ def _child(files: int) -> dict[str, Any]:
     import os
 
     os.environ["SOPCTL_FAKE_LATENCY_MS"] = "0"
-    from bench.compare import _run_cli
+    from bench.compare import _run_cli, peak_rss_mb
     from engine import api
 
     api.load(SOP)                       # imports, as bench.compare does before its run
-    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_before = peak_rss_mb()
     result, model, seconds = _run_cli(str(SOP), files, "a command-line 2048 game")
     calls = result["llm_calls"]
     return {"files": files, "calls": calls, "status": result["status"],
@@ -49,7 +48,8 @@ def _child(files: int) -> dict[str, Any]:
             "run_s": seconds, "per_call_ms": 1000 * seconds / calls,
             "cpu_per_call_ms": 1000 * model.cpu_s / calls,
             "rss_before_mb": rss_before,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": peak_rss_mb()}
+
 
 
 def run_size(files: int) -> dict[str, Any]:
