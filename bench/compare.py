@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["busy_time", "count_tokens", "main", "no_qa_variant", "run_sopctl"]
+__all__ = ["busy_time", "count_tokens", "main", "no_qa_variant", "peak_rss_mb", "run_sopctl"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SOP = ROOT / "sops" / "software_company.sop.yaml"
@@ -47,6 +47,18 @@ TARGET_OVERHEAD = 0.1
 def task_files(n: int) -> list[str]:
     """The task list both systems get: n-1 modules in dependency order, then main.py."""
     return [f"module_{i}.py" for i in range(1, n)] + ["main.py"]
+
+
+def peak_rss_mb() -> float:
+    """This process's peak RSS. `VmHWM`, not `ru_maxrss`: Linux keeps ru_maxrss across exec,
+    so a child would report its parent's peak (the bench process's) when that is larger."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def busy_time(intervals: list[list[float]]) -> float:
@@ -85,8 +97,10 @@ def count_tokens(prompts: list[str]) -> tuple[int, str]:
     return sum(len(enc.encode(p, disallowed_special=())) for p in prompts), "cl100k_base"
 
 
-def no_qa_variant(source: Path, target: Path) -> Path:
-    """The shipped SOP minus its QA engineer: MetaGPT's default team (no --run-tests)."""
+def no_qa_variant(source: Path, target: Path, fan_out: int | None = None) -> Path:
+    """The shipped SOP minus its QA engineer: MetaGPT's default team (no --run-tests);
+    with `fan_out`, every `for_each` runs at most that many items at once (1: one file after
+    another, as MetaGPT's engineer does)."""
     from ruamel.yaml import YAML
 
     data = YAML(typ="safe").load(source.read_text())
@@ -95,6 +109,8 @@ def no_qa_variant(source: Path, target: Path) -> Path:
     for action in data["actions"].values():
         if "Edward" in action.get("send_to", []):
             action["send_to"] = ["<all>"]
+        if fan_out is not None and "for_each" in action:
+            action["max_concurrency"] = fan_out
     target.write_text(json.dumps(data, indent=1))  # JSON is YAML
     return target
 
@@ -116,11 +132,15 @@ class _BenchModel:
         return self.inner.supports_schema(model)
 
     async def complete(self, request: Any) -> Any:
+        from engine.models.fake import latency_s
+
         t0 = time.perf_counter()
         answer = await self.inner.complete(request)
         answer = dataclasses.replace(answer, text=self._widen(answer.text))
         self.prompts.append("\n".join(str(m.get("content", "")) for m in request.messages))
-        self.intervals.append([t0, time.perf_counter()])
+        # The model's own time is its latency: an await that resumes late (the event loop
+        # busy elsewhere, e.g. blocked on a flush) is engine time, not time in flight.
+        self.intervals.append([t0, min(time.perf_counter(), t0 + latency_s())])
         return answer
 
     def _widen(self, text: str) -> str:
@@ -156,6 +176,12 @@ def _run_cli(sop: str, files: int, idea: str) -> tuple[dict[str, Any], _BenchMod
     return json.loads(out.getvalue()), model, seconds
 
 
+def _copy(sop: str, folder: str, name: str) -> str:
+    target = Path(folder) / f"{name}.sop.yaml"
+    target.write_bytes(Path(sop).read_bytes())
+    return str(target)
+
+
 def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = False) -> dict[str, Any]:
     """Runs in a fresh process: import, then one `sopctl run --format json`, measured
     (and with `warm` a second one in the same process, one-time costs already paid)."""
@@ -166,11 +192,15 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
     import engine.cli.report  # noqa: F401
     import engine.models.fake  # noqa: F401
     import engine.testing  # noqa: F401
+    import jsonschema  # noqa: F401 - what a run loads to check answers, as MetaGPT's pydantic
     from engine import api
-    api.load(sop)  # the checker's libraries load lazily; import them here, as MetaGPT's are
+    copies = tempfile.mkdtemp(prefix="sopctl-bench-copy-")
+    # The checker's libraries load lazily: import them here, as MetaGPT's are, by compiling
+    # a copy (a compiled file is remembered per process: the run must compile its own).
+    api.load(_copy(sop, copies, "import"))
     import_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    api.load(sop)  # what compiling the SOP costs inside the run below (reported apart)
+    api.load(_copy(sop, copies, "compile"))  # what compiling costs inside the run (reported apart)
     compile_s = time.perf_counter() - t0
 
     names = task_files(files)
@@ -182,7 +212,7 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
         "llm_s": sum(b - a for a, b in model.intervals), "llm_busy_s": busy_time(model.intervals),
         "llm_calls": result["llm_calls"], "rounds": result["rounds"], "status": result["status"],
         "prompt_chars": sum(len(p) for p in model.prompts), "prompts": model.prompts,
-        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mb": peak_rss_mb(),
         "files_expected": names, "files_written": [f for f in names if f in written],
     }
     if warm:
@@ -340,6 +370,11 @@ def compare(reps: int = 5, files: int = 10, latencies: tuple[float, float] = (0.
                 tokens, method = count_tokens(runs[system][0]["prompts"])
                 out[f"{system}@{latency:g}"] = _summarise(runs[system], tokens)
                 out["token_method"] = method
+        sequential = no_qa_variant(SOP, Path(tmp) / "software_company_fan_out_1.sop.yaml", fan_out=1)
+        high = latencies[-1]
+        log(f"  sopctl, fan-out 1: {files} files, {high:g} ms latency, {reps} repetition(s)")
+        runs_1 = [run_sopctl(files, high, sequential) for _ in range(reps)]
+        out[f"sopctl_fan_out_1@{high:g}"] = _summarise(runs_1, count_tokens(runs_1[0]["prompts"])[0])
         out["profile"] = profile_sopctl(files, sop)
         shipped = run_sopctl(files, 0.0, SOP)
         out["sopctl_shipped"] = {"llm_calls": shipped["llm_calls"],
@@ -376,6 +411,8 @@ def _ratios(out: dict[str, Any], with_metagpt: bool) -> dict[str, float]:
         "overhead_per_call_warm": (s0["warm_overhead_per_call_ms"]["median"]
                                    / m0["warm_overhead_per_call_ms"]["median"]),
         "wall_at_latency": s1["run_s"]["median"] / m1["run_s"]["median"],
+        "wall_at_latency_fan_out_1": (out[hi.format("sopctl_fan_out_1")]["run_s"]["median"]
+                                      / m1["run_s"]["median"]),
         "llm_calls": s0["llm_calls"] / m0["llm_calls"],
         "prompt_tokens": s0["prompt_tokens"] / m0["prompt_tokens"],
         "peak_rss": s0["peak_rss_mb"]["median"] / m0["peak_rss_mb"]["median"],
@@ -421,6 +458,13 @@ def markdown(res: dict[str, Any]) -> str:
         " ms", "cpu_per_call", "", 2)
     row(f"team run wall time, {lats[1]:g} ms latency", lats[1], "run_s", " s", "wall_at_latency")
     row(f"time with a call in flight, {lats[1]:g} ms latency", lats[1], "llm_busy_s", " s", "")
+    fan1 = res.get(f"sopctl_fan_out_1@{lats[1]:g}")
+    if fan1:
+        cells = [_fmt(fan1["run_s"], " s")]
+        if has_mg:
+            cells += ["(same as above)", f"**{r['wall_at_latency_fan_out_1']:.3f}**", ""]
+        rows.append(f"| the same with fan-out 1 (`max_concurrency: 1`, files one after another) | "
+                    f"{' | '.join(cells)} |")
     row("LLM calls per run", lats[0], "llm_calls", "", "llm_calls")
     row(f"prompt tokens per run ({res.get('token_method', '')})", lats[0], "prompt_tokens", "",
         "prompt_tokens")

@@ -5,9 +5,11 @@ runs without and with the journal so that both see the same machine state, at 0 
 200 ms model latency (`SOPCTL_FAKE_LATENCY_MS`). Three variants are timed:
 
 - `none`: no journal at all (the baseline);
-- `journal`: the default, every write fsynced (`synchronous=FULL`);
-- `tiered`: `SOPCTL_JOURNAL_SYNC=tiered` (paid answers and the run's end fsynced before the
-  run goes on; other events committed, and fsynced with the next answer).
+- `journal`: the default, group commit: one fsync per action step (each answer with the
+  events before it, fsynced before it is used; a step's start and end committed without
+  an fsync; the run's end fsynced);
+- `full`: `SOPCTL_JOURNAL_SYNC=full`, every event committed and fsynced on its own (the
+  default before group commit).
 
 At 0 ms the model costs nothing, so the ratio is the worst case: nearly all of it is the
 disk's fsync latency. At 200 ms (still faster than any hosted model) it shows what a user
@@ -33,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 __all__ = ["main"]
 
 SOP = Path(__file__).resolve().parent.parent / "sops" / "software_company.sop.yaml"
-VARIANTS = ("none", "journal", "tiered")
+VARIANTS = ("none", "journal", "full")
 LATENCIES_MS = (0, 200)
 
 
@@ -57,7 +59,7 @@ def _one_run(compiled: Any, variant: str, root: Path) -> tuple[float, int]:
     from engine.journal.store import SYNC_ENV
 
     ws = Path(tempfile.mkdtemp(dir=root))
-    os.environ[SYNC_ENV] = "tiered" if variant == "tiered" else "full"
+    os.environ[SYNC_ENV] = "full" if variant == "full" else ""
     clock = _Clock()
     result = api.run(compiled, {"idea": "a command-line 2048 game"}, model="fake",
                      workspace=str(ws), allow_exec=True, observers=[clock],
@@ -87,15 +89,15 @@ def _measure(compiled: Any, latency_ms: int, reps: int, root: Path) -> dict[str,
 
 def _markdown(rows: list[dict[str, Any]]) -> str:
     lines = ["| latency | runs | events | no journal (s) | journal (s) | ratio | "
-             "tiered (s) | ratio |", "|---|---|---|---|---|---|---|---|"]
+             "every event fsynced (s) | ratio |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         s, q = r["seconds"], r["ratio"]
         lines.append(f"| {r['latency_ms']} ms | {r['reps']} | {r['events']} | {s['none']:.3f} | "
                      f"{s['journal']:.3f} | **{q['journal']:.2f}** | "
-                     f"{s['tiered']:.3f} | {q['tiered']:.2f} |")
+                     f"{s['full']:.3f} | {q['full']:.2f} |")
     lines += ["", "Ratio = median wall time of the run with the journal / without it, same "
               "process, interleaved. At 0 ms nearly all of the difference is fsync latency "
-              "of this machine's disk; it is paid once per answer, not per token."]
+              "of this machine's disk; it is paid once per action step (with its answer), not per event."]
     return "\n".join(lines)
 
 

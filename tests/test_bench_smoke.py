@@ -33,10 +33,13 @@ def test_compare_sopctl_side_produces_its_figures() -> None:
     res = compare.main(size_factor=0.2, reps=1, with_metagpt=False)
     for lat in res["latencies_ms"]:
         side = res[f"sopctl@{lat:g}"]
-        for key in ("run_s", "llm_busy_s", "import_s", "peak_rss_mb"):
+        for key in ("run_s", "import_s", "peak_rss_mb"):
             _positive(side[key])
+        if lat > 0:       # a call is in flight for its latency only: none at 0 ms
+            _positive(side["llm_busy_s"])
         assert side["llm_calls"] > 0 and side["prompt_tokens"] > 0
         assert side["files_written"] == res["files"]
+    _positive(res[f"sopctl_fan_out_1@{res['latencies_ms'][-1]:g}"]["run_s"])
     _positive(res["sopctl@0"]["warm_overhead_per_call_ms"])
     assert res["sopctl_shipped"]["llm_calls"] > res["sopctl@0"]["llm_calls"]  # the QA engineer's calls
     for key in ("sopctl_help_s", "sopctl_validate_s"):
@@ -135,3 +138,25 @@ def test_review_and_memory_benches_produce_their_figures() -> None:
     assert all(r["windowed"] > 0 and r["whole_memory"] > 0 for r in memory["rows"])
     simple, complex_, revised = node_bench.main()["rows"]
     assert (simple["calls"], revised["calls"]) == (1, 2) and complex_["calls"] > 1
+
+
+def test_scale_bench_runs_the_shipped_company_at_growing_sizes() -> None:
+    from bench import scale_bench
+
+    res = scale_bench.main(size_factor=0.05)
+    points = res["points"]
+    assert [p["files"] for p in points] == list(scale_bench.QUICK_SIZES)
+    assert all(p["status"] == "idle" and p["peak_rss_mb"] > 0 for p in points)
+    calls = [p["calls"] for p in points]
+    chars = [p["prompt_chars"] for p in points]
+    assert calls == sorted(calls) and chars == sorted(chars) and len(set(chars)) == len(chars)
+    assert "| files | calls | prompt chars" in res["markdown"]
+
+
+@pytest.mark.slow
+def test_hosted_bench_reaches_the_local_server_through_litellm() -> None:
+    from bench import hosted_bench
+
+    res = hosted_bench.main(size_factor=0.05)
+    assert res["first_request_s"] > 0 and res["peak_rss_mb"] > 0 and res["import_s"] > 0
+    assert "time from `sopctl run` to the first request" in res["markdown"]

@@ -11,6 +11,7 @@ import pytest
 
 from engine.check.compiler import check_path, compile_path
 from engine.cli.commands import main
+from engine.errors import LoadError
 
 LIBRARY = """\
 apiVersion: sop/v1
@@ -227,3 +228,20 @@ def test_graph_and_json_reports_name_the_library(tmp_path: Path, capsys: pytest.
     [found] = json.loads(out)["diagnostics"]
     assert (found["code"], found["file"]) == ("SOP014", str((tmp_path / "shared/speaker.sop.yaml").resolve()))
     assert found["related"][0]["file"] == str(main_file)
+
+
+def test_compiled_once_per_process_until_a_file_changes(tmp_path: Path) -> None:
+    """A second compile of unchanged files is the same CompiledSop; a changed library (or
+    main file) is compiled again, and its hash follows."""
+    main_file = project(tmp_path)
+    first = compile_path(main_file)
+    assert compile_path(main_file) is first
+    write(tmp_path, "lib/speaker.sop.yaml", LIBRARY.replace("a shared speaker", "a speaker"))
+    second = compile_path(main_file)
+    assert second is not first and second.source_hash != first.source_hash
+    main_file.write_text(MAIN.format(include="lib/speaker.sop.yaml") + "# changed\n", encoding="utf-8")
+    third = compile_path(main_file)
+    assert third is not second and third.source_hash != second.source_hash
+    main_file.write_text(MAIN.format(include="lib/nowhere.sop.yaml"), encoding="utf-8")
+    with pytest.raises(LoadError, match="nowhere"):
+        compile_path(main_file)

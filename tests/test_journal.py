@@ -100,33 +100,48 @@ def test_journal_settings_are_durable(tmp_path: Path) -> None:
 
 
 def test_durability_tiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """By default every write is fsynced; `tiered` fsyncs paid answers and the end only."""
+    """`full` fsyncs every event; by default only the run's end (and every answer) is."""
     events = full_run()
-    with new_journal(tmp_path) as strict:
-        assert all(strict.is_fsynced(e) for e in events)
-    monkeypatch.setenv("SOPCTL_JOURNAL_SYNC", "tiered")
-    with new_journal(tmp_path / "tiered") as journal:
-        tiers = {type(e).__name__: journal.is_fsynced(e) for e in events}
-        for event in events:
-            journal.on_event(event)
-            level = journal._conn.execute("PRAGMA synchronous").fetchone()[0]
-            assert level == (2 if journal.is_fsynced(event) else 1), type(event).__name__
-        journal.record("h", "A", StoredAnswer("t", 1, 1, 0.0))
-        assert journal._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
+    with new_journal(tmp_path) as grouped:
+        tiers = {type(e).__name__: grouped.is_fsynced(e) for e in events}
     assert tiers == {"RunStarted": False, "MessagePublished": False, "RoundStarted": False,
                      "ActionStarted": False, "ModelAnswered": False, "ActionCompleted": False,
                      "RunEnded": True}
+    monkeypatch.setenv("SOPCTL_JOURNAL_SYNC", "full")
+    with new_journal(tmp_path / "full") as strict:
+        assert all(strict.is_fsynced(e) for e in events)
+        for event in events:
+            strict.on_event(event)
+            assert committed_events(tmp_path / "full") == events.index(event) + 1
 
 
-def test_each_write_is_committed_before_returning(tmp_path: Path) -> None:
-    """Another connection sees an event as soon as on_event returns: no open transaction."""
-    with new_journal(tmp_path) as journal:
-        journal.on_event(started())
-        other = sqlite3.connect(journal_path(tmp_path))
-        assert other.execute("SELECT count(*) FROM events").fetchone()[0] == 1
-        journal.record("h", "A", StoredAnswer("t", 1, 1, 0.0))
-        assert other.execute("SELECT count(*) FROM answers").fetchone()[0] == 1
+def committed_events(ws: Path) -> int:
+    """What another process reading the journal sees now."""
+    other = sqlite3.connect(journal_path(ws))
+    try:
+        return other.execute("SELECT count(*) FROM events").fetchone()[0]
+    finally:
         other.close()
+
+
+def test_group_commit_at_step_ends_and_answers(tmp_path: Path) -> None:
+    """Events are committed where a step starts or ends, and with each answer before
+    `record` returns (the answer is on disk before the gateway parses it)."""
+    events = full_run()
+    with new_journal(tmp_path) as journal:
+        seen = []
+        for event in events:
+            journal.on_event(event)
+            seen.append((type(event).__name__, committed_events(tmp_path)))
+        assert seen[:5] == [("RunStarted", 1), ("MessagePublished", 1), ("RoundStarted", 1),
+                            ("ActionStarted", 4), ("ModelAnswered", 4)]
+        assert seen[-1] == ("RunEnded", len(events))
+        journal.on_event(RoundStarted(round=3, active_roles=[]))
+        journal.record("h", "A", StoredAnswer("t", 1, 1, 0.0))
+        assert committed_events(tmp_path) == len(events) + 1
+        assert [r.seq for r in journal.answers()] == [len(events) + 1]
+        journal.on_event(RoundStarted(round=4, active_roles=[]))
+    assert committed_events(tmp_path) == len(events) + 2       # close commits what is left
 
 
 def test_events_are_append_only(tmp_path: Path) -> None:
@@ -320,15 +335,19 @@ def test_replay_store_copies_answers(tmp_path: Path) -> None:
 
 
 def test_crash_hook_exits_right_after_the_commit(tmp_path: Path) -> None:
+    """Killed after the 4th event: the committed ones survive, the buffered 4th is lost."""
     code = ("import sys; from pathlib import Path; from engine.journal.store import Journal;"
-            "from engine.run.events import RoundStarted;"
+            "from engine.run.events import RoundStarted, ActionStarted;"
             f"j = Journal.create(Path({str(tmp_path)!r}), sop_name='x', sop_hash='{HASH}');"
-            "[j.on_event(RoundStarted(round=i, active_roles=[])) for i in range(10)]")
-    env = {**os.environ, "SOPCTL_CRASH_AFTER_EVENT": "3"}
+            "[j.on_event(RoundStarted(round=i, active_roles=[])) for i in range(2)];"
+            "j.on_event(ActionStarted(round=1, role='W', action='A', key='k'));"
+            "[j.on_event(RoundStarted(round=i, active_roles=[])) for i in range(2, 10)]")
+    env = {**os.environ, "SOPCTL_CRASH_AFTER_EVENT": "4"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, cwd=Path(__file__).parent.parent)
     assert proc.returncode == 137
     with Journal.open(tmp_path) as journal:
-        assert [e.data["round"] for e in journal.events()] == [0, 1, 2]
+        assert [(e.type, e.data["round"]) for e in journal.events()] == [
+            ("RoundStarted", 0), ("RoundStarted", 1), ("ActionStarted", 1)]
 
 
 def test_rebuild_of_empty_journal() -> None:

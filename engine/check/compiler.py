@@ -14,6 +14,7 @@ The CompiledSop keeps its source (text and source map), so that a failure at run
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -97,12 +98,19 @@ IncludeDirs = tuple[str | Path, ...]
 
 def check_path(path: str | Path, include_dirs: IncludeDirs = ()) -> CheckResult:
     """Load and check a file (and the libraries it includes); a file that cannot be read is a
-    diagnostic too. `include_dirs`: folders besides the file's own that includes may name."""
+    diagnostic too. `include_dirs`: folders besides the file's own that includes may name.
+
+    A file that compiled is checked once per process while its bytes and its libraries'
+    stay the same."""
+    key = (str(path), os.getcwd(), tuple(str(d) for d in include_dirs))
+    known = _remembered(key)
+    if known is not None:
+        return known
     try:
         source = _with_includes(load_path(path), Path(path).parent, include_dirs)
     except LoadError as exc:
         return _load_failure(str(path), exc, source_lines(path))
-    return _check_source(source, include_dirs)
+    return _remember(key, _check_source(source, include_dirs))
 
 
 def _with_includes(source: Source, base: Path, include_dirs: IncludeDirs) -> Source:
@@ -142,6 +150,48 @@ def check_text(text: str, file: str = "<string>", include_dirs: IncludeDirs = ()
 def compile_path(path: str | Path, include_dirs: IncludeDirs = ()) -> CompiledSop:
     """The compiled SOP of a file, or LoadError/CompileError carrying every diagnostic."""
     return _compiled(check_path(path, include_dirs))
+
+
+_CHECKED: dict[tuple[str, str, tuple[str, ...]], CheckResult] = {}
+"""Files that compiled, by (path as given, current folder, include folders): a second
+`check_path` of the same bytes (a second run of the file in one process: the API, a
+benchmark, a server) reuses the result. Checked by content, not by time stamps."""
+
+
+_MAX_CHECKED = 64
+
+
+def _remembered(key: tuple[str, str, tuple[str, ...]]) -> CheckResult | None:
+    found = _CHECKED.get(key)
+    return found if found is not None and found.compiled is not None and _same_bytes(found.compiled) else None
+
+
+def _remember(key: tuple[str, str, tuple[str, ...]], result: CheckResult) -> CheckResult:
+    if result.compiled is not None and result.ok:
+        if len(_CHECKED) >= _MAX_CHECKED:
+            _CHECKED.clear()
+        _CHECKED[key] = result
+    return result
+
+
+def _same_bytes(compiled: CompiledSop) -> bool:
+    """Whether the file and its libraries still hash to what the SOP was compiled from (the
+    hash a run records); a file that cannot be read now counts as changed."""
+    source = compiled.source
+    if source is None:
+        return False
+    try:
+        raws = [_plain_file_bytes(s.file) for s in (source, *source.included)]
+    except OSError:
+        return False
+    libraries = tuple(replace(lib, raw=raw) for lib, raw in zip(source.included, raws[1:]))
+    return sources_digest(raws[0], libraries) == compiled.source_hash
+
+
+def _plain_file_bytes(file: str) -> bytes:
+    if not Path(file).is_file():       # never block on a FIFO put where the file was
+        raise OSError(f"{file} is not a plain file")
+    return Path(file).read_bytes()
 
 
 def compile_text(text: str, file: str = "<string>", include_dirs: IncludeDirs = ()) -> CompiledSop:

@@ -348,6 +348,15 @@ def _template(source: str) -> Template:
     return environment().from_string(source)
 
 
+def precompile(source: str) -> None:
+    """Compile a template ahead of its first render (a run's warm-up, off its path); a
+    template that does not compile is left for its render to report, located."""
+    try:
+        _template(source)
+    except (TemplateError, SecurityError, RecursionError, MemoryError):
+        pass
+
+
 @lru_cache(maxsize=256)
 def compile_expression(source: str) -> Callable[..., Any]:
     """A sandboxed jinja expression (`for_each`, `when`), compiled once per process; calling

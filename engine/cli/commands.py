@@ -81,13 +81,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     from engine import api
     from engine.check.compiler import check_path
     from engine.check.diagnostics import format_report
+    from engine.models.registry import MODEL_ENV, default_model
 
+    _preload_hosted_stack(args.model or os.environ.get(MODEL_ENV, ""))  # known before compiling
     checked = check_path(args.file, args.include_path)
     if checked.compiled is None or not checked.ok:
         print(format_report([checked], "text", False)[0], file=sys.stderr)
         return 2
     if checked.diagnostics:  # warnings only: say them, then run
         print(format_report([checked], "text", False)[0], file=sys.stderr)
+    _preload_hosted_stack(default_model(checked.compiled, args.model))
     inputs = api.parse_input_flags(args.input, args.idea)
     with _display(checked.compiled) as display, _tracing(args, checked.compiled) as traced:
         result = api.run(checked.compiled, inputs, model=args.model, max_rounds=args.rounds,
@@ -96,6 +99,17 @@ def cmd_run(args: argparse.Namespace) -> int:
                          allow_network=args.allow_network, send_to=args.send_to,
                          observers=[display, *traced], person=_person(args), pool=_pool(args))
     return _print_result(result, args.format)
+
+
+def _preload_hosted_stack(model: str) -> None:
+    """A hosted model's run needs litellm (seconds to import): start importing it now, in a
+    thread, so it overlaps compiling the SOP and preparing the run."""
+    from engine.models.registry import is_hosted
+
+    if model and is_hosted(model):
+        from engine.models.hosted import import_litellm_in_background
+
+        import_litellm_in_background()
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

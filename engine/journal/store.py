@@ -17,17 +17,27 @@ A journal lives at `<workspace>/.sopctl/journal.sqlite` and has four tables:
 
 `Journal` implements the three interfaces the interpreter talks to: `RunObserver`
 (`on_event`), `CompletedActions` (`completed`) and the gateway's `AnswerStore`
-(`lookup`/`record`). Every write is its own committed transaction, so when a method returns
-the fact survives the death of the process (kill -9, OOM, Ctrl-C), whatever happens next.
+(`lookup`/`record`).
 
-Every commit is `synchronous=FULL` by default: fsynced before the run goes on, so not even
-a power cut loses a fact already reported. An fsync costs milliseconds and a run writes
-dozens of events, so `SOPCTL_JOURNAL_SYNC=tiered` offers a faster mode: only what cannot be
-re-created (a paid answer) and the run's end are fsynced; other events are committed with
-`synchronous=NORMAL` and become power-safe at the next FULL commit, which fsyncs the whole
-WAL. A power cut can then only drop a tail of events written after the last paid answer,
-which resume re-creates by re-executing with the journaled answers, at no cost
-(bench/journal_bench.py measures both).
+Group commit: one fsync per action step, not per event. Events are buffered in memory and
+written in one transaction at the step's commit points:
+
+- a model answer (`record`): the buffered events and the answer, `synchronous=FULL`
+  (fsynced) before `record` returns, so the answer is on disk before the gateway parses it
+  or anything uses it;
+- `RunStarted`, `ActionStarted`, `ActionCompleted` and `QuestionAsked`: committed without
+  an fsync (they survive kill -9, and `sopctl show` follows a live run step by step, and
+  sees the question a run waits on), fsynced with the next answer;
+- `RunEnded`: fsynced.
+
+A process killed between two commit points loses only the events buffered since the last
+one (a round start, a reused answer's event, a published message); `resume` re-creates them
+by re-executing with the journaled answers, at no cost, so the kill -9 sweep of
+tests/test_faults.py still repeats at most the one call that was in flight. A power cut can
+lose the events after the last fsync, never an answer that was used.
+`SOPCTL_JOURNAL_SYNC=full` commits and fsyncs every event on its own before the run goes
+on (the old default: about three fsyncs per model call; bench/journal_bench.py measures
+both); `tiered`, the older name of the grouped mode, is accepted.
 
 Secrets never reach the file: the journal stores only what events and answers carry, and
 redacts before writing the value of any secret-looking environment variable (`*_API_KEY`,
@@ -43,7 +53,8 @@ another hard link, is a JournalError naming it. The writer lock is an flock on t
 cannot let a second writer in.
 
 Testing aid: `SOPCTL_CRASH_AFTER_EVENT=N` makes the process die with `os._exit(137)` right
-after the N-th event written by this process is committed, and `SOPCTL_CRASH_AFTER_ANSWER=N`
+after the N-th event handed to the journal by this process (committed if it is a commit
+point, still buffered otherwise: what a real kill at that moment leaves), and `SOPCTL_CRASH_AFTER_ANSWER=N`
 does the same after the N-th recorded answer. The fault-injection tests use them to kill a
 real `sopctl run` at every point of the journal and check that `sopctl resume` recovers.
 """
@@ -125,6 +136,14 @@ EXCHANGE_COMPRESS_AT = 1024
 
 _FSYNCED_EVENTS = frozenset({"RunEnded"})
 """Events fsynced before `on_event` returns; answers always are (see the module docstring)."""
+
+
+_STEP_EVENTS = frozenset({"RunStarted", "ActionStarted", "ActionCompleted", "QuestionAsked"})
+"""Events committed (without an fsync) before `on_event` returns: the run's start, a step's
+start and end, and a question the run waits on a person for."""
+
+
+_INSERT_EVENT = "INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)"
 
 
 _EVENT_TYPES: dict[str, type] = {
@@ -385,8 +404,10 @@ class Journal:
         self.workspace: Path | None = None
         self._lock: tuple[int, ...] = ()        # the writer lock's descriptors
         self._mutex = threading.RLock()       # writers may be called from worker threads
-        self._fsync_all = os.environ.get(SYNC_ENV, "full").strip().lower() != "tiered"
+        self._fsync_all = os.environ.get(SYNC_ENV, "").strip().lower() == "full"
         self._full = True                     # _connect starts every connection at FULL
+        self._pending: list[tuple[float, str, str | None, str]] = []
+        """Events handed over since the last commit (group commit: see the module docstring)."""
         """Set for a writable journal: `completed` then checks the action's artifacts there."""
 
     # opening ---------------------------------------------------------------------------
@@ -473,6 +494,7 @@ class Journal:
         """A person's answer and its event in one transaction, only if `key` has no answer
         yet (False when it had one: the other answer was taken)."""
         self._require_writable()
+        self.flush()
         text = scrub(answer.text, self._secrets)
         payload = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
         with self._mutex, _guard(self.path, "write an answer to"):
@@ -518,6 +540,7 @@ class Journal:
 
     def _init_schema(self) -> None:
         with _guard(self.path, "initialise"):
+            self._sync(full=False)   # fsynced with the meta rows, written next
             self._conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
 
     def _check_meta(self, *, sop_hash: str | None, force: bool) -> None:
@@ -542,6 +565,7 @@ class Journal:
         rows |= {"schema_version": str(SCHEMA_VERSION), "sop_name": sop_name,
                 "sop_hash": sop_hash, "engine_version": __version__}
         with _guard(self.path, "write"):
+            self._sync(full=True)
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_at', ?)",
@@ -553,7 +577,11 @@ class Journal:
                 raise
 
     def close(self) -> None:
-        """Close the database and drop the writer lock (idempotent)."""
+        """Commit what is buffered, close the database and drop the writer lock (idempotent)."""
+        try:
+            self.flush()
+        except (JournalError, sqlite3.Error):
+            pass            # as if killed here: resume re-creates the buffered events
         try:
             self._conn.close()
         except sqlite3.Error:
@@ -569,6 +597,11 @@ class Journal:
         self.close()
 
     # reading ---------------------------------------------------------------------------
+
+    def _flush_if_writing(self) -> None:
+        """A writer reads its own buffered events too."""
+        if self._writable:
+            self.flush()
 
     def check_intact(self) -> None:
         """SQLite's structural check of every page: a resume or replay reads the answers
@@ -591,6 +624,7 @@ class Journal:
 
     def events(self) -> list[EventRow]:
         """Every event in order, payloads decoded from JSON."""
+        self._flush_if_writing()
         with _guard(self.path, "read"):
             rows = self._conn.execute("SELECT seq, ts, type, json FROM events ORDER BY seq").fetchall()
         return [EventRow(seq, ts, typ, _loads(data, seq)) for seq, ts, typ, data in rows]
@@ -626,6 +660,7 @@ class Journal:
         return record if intact else None
 
     def _load_completed(self) -> dict[str, ActionCompleted]:
+        self._flush_if_writing()
         with _guard(self.path, "read"):
             rows = self._conn.execute("SELECT seq, ts, type, json FROM events WHERE type = "
                                       "'ActionCompleted' ORDER BY seq").fetchall()
@@ -651,15 +686,48 @@ class Journal:
             self._check_same_run(event.run_id)
         key = getattr(event, "key", None)
         text = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
-        with _guard(self.path, "write an event to"):
-            self._sync(full=event_type(event) in _FSYNCED_EVENTS)
-            self._conn.execute("INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)",
-                               (time.time(), event_type(event), key, text))
+        kind = event_type(event)
+        self._pending.append((time.time(), kind, key, text))
+        if self._fsync_all or kind in _FSYNCED_EVENTS:
+            self._commit(full=True)
+        elif kind in _STEP_EVENTS:
+            self._commit(full=False)
         if isinstance(event, ActionCompleted) and self._completed is not None:
             self._completed.setdefault(event.key, event)
         self._events_written += 1
         if self._crash_event and self._events_written == self._crash_event:
             os._exit(_CRASH_EXIT)
+
+    def _commit(self, *, full: bool, answer: tuple[Any, ...] | None = None,
+                exchange: dict[str, Any] | None = None) -> None:
+        """One transaction: the buffered events, then the answer if any (and what was sent for
+        it); fsynced when `full`.
+
+        The events stay buffered if it fails (a full disk), for the next commit to retry."""
+        doing = "write an answer to" if answer else "write an event to"
+        with _guard(self.path, doing):
+            self._sync(full=full)
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                self._conn.executemany(_INSERT_EVENT, self._pending)
+                if answer is not None:
+                    self._conn.execute(
+                        "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                        "(SELECT COALESCE(MAX(seq), 0) FROM events))", answer)
+                    if exchange is not None:
+                        self._insert_exchange(answer[0], exchange)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+        self._pending.clear()
+
+    def flush(self) -> None:
+        """Commit the buffered events now (without an fsync unless every write is fsynced)."""
+        with self._mutex:
+            if self._pending:
+                self._commit(full=self._fsync_all)
 
     def _check_same_run(self, run_id: str) -> None:
         """One journal, one run: a new run into a used workspace would mix two runs' work."""
@@ -715,36 +783,13 @@ class Journal:
     def _store_answer(self, request_hash: str, action: str, answer: StoredAnswer, origin: str) -> None:
         self._require_writable()
         text = scrub(answer.text, self._secrets)
-        exchange = getattr(answer, "exchange", None)
-        with _guard(self.path, "write an answer to"):
-            self._sync(full=True)
-            with self._transaction(exchange is not None):
-                self._conn.execute(
-                    "INSERT OR IGNORE INTO answers VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                    "(SELECT COALESCE(MAX(seq), 0) FROM events))",
-                    (request_hash, action, text, int(answer.prompt_tokens),
-                     int(answer.completion_tokens), float(answer.cost_usd),
-                     str(getattr(answer, "model", "")), float(getattr(answer, "seconds", 0.0)), origin))
-                if exchange is not None:
-                    self._insert_exchange(request_hash, exchange)
+        self._commit(full=True, answer=(
+            request_hash, action, text, int(answer.prompt_tokens), int(answer.completion_tokens),
+            float(answer.cost_usd), str(getattr(answer, "model", "")),
+            float(getattr(answer, "seconds", 0.0)), origin), exchange=getattr(answer, "exchange", None))
         self._answers_written += 1
         if self._crash_answer and self._answers_written == self._crash_answer:
             os._exit(_CRASH_EXIT)
-
-    @contextmanager
-    def _transaction(self, needed: bool) -> Iterator[None]:
-        """One transaction around several statements (none needed for one: each commits;
-        none either inside one already open, which commits them together)."""
-        if not needed or self._conn.in_transaction:
-            yield
-            return
-        self._conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        except BaseException:
-            self._conn.execute("ROLLBACK")
-            raise
-        self._conn.execute("COMMIT")
 
     def _insert_exchange(self, request_hash: str, exchange: dict[str, Any]) -> None:
         """What was sent for an answer, secrets redacted, compressed when long (the first wins)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -414,14 +415,30 @@ def _bullets(body: str) -> list[str] | None:
     return [_plain_string(m.group(1).strip()) for m in items if m]
 
 
+def prepare_validator(schema_json: str) -> None:
+    """Build (and cache) the validator of an output schema ahead of its first answer; a schema
+    the validator refuses is left for that answer's check to report."""
+    try:
+        _validator(schema_json)
+    except Exception:  # noqa: BLE001 - a warm-up never fails a run; the real check reports it
+        pass
+
+
+_BUILDING = threading.Lock()
+"""One thread at a time imports jsonschema and builds validators: the run's warm-up thread
+and the run itself may both get there first, and jsonschema's package, imported from two
+threads at once, can be seen half-initialised by one of them."""
+
+
 @lru_cache(maxsize=256)
 def _validator(schema_json: str) -> Any:
-    from referencing import Registry
+    with _BUILDING:
+        from referencing import Registry
 
-    schema = json.loads(schema_json)
-    validator_class, formats = _linear_time_validator()
-    validator_class.check_schema(schema, format_checker=formats)
-    return validator_class(schema, registry=Registry())
+        schema = json.loads(schema_json)
+        validator_class, formats = _linear_time_validator()
+        validator_class.check_schema(schema, format_checker=formats)
+        return validator_class(schema, registry=Registry())
 
 
 @lru_cache(maxsize=1)
@@ -445,11 +462,11 @@ def _linear_time_validator() -> tuple[Any, Any]:
 
 def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:
     """Up to five readable validation errors (`at /Key/0: ...`); empty when `value` is valid."""
-    from jsonschema.exceptions import relevance  # type: ignore[import-untyped]
-
     validator = _per_schema(schema, "validator", lambda: _validator(json.dumps(schema, sort_keys=True)))
     if validator.is_valid(value):
         return []
+    from jsonschema.exceptions import relevance  # type: ignore[import-untyped]  # imported whole by now
+
     errors = sorted(validator.iter_errors(value), key=relevance)
     return [_error_line(e) for e in errors[:_MAX_ERRORS]]
 

@@ -46,7 +46,7 @@ from engine.models.types import (
     price_of,
 )
 
-__all__ = ["LiteLLMProvider", "litellm_module", "redact", "DEFAULT_TIMEOUT_S"]
+__all__ = ["LiteLLMProvider", "litellm_module", "import_litellm_in_background", "redact", "DEFAULT_TIMEOUT_S"]
 
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -74,6 +74,20 @@ def litellm_module() -> Any:
                 logging.getLogger(name).setLevel(logging.ERROR)
             _LITELLM.append(litellm)
         return _LITELLM[0]
+
+
+def import_litellm_in_background() -> None:
+    """Start importing litellm in a daemon thread (seconds of work), so that it overlaps
+    loading and compiling the SOP instead of following them; `litellm_module` waits for it."""
+    if not _LITELLM:
+        threading.Thread(target=_import_quietly, name="sopctl-litellm-import", daemon=True).start()
+
+
+def _import_quietly() -> None:
+    try:
+        litellm_module()
+    except Exception:  # noqa: BLE001 - the run's own import reports it, where it is needed
+        pass
 
 
 _UNSENT_CALL = r"coroutine '\w+\.acompletion' was never awaited"

@@ -106,6 +106,11 @@ def check_real_model_allowed(spec: CallSpec) -> None:
         )
 
 
+def is_hosted(model: str) -> bool:
+    """Whether `model` goes to litellm (no registered, built-in or overriding provider)."""
+    return not _OVERRIDES and model not in _REGISTRY and model not in _BUILTINS
+
+
 def _resolve(model: str, own: Mapping[str, Provider], fallback: Callable[[], Provider]) -> Provider:
     if _OVERRIDES:
         return _OVERRIDES[-1]

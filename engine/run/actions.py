@@ -8,18 +8,27 @@ so a bad template, a bad answer or a refused path ends the run cleanly with stat
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
 
 from jinja2 import Undefined
 
 from engine.check.compiler import CompiledSop
-from engine.check.sandbox import MAX_RENDERED_CHARS, TemplateFailure, compile_expression, render_template
+from engine.check.sandbox import (
+    MAX_RENDERED_CHARS,
+    TemplateFailure,
+    compile_expression,
+    precompile,
+    render_template,
+)
 from engine.errors import ActionFailed, BudgetExceeded, LLMError
 from engine.load.outputs import output_kind
 from engine.load.source import join_pointer
 from engine.load.spec import ActionSpec, CodeOutput, JoinSpec
+from engine.models.answers import prepare_validator
 from engine.models.gateway import Gateway
 from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec, Price
@@ -455,3 +464,27 @@ def _write_artifacts(action_id: str, action: ActionSpec, workspace: Workspace,
         except WorkspaceError as exc:
             raise ActionFailed(action_id, exc.message, code="SOP502", pointer=f"{at}/path") from None
     return files
+
+
+def warm_up(compiled: CompiledSop) -> threading.Thread:
+    """Pay a run's one-time costs in a daemon thread: the JSON Schema validator of every
+    output (the first one imports jsonschema) and every prompt, system and artifact template
+    compiled. Started before the run, it overlaps the run's start and its first model call
+    instead of delaying the first step that needs them; whatever it has not done yet is
+    done on first use, as without it."""
+    thread = threading.Thread(target=_warm, args=(compiled,), name="sopctl-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def _warm(compiled: CompiledSop) -> None:
+    for schema in compiled.output_schemas.values():
+        if schema is not None:
+            prepare_validator(json.dumps(schema, sort_keys=True))
+    for action in compiled.spec.actions.values():
+        joined = [action.join.path or "", action.join.content or ""] if action.join else []
+        for source in (action.prompt or "", action.system or "", *joined,
+                       *(text for a in action.artifacts for text in (a.path, a.content))):
+            if "{" in source:
+                precompile(source)
+

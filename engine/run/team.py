@@ -25,7 +25,7 @@ from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageE
 from engine.models.gateway import Gateway
 from engine.models.registry import default_model, resolve_llm
 from engine.models.types import AnswerStore, Price, Usage
-from engine.run.actions import RunContext, used_actions
+from engine.run.actions import RunContext, used_actions, warm_up
 from engine.run.environment import Environment
 from engine.run.events import (
     ActionCompleted,
@@ -205,6 +205,7 @@ class Team:
                 preflight(model)
         self.workspace.create()
         self._checked = True
+        warm_up(self.compiled)     # one-time costs, overlapping the start and first call
 
     def attach(self, journal: RunJournal) -> None:
         """Plug a journal in: it observes every event and stores every model answer."""

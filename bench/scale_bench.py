@@ -1,0 +1,114 @@
+"""Scale of the shipped software company on `fake`: prompt characters, time per call and
+memory as the task list grows from 10 to 1,000 files.
+
+Each size runs `sopctl run --format json` on `sops/software_company.sop.yaml` (QA included)
+in a fresh process, journaled, at 0 ms latency, on the same widened fake as `bench.compare`
+(the design's file list and the task list get `files` entries). Figures:
+
+- prompt characters of the whole run: linear in files when each file's prompts carry only
+  that file's task entry and the design's interfaces (targets: 100 files at most 11x the
+  10-file figure, 300 at most 3.3x the 100-file figure);
+- wall time per model call and peak RSS of the process: flat from 100 to 1,000 files.
+
+    python -m bench.scale_bench            # 10, 30, 100, 300, 1000 files
+    python -m bench.scale_bench --quick    # 3, 10, 30 files
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SOP = ROOT / "sops" / "software_company.sop.yaml"
+SIZES = (10, 30, 100, 300, 1000)
+QUICK_SIZES = (3, 10, 30)
+TARGETS = {"chars_100_over_10": 11.0, "chars_300_over_100": 3.3,
+           "per_call_1000_over_100": 1.25, "rss_1000_over_100": 1.25}
+
+
+def _child(files: int) -> dict[str, Any]:
+    """In a fresh process: one journaled run of `files` files; its figures."""
+    import os
+
+    os.environ["SOPCTL_FAKE_LATENCY_MS"] = "0"
+    from bench.compare import _run_cli, peak_rss_mb
+    from engine import api
+
+    api.load(SOP)                       # imports, as bench.compare does before its run
+    rss_before = peak_rss_mb()
+    result, model, seconds = _run_cli(str(SOP), files, "a command-line 2048 game")
+    calls = result["llm_calls"]
+    return {"files": files, "calls": calls, "status": result["status"],
+            "prompt_chars": sum(len(p) for p in model.prompts),
+            "run_s": seconds, "per_call_ms": 1000 * seconds / calls,
+            "cpu_per_call_ms": 1000 * model.cpu_s / calls,
+            "rss_before_mb": rss_before,
+            "peak_rss_mb": peak_rss_mb()}
+
+
+
+def run_size(files: int) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "bench.scale_bench", "--child", str(files)],
+                          cwd=ROOT, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"scale run of {files} files failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _ratio(points: dict[int, dict[str, Any]], key: str, high: int, low: int) -> float | None:
+    if high in points and low in points:
+        return points[high][key] / points[low][key]
+    return None
+
+
+def markdown(points: list[dict[str, Any]], ratios: dict[str, float | None]) -> str:
+    rows = ["| files | calls | prompt chars | chars / file | ms / call (wall) | ms / call (CPU) | "
+            "peak RSS (MB) | status |", "|---|---|---|---|---|---|---|---|"]
+    for p in points:
+        rows.append(f"| {p['files']:,} | {p['calls']:,} | {p['prompt_chars']:,} | "
+                    f"{p['prompt_chars'] / p['files']:,.0f} | {p['per_call_ms']:.2f} | "
+                    f"{p['cpu_per_call_ms']:.2f} | {p['peak_rss_mb']:.0f} | {p['status']} |")
+    labels = {"chars_100_over_10": "prompt chars, 100 files / 10 files",
+              "chars_300_over_100": "prompt chars, 300 files / 100 files",
+              "per_call_1000_over_100": "wall time per call, 1,000 files / 100 files",
+              "rss_1000_over_100": "peak RSS, 1,000 files / 100 files"}
+    rows += ["", "| figure | value | target | met |", "|---|---|---|---|"]
+    for key, label in labels.items():
+        value = ratios.get(key)
+        if value is not None:
+            met = "yes" if value <= TARGETS[key] else "**no**"
+            rows.append(f"| {label} | **{value:.2f}** | <= {TARGETS[key]:g} | {met} |")
+    return "\n".join(rows)
+
+
+def main(size_factor: float = 1.0) -> dict[str, Any]:
+    sizes = SIZES if size_factor >= 1 else QUICK_SIZES
+    points = []
+    for files in sizes:
+        t0 = time.perf_counter()
+        points.append(run_size(files))
+        print(f"  {files} files: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    by_files = {p["files"]: p for p in points}
+    ratios = {"chars_100_over_10": _ratio(by_files, "prompt_chars", 100, 10),
+              "chars_300_over_100": _ratio(by_files, "prompt_chars", 300, 100),
+              "per_call_1000_over_100": _ratio(by_files, "per_call_ms", 1000, 100),
+              "rss_1000_over_100": _ratio(by_files, "peak_rss_mb", 1000, 100)}
+    text = markdown(points, ratios)
+    print(text)
+    return {"points": points, "ratios": ratios, "targets": TARGETS, "markdown": text}
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(_child(args.child)))
+    else:
+        main(0.05 if args.quick else 1.0)
