@@ -202,6 +202,8 @@ class ToolLoop:
         shown = [o if full or len(o) <= _OLD_OUTPUT_CHARS else o[:_OLD_OUTPUT_CHARS] + " [...]"
                  for o in step.outputs]
         given = json.dumps(step.commands, ensure_ascii=False)
+        if len(given) > MAX_OUTPUT_CHARS:   # a whole file written is not repeated at every step
+            given = given[:MAX_OUTPUT_CHARS] + f" [... {len(given) - MAX_OUTPUT_CHARS} characters cut]"
         return f"### Step {number}\nCommands: {given}\n" + "\n".join(shown)
 
     async def _ask(self, prompt: str, system: str, step: int) -> dict[str, Any]:

@@ -1,0 +1,223 @@
+"""Tool-using actions (RoleZero's loop): steps, built-in tools, errors back to the model,
+the exclusive-edit rule, max_steps, team messages, the flags a run needs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from run_helpers import run_sop, sop_text
+
+from engine.errors import RunError
+from engine.models.types import CallSpec
+from engine.run.events import ToolCalled
+from engine.run.toolloop import MAX_OUTPUT_CHARS
+from engine.testing import ScriptedModel
+
+WRITER = """
+apiVersion: sop/v1
+name: tools_test
+inputs:
+  idea: {required: true}
+actions:
+  Write:
+    prompt: "Write about {{ inputs.idea }}"
+    tools: [editor, plan]
+    max_steps: 4
+    output:
+      Summary: {type: str}
+roles:
+  Writer:
+    actions: [Write]
+    watch: [UserRequirement]
+"""
+
+
+def step(*commands: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"thought": "next", "commands": [{"command_name": n, "args": a} for n, a in commands]}
+
+
+def end(summary: str = "done") -> dict[str, Any]:
+    return step(("end", {"Summary": summary}))
+
+
+def tool_events(result: Any) -> list[ToolCalled]:
+    return [e for e in result.events if isinstance(e, ToolCalled)]
+
+
+def test_a_loop_runs_commands_and_shows_their_output_until_end(tmp_path: Path) -> None:
+    model = ScriptedModel([step(("editor.write", {"path": "notes/a.md", "content": "one\ntwo"})),
+                           step(("editor.read", {"path": "notes/a.md"})),
+                           end("wrote a.md")])
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert (tmp_path / "ws" / "notes" / "a.md").read_text() == "one\ntwo"
+    assert result.messages[-1].out == {"Summary": "wrote a.md"}
+    prompts = model.prompts()
+    assert "Command editor.write executed: wrote notes/a.md" in prompts[1]
+    assert "1|one\n2|two" in prompts[2]
+    assert "## Plan status" in prompts[0] and "## Step 3 of at most 4" in prompts[2]
+    assert [e.tool for e in tool_events(result)] == ["editor.write", "editor.read"]
+    assert "notes/a.md" in result.artifacts
+
+
+def test_bad_arguments_and_failures_go_back_to_the_model(tmp_path: Path) -> None:
+    model = ScriptedModel([step(("editor.write", {"path": "a.md"})),
+                           step(("editor.read", {"path": "missing.md"}),
+                                ("editor.write", {"path": "b.md", "content": "b"})),
+                           step(("editor.write", {"path": "../out.md", "content": "x"})),
+                           end()])
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    prompts = model.prompts()
+    assert "Command editor.write failed: the arguments do not match" in prompts[1]
+    assert "'content' is a required property" in prompts[1]
+    assert "Command editor.read failed: no file missing.md" in prompts[2]
+    assert "Command editor.write not run: an earlier command of this step failed" in prompts[2]
+    assert "contains '..'" in prompts[3]
+    assert not (tmp_path / "out.md").exists()
+    assert [e.error for e in tool_events(result)] == [True, True, True]
+
+
+def test_a_huge_output_is_capped(tmp_path: Path) -> None:
+    big = "x" * (MAX_OUTPUT_CHARS * 3)
+    model = ScriptedModel([step(("editor.write", {"path": "big.txt", "content": big})),
+                           step(("editor.read", {"path": "big.txt"})), end()])
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert "[output cut:" in model.prompts()[2]
+    assert "x" * (MAX_OUTPUT_CHARS + 1) not in model.prompts()[2]
+
+
+def test_only_one_editing_command_runs_per_step(tmp_path: Path) -> None:
+    model = ScriptedModel([step(("editor.write", {"path": "a.md", "content": "a"}),
+                                ("editor.write", {"path": "b.md", "content": "b"})), end()])
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert (tmp_path / "ws" / "a.md").exists() and not (tmp_path / "ws" / "b.md").exists()
+    assert "Not run, only one editing command per step: editor.write" in model.prompts()[1]
+
+
+def test_an_invalid_end_is_refused_and_the_loop_goes_on(tmp_path: Path) -> None:
+    model = ScriptedModel([step(("end", {"Nope": 1})), end("fine")])
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert "Command end refused" in model.prompts()[1]
+    assert result.messages[-1].out == {"Summary": "fine"}
+
+
+def test_a_model_that_never_ends_stops_at_max_steps(tmp_path: Path) -> None:
+    model = ScriptedModel(lambda spec, attempt: step(("editor.list", {})))
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
+    assert result.status == "failed"
+    assert "no final answer after 4 step(s)" in result.error and "max_steps" in result.error
+    assert model.calls == 4
+
+
+def test_the_plan_is_shown_each_step(tmp_path: Path) -> None:
+    model = ScriptedModel([step(("plan.append_task", {"task_id": "1", "instruction": "draft"}),
+                                ("plan.append_task", {"task_id": "2", "instruction": "polish",
+                                                      "dependent_task_ids": ["1"]})),
+                           step(("plan.finish_current_task", {})), end()])
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert "[TASK_ID 2] polish Depends on tasks ['1']." in model.prompts()[1]
+    assert "Current task: 1: draft" in model.prompts()[1]
+    assert "[TASK_ID 1] (finished) draft" in model.prompts()[2]
+    assert "Current task: 2: polish" in model.prompts()[2]
+
+
+TEAM = """
+apiVersion: sop/v1
+name: team_test
+inputs:
+  idea: {required: true}
+actions:
+  Dispatch:
+    prompt: "Assign {{ inputs.idea }}"
+    tools: [team]
+    send_to: ["<none>"]
+    max_runs: 1
+  Work:
+    prompt: "Do what you were asked"
+    tools: [editor.write]
+roles:
+  Lead:
+    name: Mike
+    actions: [Dispatch]
+    watch: [UserRequirement]
+  Member:
+    name: Alice
+    actions: [Work]
+"""
+
+
+def test_team_publish_reaches_the_named_member(tmp_path: Path) -> None:
+    def answer(spec: CallSpec, attempt: int) -> Any:
+        if spec.action == "Dispatch":
+            if spec.tool_step == 0:
+                return step(("team.publish", {"content": "write hello.txt", "send_to": "Bob"}))
+            if spec.tool_step == 1:
+                return step(("team.publish", {"content": "write hello.txt", "send_to": "Alice"}))
+            return step(("end", {"answer": "assigned"}))
+        return step(("end", {"answer": "did it"}))
+
+    model = ScriptedModel(answer)
+    result = run_sop(sop_text(TEAM), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert "no team member 'Bob'" in model.prompts()[1] or "one of" in model.prompts()[1]
+    sent = [m for m in result.messages if m.sent_from == "Lead"]
+    assert [(m.content, sorted(m.send_to)) for m in sent][0] == ("write hello.txt", ["Member"])
+    assert any(m.sent_from == "Member" for m in result.messages)
+
+
+def test_team_targets_are_offered_by_name(tmp_path: Path) -> None:
+    model = ScriptedModel(lambda spec, attempt: step(("end", {"answer": "ok"})))
+    run_sop(sop_text(TEAM), model, tmp_path / "ws")
+    commands = dict(model.requests[0].spec.commands)
+    assert commands["team.publish"]["properties"]["send_to"]["enum"] == ["Alice"]
+
+
+TERMINAL = """
+apiVersion: sop/v1
+name: terminal_test
+inputs:
+  idea: {required: true}
+actions:
+  Build:
+    prompt: "Build {{ inputs.idea }}"
+    tools: [terminal]
+roles:
+  Engineer:
+    actions: [Build]
+    watch: [UserRequirement]
+"""
+
+
+def test_terminal_needs_allow_exec_before_any_model_call(tmp_path: Path) -> None:
+    model = ScriptedModel([end()])
+    with pytest.raises(RunError, match=r"need --allow-exec: terminal \(Build\)"):
+        run_sop(sop_text(TERMINAL), model, tmp_path / "ws")
+    assert model.calls == 0
+
+
+def test_terminal_runs_in_the_workspace_with_a_timeout(tmp_path: Path) -> None:
+    model = ScriptedModel([step(("terminal.run", {"command": "echo hi > f.txt; cat f.txt"})),
+                           step(("terminal.run", {"command": "sleep 5", "timeout_s": 0.2})),
+                           step(("end", {"answer": "built"}))])
+    result = run_sop(sop_text(TERMINAL), model, tmp_path / "ws", allow_exec=True)
+    assert result.status == "idle", result.error
+    assert (tmp_path / "ws" / "f.txt").read_text() == "hi\n"
+    assert "[exit code 0]\n[stdout]\nhi" in model.prompts()[1]
+    assert "[exit code 124]" in model.prompts()[2] and "timeout" in model.prompts()[2]
+
+
+def test_fake_runs_one_tool_then_ends(tmp_path: Path) -> None:
+    from engine import api
+
+    result = api.run(sop_text(WRITER), {"idea": "cats"}, model="fake", workspace=tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert (tmp_path / "ws" / "main.py").exists()
+    assert json.dumps(result.messages[-1].out)
