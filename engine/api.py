@@ -144,7 +144,8 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
            model: str | None = None, allow_exec: bool = False, force: bool = False,
            observers: tuple[Any, ...] = (), api_base: str | None = None,
            price: Price | None = None, isolate: bool = False,
-           allow_network: bool = False, person: Person | None = None) -> RunResult:
+           allow_network: bool = False, person: Person | None = None,
+           allow_hosts: tuple[str, ...] | list[str] = ()) -> RunResult:
     """Continue an interrupted (or ended) run in its own workspace: same run id, completed
     actions and journaled answers reused, so nothing is paid twice.
 
@@ -161,7 +162,7 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
                                  allow_exec=allow_exec)
         team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
                        api_base=api_base, price=price, isolate=isolate,
-                       allow_network=allow_network, person=person, **options)
+                       allow_network=allow_network, person=person, allow_hosts=allow_hosts, **options)
         team.check()
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock
@@ -189,8 +190,8 @@ class Replayed:
 
 
 def replay(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = False,
-           observers: tuple[Any, ...] = (), isolate: bool = False, allow_network: bool = False
-           ) -> Replayed:
+           observers: tuple[Any, ...] = (), isolate: bool = False, allow_network: bool = False,
+           allow_hosts: tuple[str, ...] | list[str] = ()) -> Replayed:
     """Run the SOP again in `out` with every answer from the run's journal; no model is called.
 
     A divergence (the SOP, its inputs or the engine changed) ends the replay `failed` with
@@ -200,7 +201,8 @@ def replay(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = F
     with folder:
         options = replay_options(folder, out, allow_exec=allow_exec)
         team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
-                       isolate=isolate, allow_network=allow_network, **options)
+                       isolate=isolate, allow_network=allow_network, allow_hosts=allow_hosts,
+                       **options)
         target = _journal_of(team, True)
         assert target is not None
         store = ReplayStore(folder.journal, target)

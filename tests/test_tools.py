@@ -221,3 +221,70 @@ def test_fake_runs_one_tool_then_ends(tmp_path: Path) -> None:
     assert result.status == "idle", result.error
     assert (tmp_path / "ws" / "main.py").exists()
     assert json.dumps(result.messages[-1].out)
+
+
+# --------------------------------------------------------------------------- the checker
+
+def _codes(text: str) -> list[tuple[str, str]]:
+    from engine.check.compiler import check_text
+
+    return [(d.code, d.pointer) for d in check_text(text).diagnostics]
+
+
+def test_unknown_tools_are_located() -> None:
+    text = WRITER.replace("tools: [editor, plan]", "tools: [editor, plans, editor.delete, mcp.notes]")
+    assert _codes(text) == [("SOP217", "/actions/Write/tools/1"), ("SOP217", "/actions/Write/tools/2"),
+                            ("SOP217", "/actions/Write/tools/3")]
+
+
+def test_tools_only_on_a_models_action() -> None:
+    text = WRITER.replace("    tools: [editor, plan]\n", "    tools: [editor]\n    review: human\n")
+    assert _codes(text) == [("SOP218", "/actions/Write/review")]
+    alone = WRITER.replace("tools: [editor, plan]", "tools: [team]")
+    assert _codes(alone) == [("SOP218", "/actions/Write/tools")]
+
+
+def test_team_members_are_reachable_in_the_graph() -> None:
+    assert [c for c, _ in _codes(TEAM)] == []
+
+
+MCP = WRITER.replace("tools: [editor, plan]", "tools: [mcp.notes.search, mcp.web]") + """
+mcp:
+  notes:
+    command: [python, server.py]
+    tools: [search, read]
+  web:
+    url: https://mcp.example.com/mcp
+    headers: {Authorization: WEB_TOKEN}
+"""
+
+
+def test_validate_says_which_flags_a_file_needs(tmp_path: Path) -> None:
+    from engine.check.compiler import check_path
+    from engine.check.diagnostics import format_report
+
+    path = tmp_path / "f.sop.yaml"
+    path.write_text(MCP)
+    text, code = format_report([check_path(path)])
+    assert code == 0
+    assert f"{path}: needs --allow-exec: mcp server notes" in text
+    assert f"{path}: needs --allow-host: mcp.example.com (mcp server web)" in text
+    term = tmp_path / "t.sop.yaml"
+    term.write_text(TERMINAL)
+    assert f"{term}: needs --allow-exec: terminal (Build)" in format_report([check_path(term)])[0]
+
+
+def test_a_tool_the_server_does_not_declare_is_refused() -> None:
+    text = MCP.replace("mcp.notes.search", "mcp.notes.delete")
+    assert _codes(text) == [("SOP217", "/actions/Write/tools/0")]
+    assert _codes(MCP.replace("  notes:\n", "  editor:\n").replace("mcp.notes.search", "mcp.editor")) == [
+        ("SOP219", "/mcp/editor")]
+
+
+def test_a_run_without_the_flags_refuses_before_any_model_call(tmp_path: Path) -> None:
+    model = ScriptedModel([end()])
+    with pytest.raises(RunError, match="need --allow-exec: mcp server notes"):
+        run_sop(sop_text(MCP), model, tmp_path / "ws")
+    with pytest.raises(RunError, match=r"--allow-host HOST: mcp.example.com \(mcp server web\)"):
+        run_sop(sop_text(MCP), model, tmp_path / "ws", allow_exec=True)
+    assert model.calls == 0

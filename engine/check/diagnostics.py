@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from engine.errors import Diagnostic
+from engine.load.tools import flags_needed
 
 __all__ = ["CODES", "format_json", "format_diagnostic", "format_failure", "format_report",
            "strict", "summary"]
@@ -69,6 +70,9 @@ CODES: dict[str, str] = {
     "SOP214": "warning: an exec action's `env` names a secret-looking variable (a key, token, password)",
     "SOP215": "`review: human` on an action that is not of kind llm",
     "SOP216": "a role with `human: true` in react_mode plan_and_act, or in react mode with several actions",
+    "SOP217": "`tools` names an unknown toolset, command or MCP server (or a tool the server does not declare)",
+    "SOP218": "`tools` on an action that is not of kind llm, has `review: human`, or a person's role runs; `team` with no one to address (warning: `max_steps` without `tools`)",
+    "SOP219": "an MCP server named like a built-in toolset (warning: `env` or `headers` that do not apply to its transport, or `env` naming a secret)",
     # the watch graph (engine/check/watch.py)
     "SOP301": "a cycle of activations on which no action declares `max_runs`",
     "SOP302": "warning: a role no message can ever reach",
@@ -175,4 +179,12 @@ def format_report(results: Sequence[Any], fmt: str = "text", strict_mode: bool =
     for file, diags, result in checked:
         blocks += [format_diagnostic(d, result.lines_of(d.file)) + "\n" for d in diags]
         blocks.append(summary(file, diags))
+        blocks += needs_lines(file, result.compiled)
     return "\n".join(blocks), int(failed)
+
+
+def needs_lines(file: str, compiled: Any) -> list[str]:
+    """What a file's tools need from the command line: `file: needs --allow-exec: terminal (A)`."""
+    if compiled is None:
+        return []
+    return [f"{file}: needs {flag}: {', '.join(users)}" for flag, users in flags_needed(compiled.spec).items()]

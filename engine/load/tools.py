@@ -16,7 +16,7 @@ from typing import Any
 from engine.load.spec import Sop
 
 __all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "expand_tools",
-           "tool_problem", "flags_needed", "team_targets", "builtin_command", "mcp_hosts"]
+           "tool_problem", "flags_needed", "team_targets", "builtin_command", "mcp_hosts", "team_reach"]
 
 
 END = "end"
@@ -109,27 +109,44 @@ def tool_problem(spec: Sop, item: str) -> tuple[str, str] | None:
     if item in BUILTIN or item in _COMMANDS:
         return None
     if item.startswith(MCP_PREFIX):
-        server = item[len(MCP_PREFIX):]
-        if server in spec.mcp:
-            return None
-        known = ", ".join(spec.mcp) or "none declared"
-        return f"unknown MCP server '{server}'", f"declare it under `mcp:` (servers: {known})"
+        server, _, tool = item[len(MCP_PREFIX):].partition(".")
+        if server not in spec.mcp:
+            known = ", ".join(spec.mcp) or "none declared"
+            return f"unknown MCP server '{server}'", f"declare it under `mcp:` (servers: {known})"
+        offered = spec.mcp[server].tools
+        if tool and offered is not None and tool not in offered:
+            return (f"MCP server '{server}' declares no tool '{tool}'",
+                    f"its tools: {', '.join(offered) or 'none'}")
+        return None
     known = ", ".join([*BUILTIN, *(MCP_PREFIX + s for s in spec.mcp)])
     return f"unknown tool '{item}'", f"tools are toolsets ({known}) or one command, e.g. editor.write"
 
 
-def expand_tools(spec: Sop, items: list[str]) -> tuple[list[Command], list[str]]:
-    """The built-in commands and the MCP servers an action's `tools` name (each once, in order)."""
+def expand_tools(spec: Sop, items: list[str]) -> tuple[list[Command], dict[str, list[str] | None]]:
+    """The built-in commands and the MCP servers an action's `tools` name (each once, in
+    order): server -> the tools named (`mcp.notes.search`), or None for all (`mcp.notes`)."""
     commands: dict[str, Command] = {}
-    servers: list[str] = []
+    servers: dict[str, list[str] | None] = {}
     for item in items:
         if item in BUILTIN:
             commands.update((c.name, c) for c in BUILTIN[item])
         elif item in _COMMANDS:
             commands[item] = _COMMANDS[item]
-        elif item.startswith(MCP_PREFIX) and item[len(MCP_PREFIX):] not in servers:
-            servers.append(item[len(MCP_PREFIX):])
+        elif item.startswith(MCP_PREFIX):
+            server, _, tool = item[len(MCP_PREFIX):].partition(".")
+            if not tool:
+                servers[server] = None
+            elif servers.get(server, []) is not None:
+                servers[server] = [*(servers.get(server) or []), tool]
     return list(commands.values()), servers
+
+
+def team_reach(spec: Sop, action_id: str) -> list[str]:
+    """The roles an action's `team` tool can address (every role that does not run it)."""
+    commands, _ = expand_tools(spec, spec.actions[action_id].tools)
+    if not any(c.name == "team.publish" for c in commands):
+        return []
+    return [rid for rid, role in spec.roles.items() if action_id not in role.runnable_actions()]
 
 
 def team_targets(spec: Sop, role_id: str) -> list[str]:
@@ -137,16 +154,18 @@ def team_targets(spec: Sop, role_id: str) -> list[str]:
     return [spec.role_name(rid) for rid in spec.roles if rid != role_id]
 
 
-def flags_needed(spec: Sop) -> dict[str, list[str]]:
+def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
     """What a file's tools need from the command line: `--allow-exec` (terminal, stdio MCP
-    servers) and `--allow-host` (streamable HTTP servers, by host), each with what needs it."""
+    servers) and `--allow-host` (streamable HTTP servers, by host), each with what needs it.
+    A replay runs no tool (their results come from the journal), but still starts the MCP
+    servers to learn their tools, which the prompts list."""
     from urllib.parse import urlsplit
 
     exec_users: list[str] = []
     hosts: list[str] = []
     for aid in _used_actions(spec):
         commands, servers = expand_tools(spec, spec.actions[aid].tools)
-        if any(c.name.split(".")[0] in EXEC_TOOLSETS for c in commands):
+        if not replay and any(c.name.split(".")[0] in EXEC_TOOLSETS for c in commands):
             exec_users.append(f"terminal ({aid})")
         for name in servers:
             server = spec.mcp[name]

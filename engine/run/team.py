@@ -212,7 +212,7 @@ class Team:
 
     def _check_tool_flags(self) -> None:
         """Tools that run commands or reach a host need the user's flag, before anything runs."""
-        needs = flags_needed(self.compiled.spec)
+        needs = flags_needed(self.compiled.spec, replay=self.options.replay)
         if "--allow-exec" in needs and not self.options.allow_exec:
             raise RunError("this SOP's tools run commands; they need --allow-exec: "
                            + ", ".join(needs["--allow-exec"]),
