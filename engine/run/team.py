@@ -40,6 +40,7 @@ from engine.run.events import (
     RunStatus,
 )
 from engine.run.isolation import find_sandbox
+from engine.run.mcp import McpServers, used_servers
 from engine.run.message import Message, user_requirement
 from engine.run.people import NoPerson, Person, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
@@ -250,6 +251,7 @@ class Team:
         # Anything that escapes below (KeyboardInterrupt, SystemExit) ends the run as interrupted.
         status, error = RunStatus.INTERRUPTED, "interrupted"
         try:
+            await self._start_mcp()
             self.env.publish(user_requirement(str(self.inputs.get("idea", "")), self.idea_to))
             with stop_renders_on_cancel():
                 status, error = await self._loop(), ""
@@ -266,8 +268,16 @@ class Team:
         except Exception as exc:  # noqa: BLE001 - a bug must still end the run as failed
             status, error = RunStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}"
         finally:
+            if self.ctx.mcp is not None:
+                await self.ctx.mcp.close()
             self._end(status, error)
         return self._result(status, error)
+
+    async def _start_mcp(self) -> None:
+        """Start the MCP servers some action uses and learn their tools (before any model call)."""
+        if used_servers(self.compiled):
+            self.ctx.mcp = McpServers(self.compiled)
+            await self.ctx.mcp.start()
 
     async def _loop(self) -> RunStatus:
         while True:

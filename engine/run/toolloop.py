@@ -45,10 +45,11 @@ from engine.models.types import CallSpec, StoredAnswer
 from engine.run.actions import RunContext, ToolEffects, call_gateway, gather_or_cancel
 from engine.run.events import ToolCalled
 from engine.run.people import WaitingForPerson
-from engine.run.toolsets import Builtins, Outcome, ToolError
+from engine.run.mcp import McpServerFailed
+from engine.run.toolsets import Builtins, Outcome, Tool, ToolError
 from engine.run.workspace import WrittenFile, sha256_text
 
-__all__ = ["TOOL", "MAX_OUTPUT_CHARS", "Tool", "loop_tools", "run_tool_loop", "step_schema"]
+__all__ = ["TOOL", "MAX_OUTPUT_CHARS", "loop_tools", "run_tool_loop", "step_schema"]
 
 
 TOOL = "tool"
@@ -66,23 +67,8 @@ _FULL_STEPS = 5
 _OLD_OUTPUT_CHARS = 300
 
 
-_FATAL = (WaitingForPerson, BudgetExceeded, ReplayDivergence, JournalError)
+_FATAL = (WaitingForPerson, BudgetExceeded, ReplayDivergence, JournalError, McpServerFailed)
 """What a command may raise that is not the model's to read: the run handles it."""
-
-
-@dataclass(frozen=True)
-class Tool:
-    """A command the model may give: its JSON Schema of args, and how the loop treats it."""
-
-    name: str
-    description: str
-    args: dict[str, Any]
-    exclusive: bool = False
-    readonly: bool = False
-    journaled: bool = True
-    """Its result is journaled and reused (it acts outside the loop); else it runs again."""
-    server: str | None = None
-    """An MCP server's tool (its name on the server is `name` after `<server>.`)."""
 
 
 _LOOP_STATE = ("plan.", "team.", "human.ask")
@@ -100,9 +86,10 @@ def loop_tools(ctx: RunContext, role_id: str, action_id: str) -> dict[str, Tool]
                                            "send_to": {"type": "string", "enum": team_targets(spec, role_id)}}}
         tools[command.name] = Tool(command.name, command.description, args, command.exclusive,
                                    command.readonly, not command.name.startswith(_LOOP_STATE))
-    for server in servers:
+    for server, named in servers.items():
         for tool in ctx.mcp.tools(server) if ctx.mcp is not None else ():
-            tools[tool.name] = tool
+            if named is None or tool.name[len(server) + 1:] in named:
+                tools[tool.name] = tool
     tools[END] = Tool(END, "Finish: the args are your final answer, the action's output.",
                       end_schema(ctx, action_id), journaled=False)
     return tools

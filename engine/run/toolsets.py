@@ -21,7 +21,7 @@ from engine.run.exec import run_argv
 from engine.run.plans import PlanError, order_plan
 from engine.run.workspace import WorkspaceError, WrittenFile
 
-__all__ = ["ToolError", "Outcome", "Plan", "Builtins", "MAX_LIST_ENTRIES", "MAX_SEARCH_HITS"]
+__all__ = ["ToolError", "Outcome", "Tool", "Plan", "Builtins", "MAX_LIST_ENTRIES", "MAX_SEARCH_HITS"]
 
 
 MAX_LIST_ENTRIES = 500
@@ -56,6 +56,21 @@ class Outcome:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Outcome:
         return cls(str(data.get("output", "")), bool(data.get("error")), dict(data.get("files") or {}))
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A command the model may give: its JSON Schema of args, and how the loop treats it."""
+
+    name: str
+    description: str
+    args: dict[str, Any]
+    exclusive: bool = False
+    readonly: bool = False
+    journaled: bool = True
+    """Its result is journaled and reused (it acts outside the loop); else it runs again."""
+    server: str | None = None
+    """An MCP server's tool (its name on the server is `name` after `<server>.`)."""
 
 
 class Plan:
