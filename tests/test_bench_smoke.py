@@ -102,3 +102,11 @@ def test_metagpt_requirements_follow_the_recipe(tmp_path: Path) -> None:
     reqs = _requirements(wheel)
     assert "aiohttp==3.8.6" in reqs and "agentops==0.3.10" in reqs
     assert not any(r.startswith(("lancedb", "pytest")) for r in reqs)
+
+
+def test_toolloop_bench_produces_its_figures() -> None:
+    from bench import toolloop_bench
+
+    figures = toolloop_bench.main(steps=4, repeats=1)
+    for side in ("no journal", "with journal"):
+        assert figures[side]["engine_ms_per_step"] > 0 and figures[side]["steps"] == 4

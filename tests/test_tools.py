@@ -288,3 +288,26 @@ def test_a_run_without_the_flags_refuses_before_any_model_call(tmp_path: Path) -
     with pytest.raises(RunError, match=r"--allow-host HOST: mcp.example.com \(mcp server web\)"):
         run_sop(sop_text(MCP), model, tmp_path / "ws", allow_exec=True)
     assert model.calls == 0
+
+
+HUMAN = WRITER.replace("tools: [editor, plan]", "tools: [human, editor]")
+
+
+def test_human_ask_and_reply_reach_the_person_and_are_journaled(tmp_path: Path) -> None:
+    from engine.testing import ScriptedPerson
+
+    person = ScriptedPerson(["blue"])
+    model = ScriptedModel([step(("human.ask", {"question": "Which colour?"})),
+                           step(("human.reply", {"text": "Writing it in blue."})), end("blue")])
+    result = run_sop(sop_text(HUMAN), model, tmp_path / "ws", person=person)
+    assert result.status == "idle", result.error
+    assert [q.prompt for q in person.questions] == ["Which colour?"]
+    assert person.told == [("Writer", "Writing it in blue.")]
+    assert "Command human.ask executed: the person answered: blue" in model.prompts()[1]
+
+
+def test_human_ask_without_a_person_makes_the_run_wait(tmp_path: Path) -> None:
+    model = ScriptedModel([step(("human.ask", {"question": "Which colour?"}))])
+    result = run_sop(sop_text(HUMAN), model, tmp_path / "ws")
+    assert result.status == "waiting"
+    assert result.waiting_for is not None and result.waiting_for.prompt == "Which colour?"
