@@ -117,3 +117,22 @@ def test_the_researcher_finds_notes_and_fans_out_over_them(tmp_path: Path) -> No
     assert all("GGUF" in e.output or "laptop" in e.output for e in found[1:])
     report = (tmp_path / "ws" / "report.md").read_text()
     assert report == "summary of quantization.md\n\nsummary of small_models.md"
+
+
+def test_the_failed_runs_journal_is_resumable(tmp_path: Path) -> None:
+    from engine.journal.history import read_run
+    from engine.testing import use_model
+
+    path = tmp_path / "mcp_test.sop.yaml"
+    path.write_text(flaky_sop().source.text)
+    model = ScriptedModel([step("flaky.echo", {"text": "hi"}), step("flaky.die", {}), done()])
+    with use_model(model):
+        result = api.run(api.load(path), {"idea": "x"}, workspace=tmp_path / "ws", allow_exec=True)
+    assert result.status == "failed"
+    state = read_run(tmp_path / "ws")
+    assert state.status == "failed" and "MCP server flaky" in state.error
+    again = ScriptedModel([done()])
+    with use_model(again):   # every answer so far comes from the journal, echo's result too
+        resumed = api.resume(tmp_path / "ws", allow_exec=True)
+    assert resumed.status == "failed" and "MCP server flaky failed during flaky.die" in resumed.error
+    assert again.calls == 0

@@ -311,3 +311,18 @@ def test_human_ask_without_a_person_makes_the_run_wait(tmp_path: Path) -> None:
     result = run_sop(sop_text(HUMAN), model, tmp_path / "ws")
     assert result.status == "waiting"
     assert result.waiting_for is not None and result.waiting_for.prompt == "Which colour?"
+
+
+def test_neighbouring_read_only_commands_run_together(tmp_path: Path) -> None:
+    from engine.run.toolloop import ToolLoop
+
+    groups = ToolLoop._groups
+    class Loop:  # only what _groups reads
+        tools = {"editor.read": type("T", (), {"readonly": True})(),
+                 "editor.list": type("T", (), {"readonly": True})(),
+                 "editor.write": type("T", (), {"readonly": False})()}
+        _readonly = ToolLoop._readonly
+    calls = [("editor.read", {}), ("editor.list", {}), ("editor.write", {}), ("editor.read", {}),
+             ("nope", {})]
+    assert [[n for _, n, _ in g] for g in groups(Loop(), calls)] == [  # type: ignore[arg-type]
+        ["editor.read", "editor.list"], ["editor.write"], ["editor.read"], ["nope"]]
