@@ -113,7 +113,9 @@ def test_a_model_that_never_ends_stops_at_max_steps(tmp_path: Path) -> None:
     result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
     assert result.status == "failed"
     assert "no final answer after 4 step(s)" in result.error and "max_steps" in result.error
-    assert model.calls == 4
+    assert model.calls == 3 + 3          # the last step offers only `end`: asked with its 2 retries
+    assert "This is your last step" in model.prompts()[3]
+    assert [n for n, _ in model.requests[3].spec.commands] == ["end"]
 
 
 def test_the_plan_is_shown_each_step(tmp_path: Path) -> None:

@@ -6,7 +6,8 @@ The engine runs the commands, shows their outputs to the model in the next step'
 (with the plan's status when the action has the `plan` tool), and calls again, until the
 model gives `end`, whose args are the action's output, checked exactly as a direct answer
 is (`engine.models.answers.read`). `max_steps` steps without an accepted `end` fail the
-action (SOP505), naming `max_steps`.
+action (SOP505), naming `max_steps`. The last step offers only `end` (its schema is the
+output's), so a model bound by a grammar (`local`) always finishes.
 
 Within one step: commands run in the order given; neighbouring read-only commands (editor
 reads, lists and searches, MCP tools) run concurrently; when a step holds two or more editing
@@ -118,6 +119,15 @@ def step_schema(names: list[str]) -> dict[str, Any]:
                            "commands": {"type": "array", "minItems": 1, "items": command}}}
 
 
+def last_step_schema(end_args: dict[str, Any]) -> dict[str, Any]:
+    """The last step's answer: `end` only, its args the output (a grammar makes it fit)."""
+    command = {"type": "object", "required": ["command_name", "args"],
+               "properties": {"command_name": {"type": "string", "enum": [END]}, "args": end_args}}
+    return {"type": "object", "required": ["commands"],
+            "properties": {"thought": {"type": "string"},
+                           "commands": {"type": "array", "minItems": 1, "maxItems": 1, "items": command}}}
+
+
 async def run_tool_loop(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
                         round_: int, key: str, effects: ToolEffects) -> Any:
     """The action's output, from the model's `end` (see the module docstring)."""
@@ -144,13 +154,19 @@ class ToolLoop:
         self.effects = effects
         self.tools = loop_tools(ctx, role_id, action_id)
         self.schema = step_schema(list(self.tools))
+        self.last_schema = last_step_schema(self.tools[END].args)
         self.builtins = Builtins(ctx, role_id, action_id, round_)
         self.steps: list[_Step] = []
 
     async def run(self, prompt: str, system: str) -> Any:
         system = f"{system}\n\n{self._commands_text()}"
         for step in range(1, self.action.max_steps + 1):
-            answer = await self._ask(self._prompt(prompt, step), system, step)
+            try:
+                answer = await self._ask(self._prompt(prompt, step), system, step)
+            except ActionFailed as exc:
+                if step < self.action.max_steps:
+                    raise
+                raise self._out_of_steps(f"; its last answer: {exc.message}") from None
             commands = [c for c in answer["commands"] if isinstance(c, dict)]
             current = _Step(str(answer.get("thought", "")), commands)
             value = await self._run_step(step, current)
@@ -158,10 +174,13 @@ class ToolLoop:
             if value is not _NOT_DONE:
                 self.effects.messages.extend(self.builtins.messages)
                 return value
-        raise ActionFailed(self.action_id, f"no final answer after {self.action.max_steps} step(s): the "
-                           "model never ended with a valid `end`",
-                           hint="raise `max_steps`, or make the prompt say when the work is done",
-                           code="SOP505", pointer=join_pointer("/actions", self.action_id, "max_steps"))
+        raise self._out_of_steps("")
+
+    def _out_of_steps(self, detail: str) -> ActionFailed:
+        return ActionFailed(self.action_id, f"no final answer after {self.action.max_steps} step(s): the "
+                            f"model never ended with a valid `end`{detail}",
+                            hint="raise `max_steps`, or make the prompt say when the work is done",
+                            code="SOP505", pointer=join_pointer("/actions", self.action_id, "max_steps"))
 
     # -- asking ---------------------------------------------------------------------------
     def _commands_text(self) -> str:
@@ -182,7 +201,11 @@ class ToolLoop:
             parts.append("## Your steps so far\n" + "\n\n".join(
                 self._step_text(n, s, full=len(self.steps) - n < _FULL_STEPS)
                 for n, s in enumerate(self.steps, 1)))
-        parts.append(f"## Step {step} of at most {self.action.max_steps}\nGive your next commands.")
+        if step < self.action.max_steps:
+            parts.append(f"## Step {step} of at most {self.action.max_steps}\nGive your next commands.")
+        else:
+            parts.append(f"## Step {step} of at most {self.action.max_steps}\nThis is your last step: "
+                         f"give `{END}` with your final answer.")
         return "\n\n".join(parts)
 
     def _step_text(self, number: int, step: _Step, *, full: bool) -> str:
@@ -195,12 +218,15 @@ class ToolLoop:
 
     async def _ask(self, prompt: str, system: str, step: int) -> dict[str, Any]:
         llm = resolve_llm(self.ctx.compiled, self.role_id, self.action_id, self.ctx.model_override)
+        last = step == self.action.max_steps   # only `end` is offered: a grammar-bound model must finish
+        offered = [self.tools[END]] if last else list(self.tools.values())
         spec = CallSpec(action=self.action_id, role=self.role_id, system=system, prompt=prompt,
-                        kind="json", model=llm["model"], schema=self.schema, format="json",
+                        kind="json", model=llm["model"], schema=self.last_schema if last else self.schema,
+                        format="json",
                         retries=self.action.retries, temperature=llm["temperature"],
                         max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"], round=self.round,
                         fallback_price=llm["price"], tool_step=step - 1,
-                        commands=tuple((t.name, t.args) for t in self.tools.values()))
+                        commands=tuple((t.name, t.args) for t in offered))
         result = await call_gateway(self.ctx, spec)
         return dict(result.value)
 
