@@ -136,3 +136,50 @@ def test_the_failed_runs_journal_is_resumable(tmp_path: Path) -> None:
         resumed = api.resume(tmp_path / "ws", allow_exec=True)
     assert resumed.status == "failed" and "MCP server flaky failed during flaky.die" in resumed.error
     assert again.calls == 0
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for_port(port: int, proc: Any) -> None:
+    import socket
+    import time
+
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise AssertionError(f"the HTTP server exited with {proc.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError("the HTTP server did not start")
+
+
+def test_a_streamable_http_server_on_an_allowed_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import subprocess
+    import sys
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, str(SERVER), str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_port(port, proc)
+        text = flaky_sop().source.text.replace(f"command: [python, {SERVER}]",
+                                               f"url: http://127.0.0.1:{port}/mcp\n    headers: {{X-Token: FLAKY_TOKEN}}")
+        sop = compile_text(text)
+        model = ScriptedModel([step("flaky.echo", {"text": "over http"}), done()])
+        monkeypatch.delenv("FLAKY_TOKEN", raising=False)
+        missing = run_sop(sop, model, tmp_path / "ws0", allow_hosts=["127.0.0.1"])
+        assert missing.status == "failed" and "FLAKY_TOKEN, which is not set" in missing.error
+        monkeypatch.setenv("FLAKY_TOKEN", "secret-value")
+        result = run_sop(sop, model, tmp_path / "ws", allow_hosts=["127.0.0.1"])
+        assert result.status == "idle", result.error
+        assert "Command flaky.echo executed: echo: over http" in model.prompts()[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
