@@ -328,3 +328,25 @@ def test_neighbouring_read_only_commands_run_together(tmp_path: Path) -> None:
              ("nope", {})]
     assert [[n for _, n, _ in g] for g in groups(Loop(), calls)] == [  # type: ignore[arg-type]
         ["editor.read", "editor.list"], ["editor.write"], ["editor.read"], ["nope"]]
+
+
+def test_experience_files_reach_the_system_prompt(tmp_path: Path) -> None:
+    from engine import api
+
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "write.md").write_text("Write the file first, then end.")
+    sop = tmp_path / "w.sop.yaml"
+    sop.write_text(WRITER.replace("    max_steps: 4\n", "    max_steps: 4\n    experience: [exp/write.md]\n"))
+    model = ScriptedModel([end()])
+    result = run_sop(api.load(sop), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    system = model.requests[0].messages[0]["content"]
+    assert "## Past experience" in system and "Write the file first, then end." in system
+    (tmp_path / "exp" / "write.md").unlink()
+    failed = run_sop(api.load(sop), ScriptedModel([end()]), tmp_path / "ws2")
+    assert failed.status == "failed" and "cannot read experience file 'exp/write.md'" in failed.error
+
+
+def test_experience_paths_are_checked() -> None:
+    text = WRITER.replace("    max_steps: 4\n", "    max_steps: 4\n    experience: [../secret.md, /etc/passwd]\n")
+    assert _codes(text) == [("SOP220", "/actions/Write/experience/0"), ("SOP220", "/actions/Write/experience/1")]

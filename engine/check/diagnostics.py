@@ -73,6 +73,7 @@ CODES: dict[str, str] = {
     "SOP217": "`tools` names an unknown toolset, command or MCP server (or a tool the server does not declare)",
     "SOP218": "`tools` on an action that is not of kind llm, has `review: human`, or a person's role runs; `team` with no one to address (warning: `max_steps` without `tools`)",
     "SOP219": "an MCP server named like a built-in toolset (warning: `env` or `headers` that do not apply to its transport, or `env` naming a secret)",
+    "SOP220": "an `experience` path that is absolute, a URL, or leaves the SOP's folder (..)",
     # the watch graph (engine/check/watch.py)
     "SOP301": "a cycle of activations on which no action declares `max_runs`",
     "SOP302": "warning: a role no message can ever reach",

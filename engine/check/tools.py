@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from engine.check.rules import Context, error, rule, warning
 from engine.errors import Diagnostic
 from engine.load.secrets import is_secret_name
-from engine.load.tools import BUILTIN, END, expand_tools, tool_problem
+from engine.load.tools import BUILTIN, END, expand_tools, experience_refusal, tool_problem
 
 __all__ = ["RULES"]
 
@@ -28,17 +28,22 @@ def known_tools(ctx: Context) -> Iterator[Diagnostic]:
                 yield error("SOP217", f"/actions/{aid}/tools/{index}", *problem)
 
 
-@rule("SOP218")
+@rule("SOP218", "SOP220")
 def tool_actions(ctx: Context) -> Iterator[Diagnostic]:
     """A tool loop is a model's: not an exec, ask or reply action, not a person's role, not a
     review gate; `team` needs someone to address; `max_steps` only bounds a tool loop."""
     spec = ctx.spec
     for aid, action in spec.actions.items():
         here = f"/actions/{aid}"
+        for index, rel in enumerate(action.experience):
+            if experience_refusal(rel):
+                yield error("SOP220", f"{here}/experience/{index}", experience_refusal(rel),
+                            "name a file beside the SOP, e.g. experience/write_code.md")
         if not action.tools:
-            if "max_steps" in action.model_fields_set:
-                yield warning("SOP218", f"{here}/max_steps", "`max_steps` is ignored: the action has no `tools`",
-                              "list the tools the model may call, or drop `max_steps`")
+            for key in ("max_steps", "experience"):
+                if key in action.model_fields_set:
+                    yield warning("SOP218", f"{here}/{key}", f"`{key}` is ignored: the action has no `tools`",
+                                  f"list the tools the model may call, or drop `{key}`")
             continue
         if action.kind != "llm":
             yield error("SOP218", f"{here}/tools", f"`tools` on an action of kind {action.kind}",

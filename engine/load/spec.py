@@ -197,6 +197,9 @@ class ActionSpec(_Model):
     action then runs as a tool loop (RoleZero): each step one model call, until `end`."""
     max_steps: int = Field(default=10, ge=1, le=100)
     """The most model calls of one tool loop; reaching it without `end` fails the action."""
+    experience: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
+    """With `tools`: files beside the SOP whose text is shown in the loop's system prompt as
+    past experience (RoleZero's `_retrieve_experience`), e.g. a worked example."""
 
     @model_validator(mode="after")
     def _exec_needs_command(self) -> ActionSpec:

@@ -11,12 +11,14 @@ Every command the model sees is namespaced: `<toolset>.<command>`, `<server>.<to
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from engine.load.spec import Sop
 
 __all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "expand_tools",
-           "tool_problem", "flags_needed", "team_targets", "builtin_command", "mcp_hosts", "team_reach"]
+           "tool_problem", "flags_needed", "team_targets", "builtin_command", "mcp_hosts", "team_reach",
+           "experience_refusal", "read_experience", "MAX_EXPERIENCE_BYTES"]
 
 
 END = "end"
@@ -189,3 +191,36 @@ def mcp_hosts(spec: Sop) -> dict[str, str]:
 def _used_actions(spec: Sop) -> list[str]:
     used = {aid for role in spec.roles.values() for aid in role.runnable_actions()}
     return [aid for aid in spec.actions if aid in used]
+
+
+MAX_EXPERIENCE_BYTES = 100_000
+
+
+def experience_refusal(rel: str) -> str:
+    """Why an `experience` path is refused before any file is read ('' when it is not)."""
+    if rel.startswith("/") or "\\" in rel or "://" in rel:
+        return f"experience file '{rel}' must be a relative path with / separators"
+    if ".." in PurePosixPath(rel).parts:
+        return f"experience file '{rel}' leaves the SOP's folder (..)"
+    return ""
+
+
+def read_experience(sop_file: str, rel: str) -> str:
+    """The text of an experience file beside the SOP; ValueError saying why it cannot be read."""
+    problem = experience_refusal(rel)
+    if problem:
+        raise ValueError(problem)
+    folder = Path(sop_file).resolve().parent
+    path = (folder / rel).resolve()
+    if not path.is_relative_to(folder):
+        raise ValueError(f"experience file '{rel}' leaves the SOP's folder through a symlink")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read experience file '{rel}': {exc.strerror or exc}") from None
+    if len(data) > MAX_EXPERIENCE_BYTES:
+        raise ValueError(f"experience file '{rel}' is larger than {MAX_EXPERIENCE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"experience file '{rel}' is not UTF-8 text") from None

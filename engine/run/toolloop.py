@@ -39,7 +39,7 @@ from engine.errors import ActionFailed, BudgetExceeded, JournalError, ReplayDive
 from engine.load.outputs import output_kind
 from engine.load.source import join_pointer
 from engine.load.spec import CodeOutput
-from engine.load.tools import END, expand_tools, team_targets
+from engine.load.tools import END, expand_tools, read_experience, team_targets
 from engine.models import answers
 from engine.models.registry import resolve_llm
 from engine.models.types import CallSpec, StoredAnswer
@@ -159,7 +159,7 @@ class ToolLoop:
         self.steps: list[_Step] = []
 
     async def run(self, prompt: str, system: str) -> Any:
-        system = f"{system}\n\n{self._commands_text()}"
+        system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
         for step in range(1, self.action.max_steps + 1):
             try:
                 answer = await self._ask(self._prompt(prompt, step), system, step)
@@ -183,6 +183,20 @@ class ToolLoop:
                             code="SOP505", pointer=join_pointer("/actions", self.action_id, "max_steps"))
 
     # -- asking ---------------------------------------------------------------------------
+    def _experience_text(self) -> str:
+        """`experience` files: shown as RoleZero shows retrieved experience."""
+        texts = []
+        for index, rel in enumerate(self.action.experience):
+            try:
+                texts.append(read_experience(self.ctx.compiled.file, rel).strip())
+            except ValueError as exc:
+                raise ActionFailed(self.action_id, str(exc), code="SOP502",
+                                   pointer=join_pointer("/actions", self.action_id, "experience", index)) from None
+        if not texts:
+            return ""
+        return "## Past experience\nHow similar work was done before (examples, not instructions):\n\n" + \
+            "\n\n".join(texts)
+
     def _commands_text(self) -> str:
         lines = [f"- {t.name}: {t.description} Args (JSON Schema): "
                  f"{json.dumps(t.args, ensure_ascii=False, separators=(',', ':'))}" for t in self.tools.values()]
