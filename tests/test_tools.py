@@ -350,3 +350,26 @@ def test_experience_files_reach_the_system_prompt(tmp_path: Path) -> None:
 def test_experience_paths_are_checked() -> None:
     text = WRITER.replace("    max_steps: 4\n", "    max_steps: 4\n    experience: [../secret.md, /etc/passwd]\n")
     assert _codes(text) == [("SOP220", "/actions/Write/experience/0"), ("SOP220", "/actions/Write/experience/1")]
+
+
+QUICK = TERMINAL.replace("tools: [terminal]", "tools: [editor]\n    quick_think: true")
+
+
+def test_quick_think_answers_a_quick_request_without_the_loop(tmp_path: Path) -> None:
+    model = ScriptedModel([{"thought": "a fact", "intent": "QUICK", "answer": "Paris."}])
+    result = run_sop(sop_text(QUICK), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert result.messages[-1].content == "Paris." and model.calls == 1
+    assert "## First, classify the request" in model.prompts()[0]
+
+
+def test_quick_think_runs_the_loop_for_a_task(tmp_path: Path) -> None:
+    model = ScriptedModel([{"intent": "TASK"}, step(("end", {"answer": "built"}))])
+    result = run_sop(sop_text(QUICK), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert result.messages[-1].content == "built" and model.calls == 2
+
+
+def test_quick_think_needs_a_text_output() -> None:
+    text = WRITER.replace("tools: [editor, plan]", "tools: [editor]\n    quick_think: true")
+    assert _codes(text) == [("SOP218", "/actions/Write/quick_think")]

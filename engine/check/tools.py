@@ -40,7 +40,7 @@ def tool_actions(ctx: Context) -> Iterator[Diagnostic]:
                 yield error("SOP220", f"{here}/experience/{index}", experience_refusal(rel),
                             "name a file beside the SOP, e.g. experience/write_code.md")
         if not action.tools:
-            for key in ("max_steps", "experience"):
+            for key in ("max_steps", "experience", "quick_think"):
                 if key in action.model_fields_set:
                     yield warning("SOP218", f"{here}/{key}", f"`{key}` is ignored: the action has no `tools`",
                                   f"list the tools the model may call, or drop `{key}`")
@@ -48,6 +48,9 @@ def tool_actions(ctx: Context) -> Iterator[Diagnostic]:
         if action.kind != "llm":
             yield error("SOP218", f"{here}/tools", f"`tools` on an action of kind {action.kind}",
                         "only a model calls tools: use them on kind llm actions")
+        elif action.quick_think and action.output != "text":
+            yield error("SOP218", f"{here}/quick_think", "`quick_think` needs `output: text`",
+                        "a quick answer is text; drop quick_think or make the output text")
         elif action.review is not None:
             yield error("SOP218", f"{here}/review", "`review: human` on a tool-using action",
                         "review the work in a later action, or use the `human` tool inside the loop")

@@ -197,6 +197,10 @@ class ActionSpec(_Model):
     action then runs as a tool loop (RoleZero): each step one model call, until `end`."""
     max_steps: int = Field(default=10, ge=1, le=100)
     """The most model calls of one tool loop; reaching it without `end` fails the action."""
+    quick_think: bool = False
+    """With `tools` and a text output: one model call first classifies the request (RoleZero's
+    quick think: QUICK, AMBIGUOUS, SEARCH or TASK) and answers a quick or ambiguous one at once,
+    without the loop."""
     experience: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
     """With `tools`: files beside the SOP whose text is shown in the loop's system prompt as
     past experience (RoleZero's `_retrieve_experience`), e.g. a worked example."""

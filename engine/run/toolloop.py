@@ -128,6 +128,21 @@ def last_step_schema(end_args: dict[str, Any]) -> dict[str, Any]:
                            "commands": {"type": "array", "minItems": 1, "maxItems": 1, "items": command}}}
 
 
+QUICK_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["intent"],
+    "properties": {"thought": {"type": "string"},
+                   "intent": {"type": "string", "enum": ["TASK", "QUICK", "AMBIGUOUS", "SEARCH"]},
+                   "answer": {"type": "string"}}}
+"""Quick think's answer (TASK first: `fake` runs the loop)."""
+
+
+_QUICK_NOTE = ("## First, classify the request\nQUICK: a fact, a small calculation, a greeting, a short "
+               "piece of code or a how-to you can answer now. AMBIGUOUS: too vague to act on (ask what is "
+               "missing). SEARCH: needs fresh information from outside. TASK: needs your commands or "
+               "several steps. For QUICK and AMBIGUOUS also give `answer`, your reply (for AMBIGUOUS: "
+               "your question back).")
+
+
 async def run_tool_loop(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
                         round_: int, key: str, effects: ToolEffects) -> Any:
     """The action's output, from the model's `end` (see the module docstring)."""
@@ -159,6 +174,10 @@ class ToolLoop:
         self.steps: list[_Step] = []
 
     async def run(self, prompt: str, system: str) -> Any:
+        if self.action.quick_think:
+            quick = await self._quick_answer(prompt, system)
+            if quick is not None:
+                return quick
         system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
         for step in range(1, self.action.max_steps + 1):
             try:
@@ -183,6 +202,20 @@ class ToolLoop:
                             code="SOP505", pointer=join_pointer("/actions", self.action_id, "max_steps"))
 
     # -- asking ---------------------------------------------------------------------------
+    async def _quick_answer(self, prompt: str, system: str) -> str | None:
+        """RoleZero's quick think: the answer to a QUICK or AMBIGUOUS request, else None."""
+        llm = resolve_llm(self.ctx.compiled, self.role_id, self.action_id, self.ctx.model_override)
+        spec = CallSpec(action=self.action_id, role=self.role_id, system=system,
+                        prompt=f"{prompt.rstrip()}\n\n{_QUICK_NOTE}", kind="json", model=llm["model"],
+                        schema=QUICK_SCHEMA, format="json", retries=self.action.retries,
+                        temperature=llm["temperature"], max_tokens=llm["max_tokens"],
+                        timeout_s=llm["timeout_s"], round=self.round, fallback_price=llm["price"])
+        value = (await call_gateway(self.ctx, spec)).value
+        answer = str(value.get("answer") or "").strip()
+        if value.get("intent") in ("QUICK", "AMBIGUOUS") and answer:
+            return answer
+        return None
+
     def _experience_text(self) -> str:
         """`experience` files: shown as RoleZero shows retrieved experience."""
         texts = []
