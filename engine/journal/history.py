@@ -35,6 +35,7 @@ from engine.journal.store import (
 )
 from engine.models.types import Usage
 from engine.run.people import PERSON
+from engine.run.toolloop import TOOL
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
@@ -270,6 +271,8 @@ def _add_answers(state: RunState, journal: Journal) -> None:
     for row in journal.answers():
         if row.origin == PERSON:       # not a model's: neither paid nor a journaled call
             state.person_answers += 1
+            continue
+        if row.origin == TOOL:         # a tool's result (a ToolCalled event tells of it)
             continue
         state.journaled_calls += 1
         if row.origin != "model":
