@@ -176,13 +176,18 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
     items = _for_each_items(action_id, action, variables)
     limit = asyncio.Semaphore(action.max_concurrency)
 
+    per_item = [ToolEffects() for _ in items]   # merged in item order: the history is stable
+
     async def one(index: int, item: Any) -> tuple[Any, str]:
         async with limit:
             item_vars = {**variables, action.as_: item, "index": index}
             return await _run_once(ctx, role_id, action_id, memory, item_vars, round_, note,
-                                   f"{key}/{index}", effects)
+                                   f"{key}/{index}", per_item[index])
 
     results = await gather_or_cancel([one(i, it) for i, it in enumerate(items)])
+    for item_effects in per_item:
+        effects.messages += item_effects.messages
+        effects.files += item_effects.files
     files: list[WrittenFile] = []
     for index, (item, (out, _)) in enumerate(zip(items, results, strict=True)):
         files += _write_artifacts(action_id, action, ctx.workspace,
