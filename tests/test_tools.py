@@ -373,3 +373,12 @@ def test_quick_think_runs_the_loop_for_a_task(tmp_path: Path) -> None:
 def test_quick_think_needs_a_text_output() -> None:
     text = WRITER.replace("tools: [editor, plan]", "tools: [editor]\n    quick_think: true")
     assert _codes(text) == [("SOP218", "/actions/Write/quick_think")]
+
+
+def test_tool_top_k_offers_the_commands_that_fit_the_prompt(tmp_path: Path) -> None:
+    text = WRITER.replace("tools: [editor, plan]", "tools: [editor, plan]\n    tool_top_k: 2").replace(
+        "Write about {{ inputs.idea }}", "Search the files for {{ inputs.idea }} and list the folder")
+    model = ScriptedModel([end()])
+    result = run_sop(sop_text(text), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert [n for n, _ in model.requests[0].spec.commands] == ["editor.list", "editor.search", "end"]

@@ -71,7 +71,7 @@ CODES: dict[str, str] = {
     "SOP215": "`review: human` on an action that is not of kind llm",
     "SOP216": "a role with `human: true` in react_mode plan_and_act, or in react mode with several actions",
     "SOP217": "`tools` names an unknown toolset, command or MCP server (or a tool the server does not declare)",
-    "SOP218": "`tools` on an action that is not of kind llm, has `review: human`, or a person's role runs; `team` with no one to address, `quick_think` without `output: text` (warning: `max_steps`, `experience` or `quick_think` without `tools`)",
+    "SOP218": "`tools` on an action that is not of kind llm, has `review: human`, or a person's role runs; `team` with no one to address, `quick_think` without `output: text` (warning: `max_steps`, `experience`, `quick_think` or `tool_top_k` without `tools`)",
     "SOP219": "an MCP server named like a built-in toolset (warning: `env` or `headers` that do not apply to its transport, or `env` naming a secret)",
     "SOP220": "an `experience` path that is absolute, a URL, or leaves the SOP's folder (..)",
     # the watch graph (engine/check/watch.py)

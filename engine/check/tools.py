@@ -40,7 +40,7 @@ def tool_actions(ctx: Context) -> Iterator[Diagnostic]:
                 yield error("SOP220", f"{here}/experience/{index}", experience_refusal(rel),
                             "name a file beside the SOP, e.g. experience/write_code.md")
         if not action.tools:
-            for key in ("max_steps", "experience", "quick_think"):
+            for key in ("max_steps", "experience", "quick_think", "tool_top_k"):
                 if key in action.model_fields_set:
                     yield warning("SOP218", f"{here}/{key}", f"`{key}` is ignored: the action has no `tools`",
                                   f"list the tools the model may call, or drop `{key}`")

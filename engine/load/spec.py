@@ -197,6 +197,9 @@ class ActionSpec(_Model):
     action then runs as a tool loop (RoleZero): each step one model call, until `end`."""
     max_steps: int = Field(default=10, ge=1, le=100)
     """The most model calls of one tool loop; reaching it without `end` fails the action."""
+    tool_top_k: int | None = Field(default=None, ge=1, le=100)
+    """With `tools`: offer only the k commands that rank best by BM25 against the prompt
+    (RoleZero's tool recommendation), plus `end`; for actions with many tools."""
     quick_think: bool = False
     """With `tools` and a text output: one model call first classifies the request (RoleZero's
     quick think: QUICK, AMBIGUOUS, SEARCH or TASK) and answers a quick or ambiguous one at once,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,6 +175,8 @@ class ToolLoop:
         self.steps: list[_Step] = []
 
     async def run(self, prompt: str, system: str) -> Any:
+        if self.action.tool_top_k is not None:
+            self._recommend(prompt, self.action.tool_top_k)
         if self.action.quick_think:
             quick = await self._quick_answer(prompt, system)
             if quick is not None:
@@ -200,6 +203,24 @@ class ToolLoop:
                             f"model never ended with a valid `end`{detail}",
                             hint="raise `max_steps`, or make the prompt say when the work is done",
                             code="SOP505", pointer=join_pointer("/actions", self.action_id, "max_steps"))
+
+    def _recommend(self, prompt: str, k: int) -> None:
+        """RoleZero's tool recommendation: the k commands whose name and description rank best
+        by BM25 against the prompt (ties in declared order), plus `end`."""
+        candidates = [t for t in self.tools.values() if t.name != END]
+        if len(candidates) <= k:
+            return
+        try:
+            from rank_bm25 import BM25Okapi
+        except ImportError:
+            raise ActionFailed(self.action_id, "`tool_top_k` needs rank-bm25",
+                               hint="pip install 'sopctl[bm25]'") from None
+        index = BM25Okapi([_words(f"{t.name} {t.description}") for t in candidates])
+        scores = index.get_scores(_words(prompt))
+        ranked = sorted(range(len(candidates)), key=lambda i: (-scores[i], i))[:k]
+        kept = {candidates[i].name for i in ranked}
+        self.tools = {name: t for name, t in self.tools.items() if name in kept or name == END}
+        self.schema = step_schema(list(self.tools))
 
     # -- asking ---------------------------------------------------------------------------
     async def _quick_answer(self, prompt: str, system: str) -> str | None:
@@ -413,6 +434,10 @@ class ToolLoop:
     def _keep_files(self, outcome: Outcome) -> None:
         self.effects.files += [WrittenFile(path, sha256_text(content), True)
                                for path, content in outcome.files.items()]
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower().replace("_", " "))
 
 
 def _call_key(action_key: str, step: int, index: int, name: str, args: dict[str, Any]) -> str:
