@@ -146,12 +146,14 @@ def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: 
            observers: tuple[Any, ...] = (), api_base: str | None = None,
            price: Price | None = None, isolate: bool = False,
            allow_network: bool = False, person: Person | None = None,
-           pool: ExperiencePool | None = None) -> RunResult:
+           pool: ExperiencePool | None = None,
+           allow_hosts: tuple[str, ...] | list[str] = ()) -> RunResult:
     """The synchronous `resume_async` (not from inside a running event loop)."""
     return asyncio.run(resume_async(run, budget=budget, rounds=rounds, model=model,
                                     allow_exec=allow_exec, force=force, observers=observers,
                                     api_base=api_base, price=price, isolate=isolate,
-                                    allow_network=allow_network, person=person, pool=pool))
+                                    allow_network=allow_network, person=person, pool=pool,
+                                    allow_hosts=allow_hosts))
 
 
 async def resume_async(run: str | Path | RunFolder, *, budget: float | None = None,
@@ -160,7 +162,8 @@ async def resume_async(run: str | Path | RunFolder, *, budget: float | None = No
                        observers: tuple[Any, ...] = (), api_base: str | None = None,
                        price: Price | None = None, isolate: bool = False,
                        allow_network: bool = False, person: Person | None = None,
-                       pool: ExperiencePool | None = None) -> RunResult:
+                       pool: ExperiencePool | None = None,
+                       allow_hosts: tuple[str, ...] | list[str] = ()) -> RunResult:
     """Continue an interrupted (or ended) run in its own workspace: same run id, completed
     actions and journaled answers reused, so nothing is paid twice.
 
@@ -178,7 +181,8 @@ async def resume_async(run: str | Path | RunFolder, *, budget: float | None = No
                                  allow_exec=allow_exec)
         team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
                        api_base=api_base, price=price, isolate=isolate,
-                       allow_network=allow_network, person=person, pool=pool, **options)
+                       allow_network=allow_network, person=person, pool=pool,
+                       allow_hosts=allow_hosts, **options)
         team.check()
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock
@@ -206,16 +210,18 @@ class Replayed:
 
 
 def replay(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = False,
-           observers: tuple[Any, ...] = (), isolate: bool = False, allow_network: bool = False
-           ) -> Replayed:
+           observers: tuple[Any, ...] = (), isolate: bool = False, allow_network: bool = False,
+           allow_hosts: tuple[str, ...] | list[str] = ()) -> Replayed:
     """The synchronous `replay_async` (not from inside a running event loop)."""
     return asyncio.run(replay_async(run, out, allow_exec=allow_exec, observers=observers,
-                                    isolate=isolate, allow_network=allow_network))
+                                    isolate=isolate, allow_network=allow_network,
+                                    allow_hosts=allow_hosts))
 
 
 async def replay_async(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = False,
                        observers: tuple[Any, ...] = (), isolate: bool = False,
-                       allow_network: bool = False) -> Replayed:
+                       allow_network: bool = False,
+                       allow_hosts: tuple[str, ...] | list[str] = ()) -> Replayed:
     """Run the SOP again in `out` with every answer from the run's journal; no model is called.
 
     A divergence (the SOP, its inputs or the engine changed) ends the replay `failed` with
@@ -225,7 +231,8 @@ async def replay_async(run: str | Path | RunFolder, out: str | Path, *, allow_ex
     with folder:
         options = replay_options(folder, out, allow_exec=allow_exec)
         team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
-                       isolate=isolate, allow_network=allow_network, **options)
+                       isolate=isolate, allow_network=allow_network, allow_hosts=allow_hosts,
+                       **options)
         target = _journal_of(team, True)
         assert target is not None
         store = ReplayStore(folder.journal, target)

@@ -160,3 +160,11 @@ def test_hosted_bench_reaches_the_local_server_through_litellm() -> None:
     res = hosted_bench.main(size_factor=0.05)
     assert res["first_request_s"] > 0 and res["peak_rss_mb"] > 0 and res["import_s"] > 0
     assert "time from `sopctl run` to the first request" in res["markdown"]
+
+
+def test_toolloop_bench_produces_its_figures() -> None:
+    from bench import toolloop_bench
+
+    figures = toolloop_bench.main(steps=4, repeats=1)
+    for side in ("no journal", "with journal"):
+        assert figures[side]["engine_ms_per_step"] > 0 and figures[side]["steps"] == 4

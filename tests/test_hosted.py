@@ -395,3 +395,39 @@ def test_a_failing_fan_out_item_leaves_no_never_awaited_warning(server, tmp_path
         gc.collect()
     assert status == 1
     assert [str(w.message) for w in caught if "never awaited" in str(w.message)] == []
+
+
+# ----------------------------------------------------------------------------- tool loops
+
+def test_a_tool_step_uses_the_providers_tool_calling(server):
+    """A model litellm knows to call functions gets our commands as `tools`; its tool calls
+    come back as our command list."""
+    from engine.run.toolloop import step_schema
+
+    body = answer("writing it")
+    body["choices"][0]["finish_reason"] = "tool_calls"
+    body["choices"][0]["message"]["tool_calls"] = [
+        {"id": "t1", "type": "function",
+         "function": {"name": "editor__write", "arguments": json.dumps({"path": "a.md", "content": "x"})}}]
+    server.replies.append((200, {}, body))
+    model = "openai/gpt-4o-mini"
+    provider = LiteLLMProvider(completion_kwargs={"api_base": server.base, "api_key": "sk-local-test"})
+    gateway = Gateway(providers={model: provider})
+    commands = (("editor.write", {"type": "object", "properties": {"path": {"type": "string"},
+                                                                  "content": {"type": "string"}}}),
+                ("end", {"type": "object", "properties": {"answer": {"type": "string"}}}))
+    result = call(gateway, spec(kind="json", model=model, schema=step_schema(["editor.write", "end"]),
+                                commands=commands, tool_step=0))
+    sent = server.requests[0]
+    assert [t["function"]["name"] for t in sent["tools"]] == ["editor__write", "end"]
+    assert sent["tool_choice"] == "required" and "response_format" not in sent
+    assert result.value == {"thought": "writing it", "commands": [
+        {"command_name": "editor.write", "args": {"path": "a.md", "content": "x"}}]}
+
+
+def test_a_model_without_known_tool_calling_gets_the_command_list_in_the_prompt():
+    from engine.models.hosted import native_tools
+
+    step = spec(kind="json", commands=(("editor.write", {"type": "object"}),), tool_step=0)
+    assert native_tools(MODEL, step) is None                       # unknown to litellm
+    assert native_tools("openai/gpt-4o-mini", spec(kind="json")) is None   # not a tool step

@@ -30,6 +30,7 @@ import pytest
 
 from engine import api
 from engine.check.compiler import compile_path
+from engine.load.tools import flags_needed
 from engine.cli.commands import main as sopctl
 from engine.models.fake import instance
 from engine.models.types import CallSpec
@@ -57,7 +58,9 @@ def _ids(paths: list[Path]) -> list[str]:
 
 
 def _needs_exec(path: Path) -> bool:
-    return any(a.kind == "exec" for a in compile_path(path).spec.actions.values())
+    """Exec actions, the terminal tool or a stdio MCP server (what --allow-exec unlocks)."""
+    spec = compile_path(path).spec
+    return any(a.kind == "exec" for a in spec.actions.values()) or "--allow-exec" in flags_needed(spec)
 
 
 def _exec_actions(path: Path) -> set[str]:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from engine.errors import Diagnostic
+from engine.load.tools import flags_needed
 
 __all__ = ["CODES", "format_json", "format_diagnostic", "format_failure", "format_report",
            "strict", "summary"]
@@ -72,6 +73,10 @@ CODES: dict[str, str] = {
     "SOP217": "`fill: complex` or `revise` on an action that is not a model filling an output tree",
     "SOP218": "`revise: human_review` without `review: human` (MetaGPT's mode: a person comments, the model revises)",
     "SOP219": "`recall` without a `memory_window` (on the action or the role running it), or on an action with `context: none`",
+    "SOP221": "`tools` names an unknown toolset, command or MCP server (or a tool the server does not declare)",
+    "SOP222": "`tools` on an action that is not of kind llm, has `review: human`, or a person's role runs; `team` with no one to address, `quick_think` without `output: text` (warning: `max_steps`, `experience`, `quick_think` or `tool_top_k` without `tools`)",
+    "SOP223": "an MCP server named like a built-in toolset (warning: `env` or `headers` that do not apply to its transport, or `env` naming a secret)",
+    "SOP224": "an `experience` path that is absolute, a URL, or leaves the SOP's folder (..)",
     # the watch graph (engine/check/watch.py)
     "SOP301": "a cycle of activations on which no action declares `max_runs`",
     "SOP302": "warning: a role no message can ever reach",
@@ -178,4 +183,12 @@ def format_report(results: Sequence[Any], fmt: str = "text", strict_mode: bool =
     for file, diags, result in checked:
         blocks += [format_diagnostic(d, result.lines_of(d.file)) + "\n" for d in diags]
         blocks.append(summary(file, diags))
+        blocks += needs_lines(file, result.compiled)
     return "\n".join(blocks), int(failed)
+
+
+def needs_lines(file: str, compiled: Any) -> list[str]:
+    """What a file's tools need from the command line: `file: needs --allow-exec: terminal (A)`."""
+    if compiled is None:
+        return []
+    return [f"{file}: needs {flag}: {', '.join(users)}" for flag, users in flags_needed(compiled.spec).items()]

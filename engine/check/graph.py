@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.check.sandbox import TemplateFailure, render_template
 from engine.load.spec import USER_REQUIREMENT, Sop, is_template
+from engine.load.tools import team_reach
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -146,7 +147,7 @@ def _indexes(spec: Sop) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
 def _senders(spec: Sop) -> Iterator[tuple[str, list[str]]]:
     yield USER_REQUIREMENT, list(spec.team.send_to)  # the idea: to everyone unless the file addresses it
     for aid in spec.actions:
-        yield aid, send_targets(spec, aid)
+        yield aid, send_targets(spec, aid) + team_reach(spec, aid)  # and whom its `team` tool may address
 
 
 def unbounded_cycles(graph: nx.DiGraph) -> list[Cycle]:

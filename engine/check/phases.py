@@ -7,14 +7,14 @@ tell which messages can reach a role).
 
 from __future__ import annotations
 
-from engine.check import memory, node, people, references, templates, watch
+from engine.check import memory, node, people, references, templates, tools, watch
 from engine.check.rules import Rule
 
 __all__ = ["PHASES", "registered_codes"]
 
 PHASES: tuple[tuple[str, tuple[Rule, ...]], ...] = (
     ("references", (*references.RULES, *templates.REFERENCE_RULES, *people.RULES,
-                    *node.RULES, *memory.RULES)),
+                    *node.RULES, *memory.RULES, *tools.RULES)),
     ("graph", watch.RULES),
     ("templates", templates.RULES),
 )

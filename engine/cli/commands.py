@@ -97,7 +97,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                          budget_usd=args.budget, workspace=args.out, allow_exec=args.allow_exec,
                          api_base=args.api_base, price=args.price, isolate=args.isolate,
                          allow_network=args.allow_network, send_to=args.send_to,
-                         observers=[display, *traced], person=_person(args), pool=_pool(args))
+                         observers=[display, *traced], person=_person(args), pool=_pool(args),
+                         allow_hosts=args.allow_host)
     return _print_result(result, args.format)
 
 
@@ -128,7 +129,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
                             allow_exec=args.allow_exec, force=args.force, observers=(display, *traced),
                             api_base=args.api_base, price=args.price, isolate=args.isolate,
                             allow_network=args.allow_network, person=_person(args),
-                            pool=_pool(args))
+                            pool=_pool(args), allow_hosts=args.allow_host)
     return _print_result(result, args.format)
 
 
@@ -243,7 +244,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     interrupted = not folder.origin.ended_status
     with _display(folder.compiled) as display, _tracing(args, folder.compiled) as traced:
         replayed = api.replay(folder, args.out, allow_exec=args.allow_exec, observers=(display, *traced),
-                              isolate=args.isolate, allow_network=args.allow_network)
+                              isolate=args.isolate, allow_network=args.allow_network,
+                              allow_hosts=args.allow_host)
     code = _print_result(replayed.result, args.format)
     if replayed.diverged:
         note = (" (the recorded run was interrupted: its journal has answers only up to where "
@@ -366,7 +368,8 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, metavar="USD", help="override team.budget_usd (0 = no limit)")
     p.add_argument("--out", metavar="DIR", help="workspace folder (default ./runs/<run-id>)")
     p.add_argument("--allow-exec", action="store_true",
-                   help="allow actions of kind exec to run commands in the workspace")
+                   help="allow actions of kind exec, the terminal tool and stdio MCP servers to run commands")
+    _add_allow_host_flag(p)
     _add_isolation_flags(p)
     p.add_argument("--format", choices=["text", "json"], default="text", help="result format")
     _add_hosted_flags(p)
@@ -402,6 +405,7 @@ def _add_resume_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, metavar="N", help="override max_rounds")
     p.add_argument("--model", help="override the model the run started with")
     p.add_argument("--allow-exec", action="store_true")
+    _add_allow_host_flag(p)
     _add_isolation_flags(p)
     p.add_argument("--force", action="store_true", help="resume even if the SOP file changed")
     p.add_argument("--format", choices=["text", "json"], default="text")
@@ -439,6 +443,11 @@ def _price(text: str) -> Price:
     if not all(math.isfinite(v) and v >= 0 for v in (given, taken)):
         raise argparse.ArgumentTypeError(f"prices must be finite and >= 0, got {text!r}")
     return Price(given / 1e6, taken / 1e6)
+
+
+def _add_allow_host_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-host", action="append", default=[], metavar="HOST",
+                   help="let the file's HTTP MCP servers at HOST be reached; repeatable")
 
 
 def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
@@ -512,6 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--out", metavar="DIR", required=True, help="workspace of the replay")
     p.add_argument("--allow-exec", action="store_true")
+    _add_allow_host_flag(p)
     _add_isolation_flags(p)
     p.add_argument("--format", choices=["text", "json"], default="text")
     _add_trace_flag(p)

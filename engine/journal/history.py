@@ -45,6 +45,7 @@ from engine.journal.store import (
 )
 from engine.models.types import Usage
 from engine.run.people import PERSON
+from engine.run.toolloop import TOOL
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
@@ -162,7 +163,9 @@ def rebuild(rows: list[EventRow], *, run_dir: str = "",
     """The run's final state from its events in order and its journaled answers (see the
     module docstring)."""
     people = sum(1 for answer in answers if answer.origin == PERSON)  # neither paid nor a call
-    state = RunState(run_dir=run_dir, journaled_calls=len(answers) - people, person_answers=people)
+    tools = sum(1 for answer in answers if answer.origin == TOOL)     # a ToolCalled event tells of each
+    state = RunState(run_dir=run_dir, journaled_calls=len(answers) - people - tools,
+                     person_answers=people)
     segments = _segments(rows)
     seen_messages: dict[str, dict[str, Any]] = {}
     unreported = _unreported_answers(rows, answers)

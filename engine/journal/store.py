@@ -97,6 +97,7 @@ from engine.load.secrets import scrub, secret_values
 from engine.load.spec import ENGINE_DIR
 from engine.models.types import StoredAnswer
 from engine.run.people import PERSON
+from engine.run.toolloop import TOOL
 from engine.run import events as _events
 from engine.run.events import ActionCompleted, RunEvent, RunStarted, event_type
 
@@ -775,8 +776,8 @@ class Journal:
     def record_as(self, request_hash: str, action: str, answer: StoredAnswer, *, origin: str) -> None:
         """Store an answer with its origin (`model`, or `replay` when copied from a journal);
         a person's answer (its model is `person`) keeps the origin `person` either way."""
-        if answer.model == PERSON:
-            origin = PERSON
+        if answer.model in (PERSON, TOOL):   # a person's answer, a tool's result: never a model's
+            origin = answer.model
         with self._mutex:
             self._store_answer(request_hash, action, answer, origin)
 

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_vali
 
 __all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "InputSpec", "LLMSpec", "PriceSpec",
            "TeamSpec", "OutputNode", "ReviseSpec", "RecallSpec", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
-           "JoinSpec", "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir", "is_template",
+           "JoinSpec", "McpServerSpec", "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir", "is_template",
            "VAR_NAME"]
 
 
@@ -226,6 +226,21 @@ class ActionSpec(_Model):
     """kind exec: names of the user's environment variables the command may see, besides PATH,
     HOME, LANG, LC_*, TMPDIR and TERM. Names only: a shared file never sets a value."""
     llm: LLMSpec | None = None
+    tools: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
+    """kind llm: the tools the model may call (toolsets, single commands, `mcp.<server>`); the
+    action then runs as a tool loop (RoleZero): each step one model call, until `end`."""
+    max_steps: int = Field(default=10, ge=1, le=100)
+    """The most model calls of one tool loop; reaching it without `end` fails the action."""
+    tool_top_k: int | None = Field(default=None, ge=1, le=100)
+    """With `tools`: offer only the k commands that rank best by BM25 against the prompt
+    (RoleZero's tool recommendation), plus `end`; for actions with many tools."""
+    quick_think: bool = False
+    """With `tools` and a text output: one model call first classifies the request (RoleZero's
+    quick think: QUICK, AMBIGUOUS, SEARCH or TASK) and answers a quick or ambiguous one at once,
+    without the loop."""
+    experience: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
+    """With `tools`: files beside the SOP whose text is shown in the loop's system prompt as
+    past experience (RoleZero's `_retrieve_experience`), e.g. a worked example."""
 
     @model_validator(mode="after")
     def _exec_needs_command(self) -> ActionSpec:
@@ -233,6 +248,28 @@ class ActionSpec(_Model):
             raise ValueError("an action of kind exec needs a non-empty `command`")
         if "join" in self.model_fields_set and self.for_each is None:
             raise ValueError("`join` needs `for_each`")
+        return self
+
+
+class McpServerSpec(_Model):
+    """An MCP server (official `mcp` SDK): a stdio server started with `command` (needs
+    --allow-exec), or a streamable HTTP server at `url` (needs --allow-host for its host)."""
+
+    command: list[Annotated[str, StringConstraints(min_length=1)]] | None = Field(default=None, min_length=1)
+    url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+")
+    env: list[EnvName] = Field(default_factory=list)
+    """Names of the user's environment variables the stdio server may see (never values)."""
+    headers: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9-]+$")], EnvName] = Field(default_factory=dict)
+    """HTTP header -> the name of the environment variable holding its value (e.g. a token)."""
+    tools: list[Annotated[str, StringConstraints(min_length=1)]] | None = None
+    """The tools the server offers, when known in advance: checked by validate and at start."""
+    timeout_s: float = Field(default=60, gt=0, le=3600)
+    """The longest one tool call may take."""
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSpec:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("an MCP server needs exactly one of `command` (stdio) or `url` (HTTP)")
         return self
 
 
@@ -313,6 +350,8 @@ class Sop(_Model):
     team: TeamSpec = Field(default_factory=TeamSpec)
     actions: dict[ActionId, ActionSpec]
     roles: dict[RoleId, RoleSpec] = Field(min_length=1)
+    mcp: dict[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*$")], McpServerSpec] = Field(default_factory=dict)
+    """MCP servers the actions' `tools` may name as `mcp.<server>`."""
 
     def role_name(self, role_id: str) -> str:
         return self.roles[role_id].name or role_id

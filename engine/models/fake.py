@@ -14,6 +14,9 @@ chosen implicitly (only `--model fake`, `SOPCTL_MODEL=fake` or a file's `llm.mod
   valid program in the language (Python: a small module that compiles).
 - `choice`: `previous_choice + 1` while it is a valid state, then -1 (react runs the
   actions in order, then stops).
+- a tool loop's step: its first step calls the first command the action offers (args: a
+  small instance of its schema), every later step calls `end` with an instance of the output,
+  so a tool-using action on `fake` runs one tool, then finishes.
 
 The same request always gets the same answer. `SOPCTL_FAKE_LATENCY_MS` adds a fixed delay
 to every answer (for benchmarks of concurrency). Tokens are estimated as characters / 4;
@@ -87,6 +90,8 @@ def answer_text(spec: CallSpec, schema_mode: bool = False) -> str:
     if spec.kind == "code":
         lang = (spec.code_lang or "text").lower()
         return f"```{lang}\n{_program(lang, spec.action)}```\n"
+    if spec.tool_step >= 0 and spec.commands:
+        return json.dumps(_tool_step(spec), ensure_ascii=False)
     value = instance(spec.schema or {"type": "object"})
     if schema_mode or not isinstance(value, dict):
         return json.dumps(value, ensure_ascii=False)
@@ -102,6 +107,15 @@ def answer_text(spec: CallSpec, schema_mode: bool = False) -> str:
 def _field_text(item: Any) -> str:
     """A field's value as a section or a tag holds it: text as it is, anything else as JSON."""
     return item if isinstance(item, str) else json.dumps(item, ensure_ascii=False)
+
+
+def _tool_step(spec: CallSpec) -> dict[str, Any]:
+    """One command: the first tool on the first step, then `end` (see the module docstring)."""
+    tools = [(name, args) for name, args in spec.commands if name != "end"]
+    ends = [(name, args) for name, args in spec.commands if name == "end"]
+    name, args = tools[0] if spec.tool_step == 0 and tools else (ends or tools)[0]
+    return {"thought": f"The fake model's step {spec.tool_step + 1} of {spec.action}.",
+            "commands": [{"command_name": name, "args": instance(args) or {}}]}
 
 
 # --------------------------------------------------------------------------- schema instances

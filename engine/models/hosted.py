@@ -19,6 +19,11 @@ tokens counted here (`litellm.token_counter`), not recorded as zeros. A model wh
 litellm does not know (a self-hosted one) is priced by the user's `--price` or the file's
 `llm.price`, else at 0 and marked unpriced, so `sopctl show` can say its cost is unknown.
 
+Tool loops: a step of a tool-using action (`CallSpec.tool_step`) is sent with the provider's
+own tool calling (`tools`, `tool_choice: required`) when litellm says the model calls
+functions; its tool calls come back as our JSON command list (`commands_text`), which the
+gateway reads and journals like any answer. Other models get the command list in the prompt.
+
 Where the model lives: litellm reads `OPENAI_API_BASE` (and each provider's own variables)
 from the environment, and `sopctl run --api-base URL` passes one; never from a SOP file,
 which could send the user's key to its author's host.
@@ -27,6 +32,7 @@ which could send the user's key to its author's host.
 from __future__ import annotations
 
 import email.utils
+import json
 import os
 import re
 import threading
@@ -174,6 +180,10 @@ class LiteLLMProvider:
                             ("response_format", request.response_format)):
             if value is not None:
                 kwargs[name] = value
+        tools = native_tools(model, spec)
+        if tools:   # a tool loop's step: the provider's own tool calling, not the JSON list
+            kwargs.pop("response_format", None)
+            kwargs.update(tools=tools, tool_choice="required")
         return {**kwargs, **self.completion_kwargs}
 
     def _convert(self, exc: Exception, spec: CallSpec) -> LLMError:
@@ -197,6 +207,9 @@ class LiteLLMProvider:
             raise TransientModelError(f"model '{spec.model}' for action {spec.action}: the answer "
                                       "has no choices (an empty `choices` list)")
         text = choices[0].message.content or ""
+        calls = getattr(choices[0].message, "tool_calls", None)
+        if calls and spec.tool_step >= 0:
+            text = commands_text(spec, text, calls)
         prompt_tokens, completion_tokens = _usage_of(response)
         counted = prompt_tokens == 0 and completion_tokens == 0   # no usage: litellm says 0, 0
         if counted:
@@ -210,6 +223,46 @@ class LiteLLMProvider:
         if not counted and price is not spec.fallback_price:  # litellm's own price
             cost = _litellm_cost(litellm, response, cost)
         return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
+
+
+def _function_names(spec: CallSpec) -> dict[str, str]:
+    """Provider function name -> our command (`editor.write` -> `editor__write`: a provider
+    allows only letters, digits, `_` and `-`)."""
+    names = {re.sub(r"[^A-Za-z0-9_-]", "_", name.replace(".", "__"))[:64]: name for name, _ in spec.commands}
+    return names if len(names) == len(spec.commands) else {}
+
+
+def native_tools(model: str, spec: CallSpec) -> list[dict[str, Any]] | None:
+    """A tool loop's commands as the provider's tools, when litellm says the model calls
+    functions (else None: the JSON command list in the prompt, as for every other model)."""
+    if spec.tool_step < 0 or not spec.commands:
+        return None
+    try:
+        if not litellm_module().supports_function_calling(model=model):
+            return None
+    except Exception:  # noqa: BLE001 - unknown model: the JSON command list
+        return None
+    names = {ours: theirs for theirs, ours in _function_names(spec).items()}
+    if not names:
+        return None
+    return [{"type": "function", "function": {"name": names[name], "parameters": args}}
+            for name, args in spec.commands]
+
+
+def commands_text(spec: CallSpec, content: str, calls: Any) -> str:
+    """Native tool calls as our command list (what the gateway reads, and journals)."""
+    names = _function_names(spec)
+    commands = []
+    for call in calls:
+        function = getattr(call, "function", None)
+        name = str(getattr(function, "name", "") or "")
+        raw = getattr(function, "arguments", None) or "{}"
+        try:
+            args = json.loads(raw) if isinstance(raw, str) else dict(raw)
+        except (ValueError, TypeError):
+            args = {"arguments": str(raw)}   # not JSON: the schema check tells the model
+        commands.append({"command_name": names.get(name, name), "args": args})
+    return json.dumps({"thought": content, "commands": commands}, ensure_ascii=False)
 
 
 # litellm reports a missing key for some providers as a 500 ("Missing credentials..."):

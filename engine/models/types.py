@@ -58,6 +58,11 @@ class CallSpec:
     max_tokens: int | None = None
     timeout_s: float | None = None
     round: int = 0                   # the run's round, named in its events (not in the request)
+    commands: tuple[tuple[str, dict[str, Any]], ...] = ()
+    """A tool loop's step (kind json; engine/run/toolloop.py): the commands the model may give
+    and the JSON Schema of each one's args (the prompt lists them too); `fake` answers from them."""
+    tool_step: int = -1
+    """A tool loop's step, 0 = the first (-1: not a tool step)."""
     fallback_price: Price | None = None
     """The price the user gave (`--price`, the file's `llm.price`) for a model whose price
     litellm does not know (a self-hosted model); never overrides a known price."""

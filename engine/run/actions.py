@@ -51,7 +51,7 @@ from engine.run.people import (
 )
 from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
 
-__all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ActionResult", "role_prefix", "role_label", "context_section",
+__all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ToolEffects", "ActionResult", "role_prefix", "role_label", "context_section",
            "template_variables", "execute_action", "action_applies", "gather_or_cancel",
            "call_gateway", "used_actions", "ask_human", "reply_to_human"]
 
@@ -79,6 +79,20 @@ class RunContext:
     """Who answers `human` roles, `kind: ask` and review gates (NoPerson: the run waits)."""
     pool: ExperiencePool | None = None
     """`--pool`: accepted answers across runs (engine.run.experience); None: no pool."""
+    tool_loop: Callable[..., Awaitable[Any]] | None = None
+    """Runs a tool-using action (engine/run/toolloop.py; the Team plugs it in)."""
+    mcp: Any = None
+    """The run's MCP servers, started before the first round (engine/run/mcp.py)."""
+    allow_hosts: tuple[str, ...] = ()
+    """`--allow-host`: the hosts HTTP MCP servers may be reached at."""
+
+
+@dataclass
+class ToolEffects:
+    """What a tool loop did besides its output: team messages (content, role id) and files."""
+
+    messages: list[tuple[str, str]] = field(default_factory=list)
+    files: list[WrittenFile] = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +102,8 @@ class ActionResult:
     content: str
     out: Any
     artifacts: list[WrittenFile] = field(default_factory=list)
+    messages: list[tuple[str, str]] = field(default_factory=list)
+    """Sent with the `team` tool: (content, role id), published before the action's message."""
 
 
 def used_actions(compiled: CompiledSop) -> set[str]:
@@ -173,29 +189,37 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
 
     `key` is the action's idempotency key: a person's questions are keyed by it."""
     action = ctx.compiled.spec.actions[action_id]
+    effects = ToolEffects()
     if action.for_each is None:
-        out, content = await _run_once(ctx, role_id, action_id, memory, variables, round_, note, key)
+        out, content = await _run_once(ctx, role_id, action_id, memory, variables, round_, note, key,
+                                       effects)
         written = _write_artifacts(action_id, action, ctx.workspace, {**variables, "out": out})
-        return ActionResult(content, out, written)
+        return ActionResult(content, out, effects.files + written, effects.messages)
     items = _for_each_items(action_id, action, variables)
     limit = asyncio.Semaphore(action.max_concurrency)
+
+    per_item = [ToolEffects() for _ in items]   # merged in item order: the history is stable
 
     async def one(index: int, item: Any) -> tuple[Any, str]:
         async with limit:
             item_vars = {**variables, action.as_: item, "index": index}
             return await _run_once(ctx, role_id, action_id, memory, item_vars, round_, note,
-                                   f"{key}/{index}")
+                                   f"{key}/{index}", per_item[index])
 
     results = await gather_or_cancel([one(i, it) for i, it in enumerate(items)])
+    for item_effects in per_item:
+        effects.messages += item_effects.messages
+        effects.files += item_effects.files
     files: list[WrittenFile] = []
     for index, (item, (out, _)) in enumerate(zip(items, results, strict=True)):
         files += _write_artifacts(action_id, action, ctx.workspace,
                                   {**variables, action.as_: item, "index": index, "out": out})
     outs = [o for o, _ in results]
+    files = effects.files + files
     if action.join is None:
-        return ActionResult("\n\n".join(c for _, c in results), outs, files)
+        return ActionResult("\n\n".join(c for _, c in results), outs, files, effects.messages)
     content, joined = _join(ctx, action_id, action.join, variables, outs, [c for _, c in results])
-    return ActionResult(content, outs, files + joined)
+    return ActionResult(content, outs, files + joined, effects.messages)
 
 
 def _join(ctx: RunContext, action_id: str, join: JoinSpec, variables: dict[str, Any], outs: list[Any],
@@ -266,7 +290,8 @@ def _evaluate(action_id: str, field: str, source: str, variables: dict[str, Any]
 
 
 async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
-                    variables: dict[str, Any], round_: int, note: str, key: str) -> tuple[Any, str]:
+                    variables: dict[str, Any], round_: int, note: str, key: str,
+                    effects: ToolEffects) -> tuple[Any, str]:
     action = ctx.compiled.spec.actions[action_id]
     if action.kind == "exec":
         out = await run_command(action_id, action, variables, workspace=ctx.workspace,
@@ -282,7 +307,7 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
     if note:
         prompt += f"\n\n## Note\n{note}"
     system = _system_prompt(ctx, role_id, action_id, variables)
-    value = await _answer(ctx, role_id, action_id, prompt, system, round_, key)
+    value = await _answer(ctx, role_id, action_id, prompt, system, round_, key, effects)
     return value, content_of(output_kind(action.output), value)
 
 
@@ -302,13 +327,17 @@ def _code_lang(action: ActionSpec) -> str | None:
 
 
 async def _answer(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
-                  round_: int, key: str) -> Any:
+                  round_: int, key: str, effects: ToolEffects) -> Any:
     """The action's output: a person's (a `human` role, `kind: ask`), a model's reviewed by a
-    person (`review: human`), or a model's."""
+    person (`review: human`), a tool loop's (`tools`), or a model's."""
     action = ctx.compiled.spec.actions[action_id]
     if action.kind == "ask" or ctx.compiled.spec.roles[role_id].human:
         question = _question(ctx, role_id, action_id, prompt, round_, key, "answer")
         return (await _ask(ctx, question)).value
+    if action.tools:
+        if ctx.tool_loop is None:  # the Team always plugs it in
+            raise ActionFailed(action_id, "tool-using actions need the run's tool loop")
+        return await ctx.tool_loop(ctx, role_id, action_id, prompt, system, round_, key, effects)
     if action.review == "human":
         return await _reviewed(ctx, role_id, action_id, prompt, system, round_, key)
     return await _filled(ctx, role_id, action_id, prompt, system, round_, key)

@@ -35,7 +35,7 @@ from engine.models.types import (
 
 __all__ = ["RunStatus", "RunStarted", "RoundStarted", "ActionStarted", "ModelAnswered",
            "ModelRetried", "AnswerRejected", "LLMCalled", "ActionCompleted", "MessagePublished",
-           "RunEnded", "RunLog", "QuestionAsked", "PersonAnswered", "PersonTold", "RunEvent", "GatewayEvent", "ModelEvent", "RunObserver",
+           "RunEnded", "RunLog", "QuestionAsked", "PersonAnswered", "PersonTold", "ToolCalled", "RunEvent", "GatewayEvent", "ModelEvent", "RunObserver",
            "CompletedActions", "RunJournal", "event_type"]
 
 
@@ -201,10 +201,29 @@ class PersonTold(Event):
     text: str
 
 
+@dataclass(frozen=True)
+class ToolCalled(Event):
+    """One command of a tool loop (engine/run/toolloop.py): what the model asked and what came
+    back to it. `reused`: the result was taken from the journal (resume, replay), the tool did
+    not run again. `call` is the result's key in the journal's answers table."""
+
+    round: int
+    role: str
+    action: str
+    step: int                      # the loop's step, 1 = the first
+    tool: str                      # the namespaced command, e.g. editor.write
+    args: dict[str, Any]
+    output: str                    # as the model sees it (capped)
+    call: str = ""
+    error: bool = False            # the output is an error (bad args, a failure, a timeout)
+    reused: bool = False
+    seconds: float = 0.0
+
+
 ModelEvent = GatewayEvent | LLMCalled
 """Every event that carries model usage (its `usage`): the gateway's, and old journals' summary."""
 
 
 RunEvent = (RunStarted | RoundStarted | ActionStarted | ModelAnswered | ModelRetried
             | AnswerRejected | LLMCalled | ActionCompleted | MessagePublished | RunEnded | RunLog
-            | QuestionAsked | PersonAnswered | PersonTold)
+            | QuestionAsked | PersonAnswered | PersonTold | ToolCalled)

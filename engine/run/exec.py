@@ -27,7 +27,7 @@ from engine.run.isolation import Sandbox
 from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.workspace import Workspace
 
-__all__ = ["MAX_STREAM_BYTES", "CHILD_ENV_ALLOWED", "child_env", "run_command", "exec_content"]
+__all__ = ["MAX_STREAM_BYTES", "CHILD_ENV_ALLOWED", "child_env", "run_command", "run_argv", "exec_content"]
 
 
 MAX_STREAM_BYTES = 64 * 1024
@@ -43,22 +43,33 @@ async def run_command(action_id: str, action: ActionSpec, variables: dict[str, A
     if not allow_exec:  # the run refuses to start before this; a second lock, never a bypass
         raise ActionFailed(action_id, "kind exec needs --allow-exec", code="SOP503", pointer=command)
     argv = _argv(action_id, action, variables, command)
+    return await run_argv(action_id, argv, workspace=workspace, timeout_s=action.timeout_s,
+                          env_names=action.env, sandbox=sandbox, pointer=command)
+
+
+async def run_argv(action_id: str, argv: list[str], *, workspace: Workspace, timeout_s: float,
+                   env_names: list[str] | tuple[str, ...] = (), sandbox: Sandbox | None = None,
+                   pointer: str = "") -> dict[str, Any]:
+    """Run `argv` as `kind: exec` runs its command (also the `terminal` tool's way): no shell
+    unless argv names one, cwd = workspace, bounded, the process group killed at the end.
+    The caller has checked --allow-exec."""
+    argv = list(argv)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable  # "python" means the interpreter running sopctl
     mark = secrets.token_hex(8)
-    env = {**child_env(action.env), MARK_ENV: mark}
+    env = {**child_env(env_names), MARK_ENV: mark}
     if sandbox is not None:
         env["TMPDIR"] = "/tmp"  # the sandbox's own; the user's may be read-only in there
         program = _program(argv[0], env, workspace.root)
         if program is None:
-            raise _cannot_start(action_id, command, argv[0], os.strerror(errno.ENOENT))
+            raise _cannot_start(action_id, pointer, argv[0], os.strerror(errno.ENOENT))
         argv = sandbox.wrap([program, *argv[1:]], workspace.root)
     with subreaper():
         try:
             proc, exited = await _start(argv, cwd=workspace.root, env=env)
         except OSError as exc:
-            raise _cannot_start(action_id, command, argv[0], exc.strerror or str(exc)) from None
-        return await _collect(proc, exited, action.timeout_s, mark)
+            raise _cannot_start(action_id, pointer, argv[0], exc.strerror or str(exc)) from None
+        return await _collect(proc, exited, timeout_s, mark)
 
 
 class _ExitAware(asyncio.subprocess.SubprocessStreamProtocol):

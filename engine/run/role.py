@@ -31,6 +31,7 @@ from engine.run.actions import (
 from engine.run.events import ActionCompleted, ActionStarted, CompletedActions, RunLog
 from engine.run.memory import Memory
 from engine.run.message import Message, message_id, resolve_send_to
+from engine.run.plans import PlanError, order_plan
 
 __all__ = ["Role", "choice_prompt", "parse_choice", "order_plan", "PlanError"]
 
@@ -39,10 +40,6 @@ _CHOICE_HISTORY = 20
 
 
 _CHOICE_SNIPPET = 300
-
-
-class PlanError(ValueError):
-    """A plan that cannot be run (duplicate task ids, a cycle, not a list of tasks)."""
 
 
 class Role:
@@ -63,6 +60,8 @@ class Role:
         self.runs: Counter[str] = Counter()
         self._round = 0
         self._seq = 0
+        self._team_sent: set[str] = set()
+        """Ids of messages sent with the `team` tool: always published (not only the last)."""
 
     # -- observe --------------------------------------------------------------------------
     def deliver(self, message: Message) -> None:
@@ -117,7 +116,8 @@ class Role:
         actions = self.ctx.compiled.spec.actions
         last = len(made) - 1
         return [m for i, m in enumerate(made)
-                if i == last or getattr(actions.get(m.cause_by), "publish", "last") == "each"]
+                if i == last or getattr(actions.get(m.cause_by), "publish", "last") == "each"
+                or m.id in self._team_sent]
 
     async def _react(self, news: list[Message], made: list[Message]) -> None:
         mode = self.spec.react_mode
@@ -282,12 +282,14 @@ class Role:
         self.ctx.emit(ActionStarted(round=self._round, role=self.id, action=action_id, key=key))
         result = await execute_action(self.ctx, self.id, action_id, self.memory, variables,
                                       self._round, note, key)
+        sent = [self._team_message(action_id, content, target) for content, target in result.messages]
         message = self._make_message(action_id, result.content, result.out)
-        self.memory.add(message)
-        made.append(message)
+        for each in [*sent, message]:
+            self.memory.add(each)
+            made.append(each)
         self.ctx.emit(ActionCompleted(
             round=self._round, role=self.id, action=action_id, key=key,
-            messages=[message.to_json()],
+            messages=[m.to_json() for m in [*sent, message]],
             artifacts=[{"path": f.path, "sha256": f.sha256} for f in result.artifacts]))
         return message
 
@@ -303,9 +305,20 @@ class Role:
         self._seq += 1
         return message
 
+    def _team_message(self, action_id: str, content: str, target: str) -> Message:
+        """A message sent with the `team` tool (MGX's publish_team_message) to one role."""
+        message = Message(id=message_id(self._round, self.id, self._seq), content=content,
+                          cause_by=action_id, sent_from=self.id, send_to=frozenset({target}),
+                          round=self._round)
+        self._seq += 1
+        self._team_sent.add(message.id)
+        return message
+
     def _reuse(self, record: ActionCompleted, made: list[Message]) -> Message | None:
-        """Resume: re-publish what a finished action made, without running it again."""
+        """Resume: re-publish what a finished action made, without running it again (all but
+        the last of its messages were sent with the `team` tool)."""
         messages = [Message.from_json(m) for m in record.messages]
+        self._team_sent.update(m.id for m in messages[:-1])
         for message in messages:
             self.memory.add(message)
             made.append(message)
@@ -352,45 +365,6 @@ def parse_choice(value: Any, text: str, n_choices: int) -> int:
         match = re.search(r"-?\d+", text or "")
         value = int(match.group()) if match else -1
     return value if 0 <= value < n_choices else -1
-
-
-def order_plan(out: Any, planner: PlannerSpec | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """Tasks in dependency order (ties in plan order) and warnings; PlanError if unusable
-    (also when `planner` has no action for a task's type)."""
-    tasks = out.get("tasks") if isinstance(out, dict) else None
-    if not isinstance(tasks, list) or not all(isinstance(t, dict) and "task_id" in t for t in tasks):
-        raise PlanError("the plan needs `tasks`: a list of objects with a task_id")
-    untyped = [t for t in tasks if planner is not None and not planner.steps_for(t.get("task_type"))]
-    if untyped and planner is not None:
-        raise PlanError(f"task {untyped[0]['task_id']} has task_type {untyped[0].get('task_type')!r}; "
-                        f"the task types are {', '.join(planner.task_actions)}")
-    ids = [str(t["task_id"]) for t in tasks]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise PlanError(f"duplicate task ids: {', '.join(duplicates)}")
-    known, warnings = set(ids), []
-    deps: dict[str, list[str]] = {}
-    for task, tid in zip(tasks, ids, strict=True):
-        declared = [str(d) for d in task.get("dependent_task_ids") or []]
-        for missing in [d for d in declared if d not in known]:
-            warnings.append(f"task {tid} depends on unknown task {missing}; dependency ignored")
-        deps[tid] = [d for d in declared if d in known]
-    return _topological(tasks, ids, deps), warnings
-
-
-def _topological(tasks: list[dict[str, Any]], ids: list[str],
-                 deps: dict[str, list[str]]) -> list[dict[str, Any]]:
-    done: set[str] = set()
-    ordered: list[dict[str, Any]] = []
-    pending = list(zip(ids, tasks, strict=True))
-    while pending:
-        ready = next((p for p in pending if all(d in done for d in deps[p[0]])), None)
-        if ready is None:
-            raise PlanError(f"the tasks depend on each other in a cycle: {', '.join(i for i, _ in pending)}")
-        pending.remove(ready)
-        done.add(ready[0])
-        ordered.append(ready[1])
-    return ordered
 
 
 def _types_note(planner: PlannerSpec) -> str:

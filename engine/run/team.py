@@ -21,6 +21,7 @@ from engine.check.compiler import CompiledSop, locate_failure
 from engine.check.diagnostics import format_failure
 from engine.check.references import idea_address_problem
 from engine.check.sandbox import stop_renders_on_cancel
+from engine.load.tools import flags_needed, mcp_hosts
 from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError
 from engine.models.gateway import Gateway
 from engine.models.registry import default_model, resolve_llm
@@ -39,9 +40,11 @@ from engine.run.events import (
 )
 from engine.run.isolation import find_sandbox
 from engine.run.experience import ExperiencePool
+from engine.run.mcp import McpServers, used_servers
 from engine.run.message import Message, user_requirement
 from engine.run.people import NoPerson, Person, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
+from engine.run.toolloop import run_tool_loop
 from engine.run.workspace import Workspace
 
 __all__ = ["RunOptions", "RunResult", "Team", "new_run_id", "exec_actions"]
@@ -75,6 +78,7 @@ class RunOptions:
     send_to: Sequence[str] = ()      # `--send-to`: the idea's addresses, beating the file's team.send_to
     person: Person | None = None     # who answers a person's questions (None: the run waits)
     pool: ExperiencePool | None = None   # `--pool`: accepted answers across runs (engine.run.experience)
+    allow_hosts: Sequence[str] = ()  # `--allow-host`: hosts HTTP MCP servers may be reached at
 
 
 @dataclass
@@ -174,7 +178,8 @@ class Team:
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
                               model_override=options.model, price=options.price,
                               allow_exec=options.allow_exec,
-                              person=options.person or NoPerson(), pool=options.pool)
+                              person=options.person or NoPerson(), pool=options.pool,
+                              tool_loop=run_tool_loop, allow_hosts=tuple(options.allow_hosts))
         self.roles = [Role(rid, self.ctx) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit)
         self.idea_to = idea_addresses(compiled, options.send_to)
@@ -194,6 +199,7 @@ class Team:
             raise RunError(f"this SOP runs commands; actions of kind exec need --allow-exec: "
                            f"{', '.join(needing)}",
                            hint="read what they run first; then pass --allow-exec")
+        self._check_tool_flags()
         if self.options.allow_network and not self.options.isolate:
             raise RunError("--allow-network only applies with --isolate",
                            hint="commands already have the network unless --isolate is given")
@@ -206,6 +212,20 @@ class Team:
         self.workspace.create()
         self._checked = True
         warm_up(self.compiled)     # one-time costs, overlapping the start and first call
+
+    def _check_tool_flags(self) -> None:
+        """Tools that run commands or reach a host need the user's flag, before anything runs."""
+        needs = flags_needed(self.compiled.spec, replay=self.options.replay)
+        if "--allow-exec" in needs and not self.options.allow_exec:
+            raise RunError("this SOP's tools run commands; they need --allow-exec: "
+                           + ", ".join(needs["--allow-exec"]),
+                           hint="read what they run first; then pass --allow-exec")
+        hosts = mcp_hosts(self.compiled.spec)
+        refused = [f"{host} (mcp server {name})" for name, host in hosts.items()
+                   if host not in self.options.allow_hosts]
+        if refused:
+            raise RunError("this SOP's MCP servers reach hosts; each needs --allow-host HOST: "
+                           + ", ".join(refused), hint="pass --allow-host for each host you trust")
 
     def attach(self, journal: RunJournal) -> None:
         """Plug a journal in: it observes every event and stores every model answer."""
@@ -231,6 +251,7 @@ class Team:
         # Anything that escapes below (KeyboardInterrupt, SystemExit) ends the run as interrupted.
         status, error = RunStatus.INTERRUPTED, "interrupted"
         try:
+            await self._start_mcp()
             self.env.publish(user_requirement(str(self.inputs.get("idea", "")), self.idea_to))
             with stop_renders_on_cancel():
                 status, error = await self._loop(), ""
@@ -247,8 +268,16 @@ class Team:
         except Exception as exc:  # noqa: BLE001 - a bug must still end the run as failed
             status, error = RunStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}"
         finally:
+            if self.ctx.mcp is not None:
+                await self.ctx.mcp.close()
             self._end(status, error)
         return self._result(status, error)
+
+    async def _start_mcp(self) -> None:
+        """Start the MCP servers some action uses and learn their tools (before any model call)."""
+        if used_servers(self.compiled):
+            self.ctx.mcp = McpServers(self.compiled)
+            await self.ctx.mcp.start()
 
     async def _loop(self) -> RunStatus:
         while True:

@@ -1,0 +1,226 @@
+"""The tools a tool-using action may list (`tools:`): the built-in toolsets, their commands,
+and what each needs from the command line. Plain data, so that the checker (`sopctl
+validate`) and the run read one catalog; the run's implementations live in
+`engine.run.toolsets` and `engine.run.mcp`.
+
+A `tools` item is a toolset (`editor`: all its commands), one command (`editor.write`), or
+an MCP server declared under the file's `mcp:` (`mcp.notes`: every tool the server offers).
+Every command the model sees is namespaced: `<toolset>.<command>`, `<server>.<tool>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from engine.load.spec import Sop
+
+__all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "expand_tools",
+           "tool_problem", "flags_needed", "team_targets", "builtin_command", "mcp_hosts", "team_reach",
+           "experience_refusal", "read_experience", "MAX_EXPERIENCE_BYTES"]
+
+
+END = "end"
+"""The command that finishes a tool loop: its args are the action's output."""
+
+
+MCP_PREFIX = "mcp."
+
+
+@dataclass(frozen=True)
+class Command:
+    """One built-in command: what the model is told, the JSON Schema of its args, and how the
+    loop treats it (`exclusive`: one editing command per step, as RoleZero's
+    `exclusive_tool_commands`; `readonly`: may run concurrently with its neighbours)."""
+
+    name: str
+    description: str
+    args: dict[str, Any]
+    exclusive: bool = False
+    readonly: bool = False
+
+
+def _args(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "object", "additionalProperties": False, "required": required, "properties": props}
+
+
+_STR = {"type": "string"}
+_PATH = {"type": "string", "description": "a path relative to the workspace", "pattern": r"^[^\s]+$"}
+_IDS = {"type": "array", "items": {"type": "string"}}
+
+
+BUILTIN: dict[str, tuple[Command, ...]] = {
+    "editor": (
+        Command("editor.write", "Write a whole file (created or replaced).",
+                _args(["path", "content"], path=_PATH, content=_STR), exclusive=True),
+        Command("editor.read", "Read a file, each line numbered `N|`.",
+                _args(["path"], path=_PATH), readonly=True),
+        Command("editor.replace", "Replace the one occurrence of `old` in a file by `new` "
+                "(`old` must occur exactly once).",
+                _args(["path", "old", "new"], path=_PATH, old=_STR, new=_STR), exclusive=True),
+        Command("editor.list", "List the files under a folder of the workspace.",
+                _args([], path={**_PATH, "default": "."}), readonly=True),
+        Command("editor.search", "Find the lines that contain `term` in the files under a folder.",
+                _args(["term"], term=_STR, path={**_PATH, "default": "."}), readonly=True),
+    ),
+    "terminal": (
+        Command("terminal.run", "Run a shell command in the workspace (stdout, stderr and exit "
+                "code come back; it is killed after `timeout_s`).",
+                _args(["command"], command=_STR,
+                      timeout_s={"type": "number", "exclusiveMinimum": 0, "maximum": 600})),
+    ),
+    "plan": (
+        Command("plan.append_task", "Add a task to the plan.",
+                _args(["task_id", "instruction"], task_id=_STR, instruction=_STR,
+                      dependent_task_ids=_IDS, assignee=_STR, task_type=_STR)),
+        Command("plan.reset_task", "Mark a task (and the tasks depending on it) unfinished.",
+                _args(["task_id"], task_id=_STR)),
+        Command("plan.replace_task", "Replace a task's instruction, dependencies and assignee.",
+                _args(["task_id", "instruction"], task_id=_STR, instruction=_STR,
+                      dependent_task_ids=_IDS, assignee=_STR)),
+        Command("plan.finish_current_task", "Mark the current task finished.", _args([])),
+    ),
+    "team": (
+        Command("team.publish", "Send a message to a member of the team (MGX's "
+                "publish_team_message): give them everything they need.",
+                _args(["content", "send_to"], content=_STR, send_to=_STR)),
+    ),
+    "human": (
+        Command("human.ask", "Ask the person a question and wait for the answer.",
+                _args(["question"], question=_STR)),
+        Command("human.reply", "Tell the person something (no answer expected).",
+                _args(["text"], text=_STR)),
+    ),
+}
+
+
+EXEC_TOOLSETS = ("terminal",)
+"""Built-in toolsets that run commands: only with --allow-exec."""
+
+
+_COMMANDS: dict[str, Command] = {c.name: c for cmds in BUILTIN.values() for c in cmds}
+
+
+def builtin_command(name: str) -> Command | None:
+    return _COMMANDS.get(name)
+
+
+def tool_problem(spec: Sop, item: str) -> tuple[str, str] | None:
+    """Why a `tools` item is unknown (message, hint), or None when it names a tool."""
+    if item in BUILTIN or item in _COMMANDS:
+        return None
+    if item.startswith(MCP_PREFIX):
+        server, _, tool = item[len(MCP_PREFIX):].partition(".")
+        if server not in spec.mcp:
+            known = ", ".join(spec.mcp) or "none declared"
+            return f"unknown MCP server '{server}'", f"declare it under `mcp:` (servers: {known})"
+        offered = spec.mcp[server].tools
+        if tool and offered is not None and tool not in offered:
+            return (f"MCP server '{server}' declares no tool '{tool}'",
+                    f"its tools: {', '.join(offered) or 'none'}")
+        return None
+    known = ", ".join([*BUILTIN, *(MCP_PREFIX + s for s in spec.mcp)])
+    return f"unknown tool '{item}'", f"tools are toolsets ({known}) or one command, e.g. editor.write"
+
+
+def expand_tools(spec: Sop, items: list[str]) -> tuple[list[Command], dict[str, list[str] | None]]:
+    """The built-in commands and the MCP servers an action's `tools` name (each once, in
+    order): server -> the tools named (`mcp.notes.search`), or None for all (`mcp.notes`)."""
+    commands: dict[str, Command] = {}
+    servers: dict[str, list[str] | None] = {}
+    for item in items:
+        if item in BUILTIN:
+            commands.update((c.name, c) for c in BUILTIN[item])
+        elif item in _COMMANDS:
+            commands[item] = _COMMANDS[item]
+        elif item.startswith(MCP_PREFIX):
+            server, _, tool = item[len(MCP_PREFIX):].partition(".")
+            if not tool:
+                servers[server] = None
+            elif servers.get(server, []) is not None:
+                servers[server] = [*(servers.get(server) or []), tool]
+    return list(commands.values()), servers
+
+
+def team_reach(spec: Sop, action_id: str) -> list[str]:
+    """The roles an action's `team` tool can address (every role that does not run it)."""
+    commands, _ = expand_tools(spec, spec.actions[action_id].tools)
+    if not any(c.name == "team.publish" for c in commands):
+        return []
+    return [rid for rid, role in spec.roles.items() if action_id not in role.runnable_actions()]
+
+
+def team_targets(spec: Sop, role_id: str) -> list[str]:
+    """Whom `team.publish` may address from this role: every other role, by name."""
+    return [spec.role_name(rid) for rid in spec.roles if rid != role_id]
+
+
+def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
+    """What a file's tools need from the command line: `--allow-exec` (terminal, stdio MCP
+    servers) and `--allow-host` (streamable HTTP servers, by host), each with what needs it.
+    A replay runs no tool (their results come from the journal), but still starts the MCP
+    servers to learn their tools, which the prompts list."""
+    from urllib.parse import urlsplit
+
+    exec_users: list[str] = []
+    hosts: list[str] = []
+    for aid in _used_actions(spec):
+        commands, servers = expand_tools(spec, spec.actions[aid].tools)
+        if not replay and any(c.name.split(".")[0] in EXEC_TOOLSETS for c in commands):
+            exec_users.append(f"terminal ({aid})")
+        for name in servers:
+            server = spec.mcp[name]
+            if server.command:
+                exec_users.append(f"mcp server {name}")
+            elif server.url:
+                hosts.append(f"{urlsplit(server.url).hostname or server.url} (mcp server {name})")
+    found = {"--allow-exec": list(dict.fromkeys(exec_users)), "--allow-host": list(dict.fromkeys(hosts))}
+    return {flag: users for flag, users in found.items() if users}
+
+
+def mcp_hosts(spec: Sop) -> dict[str, str]:
+    """server name -> the host of each HTTP MCP server some action uses."""
+    from urllib.parse import urlsplit
+
+    used = {name for aid in _used_actions(spec) for name in expand_tools(spec, spec.actions[aid].tools)[1]}
+    return {name: (urlsplit(server.url).hostname or "") for name, server in spec.mcp.items()
+            if server.url and name in used}
+
+
+def _used_actions(spec: Sop) -> list[str]:
+    used = {aid for role in spec.roles.values() for aid in role.runnable_actions()}
+    return [aid for aid in spec.actions if aid in used]
+
+
+MAX_EXPERIENCE_BYTES = 100_000
+
+
+def experience_refusal(rel: str) -> str:
+    """Why an `experience` path is refused before any file is read ('' when it is not)."""
+    if rel.startswith("/") or "\\" in rel or "://" in rel:
+        return f"experience file '{rel}' must be a relative path with / separators"
+    if ".." in PurePosixPath(rel).parts:
+        return f"experience file '{rel}' leaves the SOP's folder (..)"
+    return ""
+
+
+def read_experience(sop_file: str, rel: str) -> str:
+    """The text of an experience file beside the SOP; ValueError saying why it cannot be read."""
+    problem = experience_refusal(rel)
+    if problem:
+        raise ValueError(problem)
+    folder = Path(sop_file).resolve().parent
+    path = (folder / rel).resolve()
+    if not path.is_relative_to(folder):
+        raise ValueError(f"experience file '{rel}' leaves the SOP's folder through a symlink")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot read experience file '{rel}': {exc.strerror or exc}") from None
+    if len(data) > MAX_EXPERIENCE_BYTES:
+        raise ValueError(f"experience file '{rel}' is larger than {MAX_EXPERIENCE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"experience file '{rel}' is not UTF-8 text") from None

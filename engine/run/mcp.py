@@ -1,0 +1,190 @@
+"""MCP servers of a run, through the official `mcp` Python SDK (the `mcp` extra).
+
+A file declares servers under `mcp:`; an action lists `mcp.<server>` (every tool it offers)
+or `mcp.<server>.<tool>` in its `tools`. At run start (before the first round) every server
+some action uses is started (stdio: `command`, run in the SOP file's folder with an
+allowlisted environment plus the names in `env`; HTTP: `url`, with `headers` whose values
+come from the environment variables the file names) and asked for its tools. Their input
+schemas must be valid JSON Schemas, and every tool the file names must be offered: else the
+run fails before any model call, naming the server. The model sees each tool as
+`<server>.<tool>`.
+
+A tool's error result (`is_error`) and a call that times out (`timeout_s`) go back to the
+model as that command's output. A server that dies mid-run ends the run `failed`, naming
+the server (`McpServerFailed`); the journal keeps every finished tool call, so a resume
+starts the server again and goes on. The SDK is imported only here and only when a run
+uses a server: `sopctl validate` never imports it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from engine.check.compiler import CompiledSop
+from engine.errors import RunError
+from engine.load.spec import McpServerSpec
+from engine.load.tools import expand_tools
+from engine.run.exec import child_env
+from engine.run.toolsets import Outcome, Tool
+
+__all__ = ["McpServerFailed", "McpServers", "used_servers"]
+
+
+START_TIMEOUT_S = 120.0
+"""How long a server may take to start and list its tools (an interpreter and the SDK to
+import); `timeout_s` bounds each tool call."""
+
+
+class McpServerFailed(RunError):
+    """An MCP server could not start, offered bad tools, or died mid-run."""
+
+
+def used_servers(compiled: CompiledSop) -> dict[str, set[str] | None]:
+    """server -> the tools actions name (None: all of them), for the servers some role uses."""
+    spec = compiled.spec
+    used: dict[str, set[str] | None] = {}
+    for role in spec.roles.values():
+        for aid in role.runnable_actions():
+            for server, tools in expand_tools(spec, spec.actions[aid].tools)[1].items():
+                if tools is None or used.get(server, set()) is None:
+                    used[server] = None
+                else:
+                    used[server] = {*(used.get(server) or set()), *tools}
+    return used
+
+
+class McpServers:
+    """The run's connected servers and their tools; `start` and `close` in the same task."""
+
+    def __init__(self, compiled: CompiledSop) -> None:
+        self.compiled = compiled
+        self._stack = contextlib.AsyncExitStack()
+        self._sessions: dict[str, Any] = {}
+        self._tools: dict[str, list[Any]] = {}
+
+    async def start(self) -> None:
+        for name, wanted in used_servers(self.compiled).items():
+            spec = self.compiled.spec.mcp[name]
+            try:
+                session = await self._connect(name, spec)
+                listed = (await asyncio.wait_for(session.list_tools(), START_TIMEOUT_S)).tools
+            except McpServerFailed:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - the SDK's own errors, a refused spawn
+                if isinstance(exc, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
+                    raise
+                raise McpServerFailed(f"MCP server {name} could not start: {_why(exc)}",
+                                      hint=_start_hint(spec)) from None
+            self._sessions[name] = session
+            self._tools[name] = self._checked(name, spec, listed, wanted)
+
+    async def _connect(self, name: str, spec: McpServerSpec) -> Any:
+        from mcp import ClientSession
+
+        if spec.command is not None:
+            read, write = await self._stack.enter_async_context(self._stdio(spec))
+        else:
+            read, write = await self._stack.enter_async_context(self._http(name, spec))
+        session = await self._stack.enter_async_context(ClientSession(read, write))
+        await asyncio.wait_for(session.initialize(), START_TIMEOUT_S)
+        return session
+
+    def _stdio(self, spec: McpServerSpec) -> Any:
+        from mcp import StdioServerParameters, stdio_client
+
+        argv = list(spec.command or [])
+        if argv[0] in ("python", "python3"):
+            argv[0] = sys.executable   # as exec actions: the interpreter running sopctl
+        folder = Path(self.compiled.file).parent if Path(self.compiled.file).is_file() else Path.cwd()
+        params = StdioServerParameters(command=argv[0], args=argv[1:], env=child_env(spec.env),
+                                       cwd=str(folder.resolve()))
+        errlog = self._stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
+        return stdio_client(params, errlog=errlog)
+
+    def _http(self, name: str, spec: McpServerSpec) -> Any:
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
+
+        headers = {}
+        for header, var in spec.headers.items():
+            if var not in os.environ:
+                raise McpServerFailed(f"MCP server {name}: header {header} needs the environment "
+                                      f"variable {var}, which is not set", hint=f"export {var}=...")
+            headers[header] = os.environ[var]
+        client = create_mcp_http_client(headers=headers)
+        return streamable_http_client(spec.url or "", http_client=client)
+
+    def _checked(self, name: str, spec: McpServerSpec, listed: list[Any],
+                 wanted: set[str] | None) -> list[Any]:
+        from jsonschema import Draft202012Validator, SchemaError
+
+        offered = {tool.name: tool for tool in listed}
+        missing = sorted(t for t in (wanted or set()) | set(spec.tools or ()) if t not in offered)
+        if missing:
+            raise McpServerFailed(f"MCP server {name} does not offer {', '.join(missing)}; it offers "
+                                  f"{', '.join(offered) or 'no tool'}")
+        tools = []
+        for tool in listed:
+            if wanted is not None and tool.name not in wanted:
+                continue
+            schema = dict(tool.input_schema or {"type": "object"})
+            try:
+                Draft202012Validator.check_schema(schema)
+            except SchemaError as exc:
+                raise McpServerFailed(f"MCP server {name}: tool {tool.name} has an invalid input "
+                                      f"schema: {exc.message}") from None
+            tools.append(Tool(f"{name}.{tool.name}", tool.description or "", schema, readonly=True,
+                              server=name))
+        return tools
+
+    def tools(self, server: str) -> list[Any]:
+        return self._tools.get(server, [])
+
+    async def call(self, tool: Any, args: dict[str, Any]) -> Outcome:
+        """One tool call; its error result is the model's, a dead server ends the run."""
+        server = tool.server
+        spec = self.compiled.spec.mcp[server]
+        name = tool.name[len(server) + 1:]
+        try:
+            result = await asyncio.wait_for(self._sessions[server].call_tool(name, args), spec.timeout_s)
+        except asyncio.TimeoutError:
+            return Outcome(f"{tool.name} timed out after {spec.timeout_s:g} s", error=True)
+        except Exception as exc:  # noqa: BLE001 - the transport broke: the server is gone
+            raise McpServerFailed(f"MCP server {server} failed during {tool.name}: {_why(exc)}",
+                                  hint="fix or restart the server, then `sopctl resume` the run") from None
+        return Outcome(_text(result), error=bool(getattr(result, "is_error", False)))
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._stack.aclose()
+
+
+def _text(result: Any) -> str:
+    parts = []
+    for block in getattr(result, "content", None) or []:
+        text = getattr(block, "text", None)
+        parts.append(text if isinstance(text, str) else f"[{getattr(block, 'type', 'content')}]")
+    if not parts and getattr(result, "structured_content", None) is not None:
+        import json
+
+        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
+    return "\n".join(parts) or "(no output)"
+
+
+def _why(exc: BaseException) -> str:
+    """The first real cause, through the task groups' exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _start_hint(spec: McpServerSpec) -> str:
+    if spec.command is not None:
+        return "check that the command starts an MCP stdio server (the `mcp` extra: pip install 'sopctl[mcp]')"
+    return "check the URL, and that the server speaks streamable HTTP"

@@ -1,0 +1,54 @@
+"""Plans as MetaGPT's Planner and RoleZero's `Plan` keep them: tasks with ids and
+dependencies, in dependency order (ties in plan order); used by `plan_and_act` (role.py) and
+by the `plan` tool (toolsets.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.load.spec import PlannerSpec
+
+__all__ = ["PlanError", "order_plan"]
+
+
+class PlanError(ValueError):
+    """A plan that cannot be run (duplicate task ids, a cycle, not a list of tasks)."""
+
+
+def order_plan(out: Any, planner: PlannerSpec | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+    """Tasks in dependency order (ties in plan order) and warnings; PlanError if unusable
+    (also when `planner` has no action for a task's type)."""
+    tasks = out.get("tasks") if isinstance(out, dict) else None
+    if not isinstance(tasks, list) or not all(isinstance(t, dict) and "task_id" in t for t in tasks):
+        raise PlanError("the plan needs `tasks`: a list of objects with a task_id")
+    untyped = [t for t in tasks if planner is not None and not planner.steps_for(t.get("task_type"))]
+    if untyped and planner is not None:
+        raise PlanError(f"task {untyped[0]['task_id']} has task_type {untyped[0].get('task_type')!r}; "
+                        f"the task types are {', '.join(planner.task_actions)}")
+    ids = [str(t["task_id"]) for t in tasks]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise PlanError(f"duplicate task ids: {', '.join(duplicates)}")
+    known, warnings = set(ids), []
+    deps: dict[str, list[str]] = {}
+    for task, tid in zip(tasks, ids, strict=True):
+        declared = [str(d) for d in task.get("dependent_task_ids") or []]
+        for missing in [d for d in declared if d not in known]:
+            warnings.append(f"task {tid} depends on unknown task {missing}; dependency ignored")
+        deps[tid] = [d for d in declared if d in known]
+    return _topological(tasks, ids, deps), warnings
+
+
+def _topological(tasks: list[dict[str, Any]], ids: list[str],
+                 deps: dict[str, list[str]]) -> list[dict[str, Any]]:
+    done: set[str] = set()
+    ordered: list[dict[str, Any]] = []
+    pending = list(zip(ids, tasks, strict=True))
+    while pending:
+        ready = next((p for p in pending if all(d in done for d in deps[p[0]])), None)
+        if ready is None:
+            raise PlanError(f"the tasks depend on each other in a cycle: {', '.join(i for i, _ in pending)}")
+        pending.remove(ready)
+        done.add(ready[0])
+        ordered.append(ready[1])
+    return ordered
