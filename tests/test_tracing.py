@@ -26,6 +26,7 @@ from engine import api  # noqa: E402
 from engine.check.compiler import compile_path, compile_text  # noqa: E402
 from engine.cli.commands import main  # noqa: E402
 from engine.journal.history import read_run  # noqa: E402
+from engine.journal.store import Journal  # noqa: E402
 from engine.run.tracing import TracingObserver  # noqa: E402
 from engine.testing import ScriptedModel, use_model  # noqa: E402
 
@@ -111,6 +112,19 @@ def test_an_exec_action_is_an_execute_tool_span(tmp_path: Path) -> None:
     assert tool.name == "execute_tool Check" and tool.attributes["gen_ai.tool.name"] == "Check"
     (checker,) = [s for s in named(spans, "invoke_agent") if s.attributes["gen_ai.agent.name"] == "Checker"]
     assert tool.parent is not None and tool.parent.span_id == checker.context.span_id
+
+
+def test_each_command_of_a_tool_loop_is_an_execute_tool_span(tmp_path: Path) -> None:
+    result, spans = traced_run(compile_path(ROOT / "sops" / "mgx_team.sop.yaml"), tmp_path / "run",
+                               model="fake")
+    assert result.status == "idle", result.error
+    tools = named(spans, "execute_tool")
+    with Journal.open(tmp_path / "run") as journal:
+        commands = [e.data["tool"] for e in journal.events() if e.type == "ToolCalled"]
+    assert sorted(s.attributes["gen_ai.tool.name"] for s in tools) == sorted(commands)
+    assert "team.publish" in commands
+    agents = {s.context.span_id for s in named(spans, "invoke_agent")}
+    assert all(s.parent is not None and s.parent.span_id in agents for s in tools)
 
 
 def test_a_failed_run_marks_its_spans_as_errors(tmp_path: Path) -> None:

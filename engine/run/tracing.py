@@ -46,6 +46,7 @@ from engine.run.events import (
     RunEvent,
     RunStarted,
     RunStatus,
+    ToolCalled,
 )
 
 if TYPE_CHECKING:
@@ -102,6 +103,8 @@ class TracingObserver:
             self._chat(event, now)
         elif isinstance(event, ActionCompleted):
             self._action_completed(event, now)
+        elif isinstance(event, ToolCalled):
+            self._tool_called(event, now)
         elif isinstance(event, (ModelRetried, AnswerRejected, QuestionAsked)):
             self._note(event, now)
         elif isinstance(event, RunEnded):
@@ -199,12 +202,24 @@ class TracingObserver:
         """An `execute_tool` span for a tool call that ran from `started_ns` to `ended_ns`
         (for tool calls reported by other events than an exec action's)."""
         with self._lock:
-            agent = self._agent(round_, role, started_ns)
-            agent.last = max(agent.last, ended_ns)
-            span = self._tracer.start_span(
-                f"execute_tool {tool}", context=self._inside(agent.span), start_time=started_ns,
-                attributes={**_tool_attributes(tool, ""), **(attributes or {})})
-            self._finish(span, ended_ns, error=error)
+            self._tool_span(round_, role, tool, started_ns, ended_ns, attributes, error)
+
+    def _tool_span(self, round_: int, role: str, tool: str, started_ns: int, ended_ns: int,
+                   attributes: Mapping[str, Any] | None, error: str) -> None:
+        agent = self._agent(round_, role, started_ns)
+        agent.last = max(agent.last, ended_ns)
+        span = self._tracer.start_span(
+            f"execute_tool {tool}", context=self._inside(agent.span), start_time=started_ns,
+            attributes={**_tool_attributes(tool, ""), **(attributes or {})})
+        self._finish(span, ended_ns, error=error)
+
+    def _tool_called(self, event: ToolCalled, now: int) -> None:
+        """A tool loop's command: a span ending now, as long as the command took."""
+        started = now - int(event.seconds * 1e9)
+        self._tool_span(event.round, event.role, event.tool, started, now,
+                        {"sopctl.action": event.action, "sopctl.step": event.step,
+                         "sopctl.reused": event.reused},
+                        f"{event.tool} failed: {event.output[:200]}" if event.error else "")
 
     # helpers -----------------------------------------------------------------------------
 
