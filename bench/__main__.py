@@ -45,6 +45,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("node", "bench.node_bench", "ActionNode keys: fill simple against complex, and revise"),
     ("memory", "bench.memory_bench", "Prompt size as a run grows: whole memory against a memory window"),
     ("scale", "bench.scale_bench", "Scale: 10 to 1,000 files on fake"),
+    ("toolloop", "bench.toolloop_bench", "Tool loops: engine time per step"),
     ("hosted", "bench.hosted_bench", "A hosted model's stack: litellm against a local OpenAI-compatible server"),
 ]
 

@@ -79,14 +79,27 @@ def _one(steps: int, journal: bool) -> float:
     return (wall - sink.outside) / steps
 
 
-def main(steps: int = 40, repeats: int = 5) -> dict[str, Any]:
-    figures = {}
+TARGET_MS = 2.0
+
+
+def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None = None) -> dict[str, Any]:
+    steps = steps or max(4, int(40 * size_factor))
+    repeats = repeats or max(1, int(5 * min(size_factor, 1.0)))
+    figures: dict[str, Any] = {}
     for journal in (False, True):
         runs = [_one(steps, journal) for _ in range(repeats)]
         figures["with journal" if journal else "no journal"] = {
             "engine_ms_per_step": round(statistics.median(runs) * 1000, 3),
             "min_ms": round(min(runs) * 1000, 3), "steps": steps, "repeats": repeats}
-    print(json.dumps(figures, indent=2))
+    bare = figures["no journal"]["engine_ms_per_step"]
+    figures["target_met"] = bare <= TARGET_MS
+    figures["markdown"] = "\n".join([
+        f"A tool loop of {steps} steps on a model that answers at once (median of {repeats}):", "",
+        "| figure | value | target |", "|---|---|---|",
+        f"| engine time per step, no journal | {bare:.2f} ms | <= {TARGET_MS:g} ms "
+        f"({'met' if figures['target_met'] else 'not met'}) |",
+        f"| engine time per step, journaled | {figures['with journal']['engine_ms_per_step']:.2f} ms | |"])
+    print(figures["markdown"])
     return figures
 
 
