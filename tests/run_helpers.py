@@ -245,3 +245,13 @@ def _forked_command(main: Callable[[list[str]], int], job: dict[str, Any],
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def here(capsys: Any, *args: str) -> subprocess.CompletedProcess[str]:
+    """`sopctl ...` in this process (where no crash hook is set), its output captured."""
+    from engine.cli.commands import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["sopctl", *args], code, out, err)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from run_helpers import ForkedSopctl, sopctl_env
+from run_helpers import ForkedSopctl, here, sopctl_env
 
 from engine.cli.commands import main
 from engine.journal.history import read_run
@@ -40,14 +40,6 @@ def _no_sopctl_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     """The commands run here see no SOPCTL_ setting of the shell (crash hooks, models)."""
     for name in [n for n in os.environ if n.startswith("SOPCTL_")]:
         monkeypatch.delenv(name)
-
-
-def here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    """`sopctl ...` in this process (where no crash hook is set)."""
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["sopctl", *args], code, out, err)
 
 
 def run_args(ws: Path) -> list[str]:

@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_helpers import ForkedSopctl
+from run_helpers import ForkedSopctl, here
 
-from engine.cli.commands import main
 from engine.journal.store import journal_path
 
 SOP = Path(__file__).resolve().parent.parent / "sops" / "mgx_team.sop.yaml"
@@ -29,13 +28,6 @@ SOP = Path(__file__).resolve().parent.parent / "sops" / "mgx_team.sop.yaml"
 def _no_sopctl_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in [n for n in os.environ if n.startswith("SOPCTL_")]:
         monkeypatch.delenv(name)
-
-
-def here(capsys: pytest.CaptureFixture[str], *args: str) -> subprocess.CompletedProcess[str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return subprocess.CompletedProcess(["sopctl", *args], code, out, err)
 
 
 def run_args(ws: Path) -> list[str]:
