@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
-import subprocess
 from collections import Counter
 from pathlib import Path
 from typing import Any
