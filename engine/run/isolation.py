@@ -5,7 +5,8 @@ own environment through `/proc/$PPID/environ` (the allowlisted environment only 
 it is *given*). With it, each command runs under `bwrap`:
 
 - `/` read-only, the workspace read-write (the one place a run writes) except its `.sopctl`
-  (the journal and its lock), a private `/tmp`;
+  (the journal and its lock), a private `/tmp` (where the program or this Python's
+  environment lives under /tmp, that stays visible, read-only);
 - a new PID namespace with its own `/proc`: sopctl and every other process are invisible,
   and when the command ends the kernel kills whatever it left in there;
 - no network (a private loopback only) unless `--allow-network`;
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,13 +43,28 @@ class Sandbox:
     def wrap(self, argv: list[str], workspace: Path) -> list[str]:
         """`argv` as run inside the sandbox, in the workspace (its journal folder read-only)."""
         engine_dir = str(workspace / ENGINE_DIR)
-        return [self.bwrap, *self._options(), "--bind", str(workspace), str(workspace),
+        return [self.bwrap, *self._options(), *_programs_under_tmp(argv),
+                "--bind", str(workspace), str(workspace),
                 "--ro-bind-try", engine_dir, engine_dir, "--chdir", str(workspace), "--", *argv]
 
     def _options(self) -> list[str]:
         return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
                 "--unshare-pid", "--unshare-ipc", *([] if self.allow_network else ["--unshare-net"]),
                 "--cap-drop", "ALL", "--new-session", "--die-with-parent"]
+
+
+def _programs_under_tmp(argv: list[str]) -> list[str]:
+    """Read-only binds for what the command runs from `/tmp`, which the sandbox replaces with
+    its own: the program's folder, and this Python's environment (a venv under /tmp, as in a
+    clone there: `python` in a command is this interpreter)."""
+    places = {Path(sys.prefix)}
+    if argv and Path(argv[0]).is_absolute():
+        places.add(Path(argv[0]).parent)
+    binds: list[str] = []
+    for place in sorted(places):
+        if place == Path("/tmp") or Path("/tmp") in place.parents:
+            binds += ["--ro-bind-try", str(place), str(place)]
+    return binds
 
 
 def find_sandbox(allow_network: bool) -> Sandbox:
