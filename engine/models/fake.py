@@ -15,8 +15,10 @@ chosen implicitly (only `--model fake`, `SOPCTL_MODEL=fake` or a file's `llm.mod
 - `choice`: `previous_choice + 1` while it is a valid state, then -1 (react runs the
   actions in order, then stops).
 - a tool loop's step: its first step calls the first command the action offers (args: a
-  small instance of its schema), every later step calls `end` with an instance of the output,
-  so a tool-using action on `fake` runs one tool, then finishes.
+  small instance of its schema; an argument with several allowed values, such as whom
+  `team.publish` addresses, takes them in turn round by round), every later step calls
+  `end` with an instance of the output, so a tool-using action on `fake` runs one tool,
+  then finishes.
 
 The same request always gets the same answer. `SOPCTL_FAKE_LATENCY_MS` adds a fixed delay
 to every answer (for benchmarks of concurrency). Tokens are estimated as characters / 4;
@@ -115,7 +117,18 @@ def _tool_step(spec: CallSpec) -> dict[str, Any]:
     ends = [(name, args) for name, args in spec.commands if name == "end"]
     name, args = tools[0] if spec.tool_step == 0 and tools else (ends or tools)[0]
     return {"thought": f"The fake model's step {spec.tool_step + 1} of {spec.action}.",
-            "commands": [{"command_name": name, "args": instance(args) or {}}]}
+            "commands": [{"command_name": name, "args": _by_round(args, instance(args) or {}, spec.round)}]}
+
+
+def _by_round(schema: Any, value: dict[str, Any], round_: int) -> dict[str, Any]:
+    """A choice among several (an enum argument: whom `team.publish` addresses) goes round by
+    round through the options, so that a TeamLeader on `fake` dispatches to every member."""
+    properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
+    for key, sub in properties.items():
+        options = sub.get("enum") if isinstance(sub, dict) else None
+        if key in value and options and len(options) > 1:
+            value[key] = options[max(round_ - 1, 0) % len(options)]
+    return value
 
 
 # --------------------------------------------------------------------------- schema instances
