@@ -11,7 +11,7 @@ import pytest
 from run_helpers import run_sop, sop_text
 
 from engine.errors import RunError
-from engine.models.types import CallSpec
+from engine.models.types import CallSpec, Price
 from engine.run.events import ToolCalled
 from engine.run.toolloop import MAX_OUTPUT_CHARS
 from engine.testing import ScriptedModel
@@ -61,6 +61,15 @@ def test_a_loop_runs_commands_and_shows_their_output_until_end(tmp_path: Path) -
     assert "## Plan status" in prompts[0] and "## Step 3 of at most 4" in prompts[2]
     assert [e.tool for e in tool_events(result)] == ["editor.write", "editor.read"]
     assert "notes/a.md" in result.artifacts
+
+
+def test_every_step_of_a_loop_is_priced_by_the_price_flag(tmp_path: Path) -> None:
+    price = Price(1.0, 2.0)          # `--price`: what an unpriced (self-hosted) model costs
+    model = ScriptedModel([step(("plan.append_task", {"task_id": "1", "instruction": "a"})), end()])
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws", price=price)
+    assert result.status == "idle", result.error
+    assert len(model.requests) == 2
+    assert all(r.spec.fallback_price == price for r in model.requests)
 
 
 def test_bad_arguments_and_failures_go_back_to_the_model(tmp_path: Path) -> None:

@@ -377,20 +377,25 @@ async def _filled(ctx: RunContext, role_id: str, action_id: str, prompt: str, sy
     return value
 
 
+def model_call(ctx: RunContext, role_id: str, action_id: str, round_: int, **request: Any) -> CallSpec:
+    """One of the action's model calls: its model and settings as resolved for the role
+    (`--model` > env > action > role > file; `--price` for an unpriced model), plus `request`
+    (system, prompt, kind, schema...)."""
+    llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override, ctx.price)
+    return CallSpec(action=action_id, role=role_id, model=llm["model"], temperature=llm["temperature"],
+                    max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"],
+                    fallback_price=llm["price"], round=round_, **request)
+
+
 async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: str,
                        system: str, round_: int, schema: dict[str, Any] | None = None) -> Any:
     """The model's accepted answer to the action's prompt (one gateway call); `schema`: an
     object to fill instead of the action's output (a part of it, a review, a revision)."""
     action = ctx.compiled.spec.actions[action_id]
     kind = "json" if schema is not None else output_kind(action.output)
-    lang = _code_lang(action)
-    llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override, ctx.price)
-    spec = CallSpec(action=action_id, role=role_id, system=system,
-                    prompt=prompt, kind=kind, model=llm["model"],  # type: ignore[arg-type]
-                    schema=schema or ctx.compiled.output_schemas.get(action_id), code_lang=lang,
-                    format=action.format, retries=action.retries, temperature=llm["temperature"],
-                    max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"], round=round_,
-                    fallback_price=llm["price"])
+    spec = model_call(ctx, role_id, action_id, round_, system=system, prompt=prompt, kind=kind,
+                      schema=schema or ctx.compiled.output_schemas.get(action_id),
+                      code_lang=_code_lang(action), format=action.format, retries=action.retries)
     try:
         result = await call_gateway(ctx, spec)
     except ActionFailed as exc:  # the answers never fitted what the action declares

@@ -42,9 +42,8 @@ from engine.load.source import join_pointer
 from engine.load.spec import CodeOutput
 from engine.load.tools import END, expand_tools, read_experience, team_targets
 from engine.models import answers
-from engine.models.registry import resolve_llm
 from engine.models.types import CallSpec, StoredAnswer
-from engine.run.actions import RunContext, ToolEffects, call_gateway, gather_or_cancel
+from engine.run.actions import RunContext, ToolEffects, call_gateway, gather_or_cancel, model_call
 from engine.run.events import ToolCalled
 from engine.run.people import WaitingForPerson
 from engine.run.mcp import McpServerFailed
@@ -210,11 +209,8 @@ class ToolLoop:
         candidates = [t for t in self.tools.values() if t.name != END]
         if len(candidates) <= k:
             return
-        try:
-            from rank_bm25 import BM25Okapi
-        except ImportError:
-            raise ActionFailed(self.action_id, "`tool_top_k` needs rank-bm25",
-                               hint="pip install 'sopctl[bm25]'") from None
+        from rank_bm25 import BM25Okapi   # a dependency of sopctl; imported only when used
+
         index = BM25Okapi([_words(f"{t.name} {t.description}") for t in candidates])
         scores = index.get_scores(_words(prompt))
         ranked = sorted(range(len(candidates)), key=lambda i: (-scores[i], i))[:k]
@@ -225,12 +221,9 @@ class ToolLoop:
     # -- asking ---------------------------------------------------------------------------
     async def _quick_answer(self, prompt: str, system: str) -> str | None:
         """RoleZero's quick think: the answer to a QUICK or AMBIGUOUS request, else None."""
-        llm = resolve_llm(self.ctx.compiled, self.role_id, self.action_id, self.ctx.model_override)
-        spec = CallSpec(action=self.action_id, role=self.role_id, system=system,
-                        prompt=f"{prompt.rstrip()}\n\n{_QUICK_NOTE}", kind="json", model=llm["model"],
-                        schema=QUICK_SCHEMA, format="json", retries=self.action.retries,
-                        temperature=llm["temperature"], max_tokens=llm["max_tokens"],
-                        timeout_s=llm["timeout_s"], round=self.round, fallback_price=llm["price"])
+        spec = model_call(self.ctx, self.role_id, self.action_id, self.round, system=system,
+                          prompt=f"{prompt.rstrip()}\n\n{_QUICK_NOTE}", kind="json",
+                          schema=QUICK_SCHEMA, format="json", retries=self.action.retries)
         value = (await call_gateway(self.ctx, spec)).value
         answer = str(value.get("answer") or "").strip()
         if value.get("intent") in ("QUICK", "AMBIGUOUS") and answer:
@@ -285,16 +278,12 @@ class ToolLoop:
         return f"### Step {number}\nCommands: {given}\n" + "\n".join(shown)
 
     async def _ask(self, prompt: str, system: str, step: int) -> dict[str, Any]:
-        llm = resolve_llm(self.ctx.compiled, self.role_id, self.action_id, self.ctx.model_override)
         last = step == self.action.max_steps   # only `end` is offered: a grammar-bound model must finish
         offered = [self.tools[END]] if last else list(self.tools.values())
-        spec = CallSpec(action=self.action_id, role=self.role_id, system=system, prompt=prompt,
-                        kind="json", model=llm["model"], schema=self.last_schema if last else self.schema,
-                        format="json",
-                        retries=self.action.retries, temperature=llm["temperature"],
-                        max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"], round=self.round,
-                        fallback_price=llm["price"], tool_step=step - 1,
-                        commands=tuple((t.name, t.args) for t in offered))
+        spec = model_call(self.ctx, self.role_id, self.action_id, self.round, system=system,
+                          prompt=prompt, kind="json", schema=self.last_schema if last else self.schema,
+                          format="json", retries=self.action.retries, tool_step=step - 1,
+                          commands=tuple((t.name, t.args) for t in offered))
         result = await call_gateway(self.ctx, spec)
         return dict(result.value)
 
