@@ -19,13 +19,13 @@ knows it through the `ExperiencePool` protocol.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
-import re
 from dataclasses import dataclass
 from typing import Awaitable, Callable, Protocol
 
 from engine.models.types import AnswerStore, CallResult, CallSpec, StoredAnswer
+from engine.run.longterm import words
+from engine.run.workspace import sha256_text
 
 __all__ = ["Experience", "ExperiencePool", "POOL_ORIGIN", "request_key", "signature", "similarity",
            "pooled_call", "EXAMPLE_NOTE"]
@@ -71,24 +71,17 @@ def signature(spec: CallSpec) -> str:
     """What an answer must be (kind, output schema, format, language): entries of one
     signature are interchangeable answers, whatever the prompt."""
     what = [spec.kind, spec.schema, spec.format, spec.code_lang]
-    return _hash(json.dumps(what, sort_keys=True, ensure_ascii=False))
+    return sha256_text(json.dumps(what, sort_keys=True, ensure_ascii=False))
 
 
 def request_key(spec: CallSpec) -> str:
     """The request as the pool keys it: action, signature, system prompt and prompt (no model)."""
-    return _hash(json.dumps([spec.action, signature(spec), spec.system, spec.prompt], ensure_ascii=False))
-
-
-def _hash(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-_WORD = re.compile(r"\w+")
+    return sha256_text(json.dumps([spec.action, signature(spec), spec.system, spec.prompt], ensure_ascii=False))
 
 
 def similarity(a: str, b: str) -> float:
     """Jaccard similarity of the two texts' word sets (0..1)."""
-    left, right = set(_WORD.findall(a.lower())), set(_WORD.findall(b.lower()))
+    left, right = set(words(a)), set(words(b))
     if not left and not right:
         return 1.0
     return len(left & right) / len(left | right)

@@ -24,7 +24,6 @@ kept in the journal, listed by `sopctl show`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Literal, Protocol
@@ -33,6 +32,7 @@ from engine.errors import ActionFailed, ReplayDivergence, UsageError
 from engine.models import answers
 from engine.models.types import AnswerStore, CallSpec, StoredAnswer
 from engine.run.events import PersonAnswered, PersonTold, QuestionAsked, RunEvent
+from engine.run.workspace import sha256_text
 
 __all__ = ["PERSON", "Question", "PersonAnswer", "Person", "NoPerson", "WaitingForPerson",
            "AnswerRefused", "question_key", "accept", "ask_person", "tell_person",
@@ -151,8 +151,7 @@ def waiting_summary(question: dict[str, Any]) -> dict[str, Any]:
 def question_key(action_key: str, *parts: Any) -> str:
     """sha256 of the action's idempotency key and what is asked (item, kind, attempt, prompt,
     draft): deterministic, so a resume asks the same question under the same key."""
-    text = json.dumps([action_key, *parts], sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return sha256_text(json.dumps([action_key, *parts], sort_keys=True, ensure_ascii=False, default=str))
 
 
 # --- checking an answer -------------------------------------------------------------------

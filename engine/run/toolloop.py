@@ -29,7 +29,6 @@ are journaled by the gateway, so a resumed loop replays to the same end for free
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import re
 import time
@@ -430,9 +429,8 @@ def _words(text: str) -> list[str]:
 
 
 def _call_key(action_key: str, step: int, index: int, name: str, args: dict[str, Any]) -> str:
-    text = json.dumps([TOOL, action_key, step, index, name, args], sort_keys=True, ensure_ascii=False,
-                      default=str)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return sha256_text(json.dumps([TOOL, action_key, step, index, name, args], sort_keys=True,
+                                  ensure_ascii=False, default=str))
 
 
 def _capped(outcome: Outcome) -> Outcome:
