@@ -147,3 +147,46 @@ def test_escaped_surrogates_pair_up_or_are_refused() -> None:
         load_text('a: "x\\ud800"\n"k\\udc00": 1\nb: ["\\ude00\\ud83d"]\n')
     found = [(d.code, d.line, d.col, d.pointer) for d in caught.value.diagnostics]
     assert found == [("SOP003", 1, 4, "/a"), ("SOP003", 2, 1, ""), ("SOP003", 3, 5, "/b/0")]
+
+
+_ROOT = Path(__file__).resolve().parent.parent
+_TRICKY_SCALARS = ("a: yes\nb: on\nc: 0o17\nd: 012\ne: 1_000\nf: 1:20\ng: ~\nh: .inf\ni: .NaN\n"
+                   "j: 2001-12-14t21:59:43.10-05:00\nk: 0x1F\nl: +12\nm: -.5\nn: 1e3\no: 'yes'\n"
+                   "p: !!str 3\nq: &x {a: 1}\nr: *x\ns:\n  <<: *x\nt: !custom x\nu: NULL\nv: é\n"
+                   "w: \"\\u00e9 x\"\nx: |\n  block\n   text\ny: >-\n  folded\n   more\n")
+
+
+def _nodes(node: object, seen: frozenset[int] = frozenset()) -> list[tuple[object, ...]]:
+    """A node tree as rows: kind, tag, position and scalar value (an alias as a back-reference)."""
+    if id(node) in seen:
+        return [("alias", node.tag)]  # type: ignore[attr-defined]
+    row = (type(node).__name__, node.tag, node.start_mark.line, node.start_mark.column,  # type: ignore[attr-defined]
+           node.value if isinstance(node.value, str) else None)  # type: ignore[attr-defined]
+    children = node.value if isinstance(node.value, list) else []  # type: ignore[attr-defined]
+    rows = [row]
+    for child in children:
+        for part in (child if isinstance(child, tuple) else (child,)):
+            rows += _nodes(part, seen | {id(node)})
+    return rows
+
+
+def test_libyaml_and_the_pure_parser_give_the_same_nodes() -> None:
+    """SOP files are parsed by libyaml for speed; they must mean exactly what ruamel's
+    pure-Python YAML 1.2 parser reads (the same tags, values, positions and aliases)."""
+    from engine.load.source import _composer
+
+    texts = [_TRICKY_SCALARS] + [p.read_text("utf-8") for folder in ("sops", "examples")
+                                 for p in sorted((_ROOT / folder).rglob("*.yaml"))]
+    assert len(texts) > 10
+    assert _composer(pure=False).Parser.__name__ == "CParser"   # ruamel.yaml.clib, a dependency
+    for text in texts:
+        fast, pure = _composer(pure=False).compose(text), _composer(pure=True).compose(text)
+        assert _nodes(fast) == _nodes(pure)
+
+
+def test_a_file_libyaml_refuses_gets_the_located_diagnostic_of_the_pure_parser() -> None:
+    with pytest.raises(LoadError) as caught:
+        load_text("a: 1\nb: {c: \"unclosed\n", "t.yaml")
+    diag = caught.value.diagnostics[0]
+    assert (diag.code, diag.line, diag.related[0].line) == ("SOP005", 3, 2)
+    assert "while scanning a quoted scalar" in diag.message

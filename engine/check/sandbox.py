@@ -21,7 +21,6 @@ hanging the run or eating memory:
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import contextvars
 import functools
@@ -32,12 +31,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from jinja2 import StrictUndefined, Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import _PassArg, generate_lorem_ipsum
+
+if TYPE_CHECKING:   # not imported at run time: `sopctl validate` never needs asyncio
+    import asyncio
 
 __all__ = ["MAX_RENDERED_CHARS", "MAX_RENDER_CPU_S", "MAX_RENDER_MEMORY", "TemplateFailure",
            "environment", "parse", "render_template", "compile_expression", "stop_renders_on_cancel"]
@@ -389,12 +391,19 @@ def _generate(template: Template, variables: dict[str, Any], limit: int) -> str:
 _T = TypeVar("_T")
 
 
+def _cancelled() -> BaseException:
+    """The error that ends a cancelled run's render (only a run, which has loaded asyncio, gets one)."""
+    import asyncio
+
+    return asyncio.CancelledError()
+
+
 def _within_limits(work: Callable[[], _T]) -> _T:
     """Run one render or evaluation under the watchdog; its failures as TemplateFailure."""
     try:
         render = _WATCHDOG.watch()
     except _Interrupted:
-        raise asyncio.CancelledError() from None
+        raise _cancelled() from None
     try:
         try:
             return work()
@@ -403,7 +412,7 @@ def _within_limits(work: Callable[[], _T]) -> _T:
     except _Stopped as exc:
         _WATCHDOG.forget(render)  # the stop may have landed inside the `finally` above
         if isinstance(exc, _Interrupted):
-            raise asyncio.CancelledError() from None
+            raise _cancelled() from None
         raise TemplateFailure(exc.message(), _failing_line(exc)) from None
     except TemplateFailure:
         raise
@@ -583,6 +592,8 @@ def stop_renders_on_cancel() -> Iterator[None]:
     through asyncio's handler) the render in progress in any of its tasks stops within a
     tick, and no new one starts. A render is synchronous, so without this the cancellation
     would wait for it to end."""
+    import asyncio   # a run has loaded it already
+
     token = _RUN_TASK.set(asyncio.current_task())
     try:
         yield

@@ -8,7 +8,6 @@ picks the exit code. Heavy modules are imported inside the handler.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -71,6 +70,8 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def _batch(args: argparse.Namespace) -> int:
+    import asyncio   # here, not at the top: `validate` imports this module for its flags
+
     from engine.batch.rows import count_rows
     from engine.batch.runner import run_batch
 
@@ -132,7 +133,10 @@ def _suite_name(args: argparse.Namespace) -> str:
     return Path(args.file).name if args.file else f"replay {args.replay}"
 
 
+
 def _replay(args: argparse.Namespace) -> int:
+    import asyncio
+
     from engine.batch.regression import replay_runs, run_folders
 
     out = Path(args.out or Path("runs") / f"replay-{Path(args.replay).resolve().name}")
