@@ -241,8 +241,9 @@ PRD_TYPES = {
 }
 DESIGN_TYPES = {
     "Implementation approach": "str", "File list": "list[str]",
-    "Data structures and interfaces": "optional[str]", "Program call flow": "optional[str]",
-    "Anything UNCLEAR": "str",
+    "Data structures and interfaces": "optional[str]",
+    "Interfaces per file": "optional[list[list[str]]]",   # ours: what each code prompt quotes
+    "Program call flow": "optional[str]", "Anything UNCLEAR": "str",
 }
 TASK_TYPES = {
     "Required packages": "optional[list[str]]",
