@@ -39,6 +39,19 @@ def _design_model() -> type:
     from bench.compare import _BenchModel
 
     class DesignModel(_BenchModel):
+        # Only the lengths of the prompts are kept: holding every prompt's text (4.8 MB at
+        # 1,000 files) would count the bench's own log in the run's peak memory.
+        prompt_chars = 0
+        write_code_chars = 0
+
+        async def complete(self, request: Any) -> Any:
+            answer = await super().complete(request)
+            prompt = self.prompts.pop()
+            self.prompt_chars += len(prompt)
+            if "\nWrite the complete file `" in prompt:    # a WriteCode prompt
+                self.write_code_chars = max(self.write_code_chars, len(prompt))
+            return answer
+
         def _widen(self, text: str) -> str:
             text = super()._widen(text)
             try:
@@ -82,10 +95,8 @@ def _child(files: int) -> dict[str, Any]:
     rss_before = peak_rss_mb()
     result, model, seconds = _run_cli(str(SOP), files, "a command-line 2048 game", _design_model())
     calls = result["llm_calls"]
-    write_code = [p for p in model.prompts if "\nWrite the complete file `" in p]
     return {"files": files, "calls": calls, "status": result["status"],
-            "prompt_chars": sum(len(p) for p in model.prompts),
-            "write_code_chars": max(map(len, write_code), default=0),
+            "prompt_chars": model.prompt_chars, "write_code_chars": model.write_code_chars,
             "run_s": seconds, "per_call_ms": 1000 * seconds / calls,
             "cpu_per_call_ms": 1000 * model.cpu_s / calls,
             "rss_before_mb": rss_before,
