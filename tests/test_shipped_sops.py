@@ -363,16 +363,25 @@ def test_each_file_prompt_carries_its_task_and_the_interfaces_it_uses_only(tmp_p
         assert not any(f"TASK_OF_{f[:-3].upper()}" in ui for f in _FILES if f != "ui.py")
 
 
-def test_a_design_without_interfaces_per_file_gives_each_file_the_class_diagram(tmp_path: Path):
+@pytest.mark.parametrize("left_out", ["null", "absent"])
+def test_a_design_without_interfaces_per_file_gives_each_file_the_class_diagram(tmp_path: Path,
+                                                                               left_out: str):
+    """An optional key a model leaves out (as `local` may) reads null, in prompts and artifacts."""
     def no_rows(spec: CallSpec, attempt: int) -> str:
-        text = _four_files(spec, attempt)
-        if spec.action != "WriteDesign":
-            return text
-        return json.dumps({**json.loads(text), "Interfaces per file": None})
+        value = json.loads(_four_files(spec, attempt)) if spec.kind == "json" else None
+        if spec.action != "WriteDesign" or value is None:
+            return _four_files(spec, attempt)
+        value["Interfaces per file"] = None
+        if left_out == "absent":
+            del value["Interfaces per file"], value["Program call flow"]
+        return json.dumps(value)
 
     model = ScriptedModel(no_rows)
     with use_model(model):
-        assert _run(COMPANY, tmp_path / "ws").status == "idle"
+        result = _run(COMPANY, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    design = next(m for m in result.messages if m.cause_by == "WriteDesign").out
+    assert design["Interfaces per file"] is None and "WHOLE_DIAGRAM" in design["Data structures and interfaces"]
     assert all("WHOLE_DIAGRAM" in p for p in _prompts_by_file(model, "WriteCode").values())
 
 
