@@ -158,12 +158,14 @@ class _BenchModel:
         return json.dumps(value, indent=2)
 
 
-def _run_cli(sop: str, files: int, idea: str) -> tuple[dict[str, Any], _BenchModel, float]:
-    """One `sopctl run --format json` on the widened fake: (its JSON result, the model, seconds)."""
+def _run_cli(sop: str, files: int, idea: str,
+             model_type: type[_BenchModel] | None = None) -> tuple[dict[str, Any], _BenchModel, float]:
+    """One `sopctl run --format json` on the widened fake (`model_type`, default `_BenchModel`):
+    (its JSON result, the model, seconds)."""
     from engine.cli import commands as cli
     from engine.testing import use_model
 
-    model, out, err = _BenchModel(task_files(files)), io.StringIO(), io.StringIO()
+    model, out, err = (model_type or _BenchModel)(task_files(files)), io.StringIO(), io.StringIO()
     with tempfile.TemporaryDirectory(prefix="sopctl-bench-") as tmp, use_model(model, name="benchfake"):
         argv = ["run", sop, "--model", "benchfake", "--idea", idea, "--out", str(Path(tmp) / "ws"),
                 "--format", "json"]

@@ -2,12 +2,15 @@
 memory as the task list grows from 10 to 1,000 files.
 
 Each size runs `sopctl run --format json` on `sops/software_company.sop.yaml` (QA included)
-in a fresh process, journaled, at 0 ms latency, on the same widened fake as `bench.compare`
-(the design's file list and the task list get `files` entries). Figures:
+in a fresh process, journaled, at 0 ms latency, on the widened fake of `bench.compare` (the
+design's file list and the task list get `files` entries), widened further as a real design
+grows: the class diagram gets one class per file, `Interfaces per file` one row per file, and
+each file imports the one before it (main.py the last two). Figures:
 
 - prompt characters of the whole run: linear in files when each file's prompts carry only
-  that file's task entry and the design's interfaces (targets: 100 files at most 11x the
-  10-file figure, 300 at most 3.3x the 100-file figure);
+  that file's task entry and the interfaces of that file and of the files it imports, not
+  the whole class diagram (targets: 100 files at most 11x the 10-file figure, 300 at most
+  3.3x the 100-file figure); the characters of one file's WriteCode prompt, which stay flat;
 - wall time per model call and peak RSS of the process: flat from 100 to 1,000 files.
 
     python -m bench.scale_bench            # 10, 30, 100, 300, 1000 files
@@ -31,6 +34,55 @@ TARGETS = {"chars_100_over_10": 11.0, "chars_300_over_100": 3.3,
            "per_call_1000_over_100": 1.25, "rss_1000_over_100": 1.25}
 
 
+def _design_model() -> type:
+    """`bench.compare`'s widened fake, plus a design whose interfaces grow with its files."""
+    from bench.compare import _BenchModel
+
+    class DesignModel(_BenchModel):
+        # Only the lengths of the prompts are kept: holding every prompt's text (4.8 MB at
+        # 1,000 files) would count the bench's own log in the run's peak memory.
+        prompt_chars = 0
+        write_code_chars = 0
+
+        async def complete(self, request: Any) -> Any:
+            answer = await super().complete(request)
+            prompt = self.prompts.pop()
+            self.prompt_chars += len(prompt)
+            if "\nWrite the complete file `" in prompt:    # a WriteCode prompt
+                self.write_code_chars = max(self.write_code_chars, len(prompt))
+            return answer
+
+        def _widen(self, text: str) -> str:
+            text = super()._widen(text)
+            try:
+                value = json.loads(text)
+            except ValueError:
+                return text
+            if not isinstance(value, dict):
+                return text
+            if "File list" in value:
+                value["Data structures and interfaces"] = "classDiagram\n" + "".join(
+                    f"    class {_class(f)} {{\n        +run(x: int) int\n    }}\n" for f in self.files)
+            if "Interfaces per file" in value:     # (a design without the field: the diagram only)
+                value["Interfaces per file"] = [[f, f"class {_class(f)}: run(x: int) -> int"]
+                                                for f in self.files]
+            if "Logic Analysis" in value:
+                value["Logic Analysis"] = [[f, f"part {i} of the program", *_imports(self.files, i)]
+                                           for i, f in enumerate(self.files)]
+            return json.dumps(value, indent=2)
+
+    return DesignModel
+
+
+def _class(path: str) -> str:
+    return path.removesuffix(".py").title().replace("_", "")
+
+
+def _imports(files: list[str], i: int) -> list[str]:
+    """Each module imports the one before it; the entry point (last) the last two modules."""
+    return files[max(i - 2, 0):i] if i == len(files) - 1 else files[max(i - 1, 0):i]
+
+
 def _child(files: int) -> dict[str, Any]:
     """In a fresh process: one journaled run of `files` files; its figures."""
     import os
@@ -41,10 +93,10 @@ def _child(files: int) -> dict[str, Any]:
 
     api.load(SOP)                       # imports, as bench.compare does before its run
     rss_before = peak_rss_mb()
-    result, model, seconds = _run_cli(str(SOP), files, "a command-line 2048 game")
+    result, model, seconds = _run_cli(str(SOP), files, "a command-line 2048 game", _design_model())
     calls = result["llm_calls"]
     return {"files": files, "calls": calls, "status": result["status"],
-            "prompt_chars": sum(len(p) for p in model.prompts),
+            "prompt_chars": model.prompt_chars, "write_code_chars": model.write_code_chars,
             "run_s": seconds, "per_call_ms": 1000 * seconds / calls,
             "cpu_per_call_ms": 1000 * model.cpu_s / calls,
             "rss_before_mb": rss_before,
@@ -67,11 +119,13 @@ def _ratio(points: dict[int, dict[str, Any]], key: str, high: int, low: int) -> 
 
 
 def markdown(points: list[dict[str, Any]], ratios: dict[str, float | None]) -> str:
-    rows = ["| files | calls | prompt chars | chars / file | ms / call (wall) | ms / call (CPU) | "
-            "peak RSS (MB) | status |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| files | calls | prompt chars | chars / file | largest WriteCode prompt (chars) | "
+            "ms / call (wall) | ms / call (CPU) | peak RSS (MB) | status |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for p in points:
         rows.append(f"| {p['files']:,} | {p['calls']:,} | {p['prompt_chars']:,} | "
-                    f"{p['prompt_chars'] / p['files']:,.0f} | {p['per_call_ms']:.2f} | "
+                    f"{p['prompt_chars'] / p['files']:,.0f} | {p.get('write_code_chars', 0):,} | "
+                    f"{p['per_call_ms']:.2f} | "
                     f"{p['cpu_per_call_ms']:.2f} | {p['peak_rss_mb']:.0f} | {p['status']} |")
     labels = {"chars_100_over_10": "prompt chars, 100 files / 10 files",
               "chars_300_over_100": "prompt chars, 300 files / 100 files",

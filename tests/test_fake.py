@@ -115,6 +115,21 @@ def test_fake_values_follow_the_contract_and_look_plausible():
     }
 
 
+def test_a_table_whose_instruction_names_its_columns_gets_a_cell_per_column():
+    """`[file, ...]` rows start with the fake's file, so a template picking rows by file finds them."""
+    tree = {
+        "Logic Analysis": OutputNode(type="list[list[str]]", instruction="one [file, contents] row per file"),
+        "Interfaces": OutputNode(type="optional[list[list[str]]]", instruction="[file, interface, ...] rows"),
+        "Pool": OutputNode(type="list[list[str]]", instruction="each as [priority, requirement]"),
+        "Rows": OutputNode(type="list[list[str]]", instruction="rows of anything"),
+    }
+    value = call(spec(schema=output_schema(tree))).value
+    assert value == {"Logic Analysis": [["main.py", "Example contents"]],
+                     "Interfaces": [["main.py", "Example interface"]],
+                     "Pool": [["Example priority", "Example requirement"]],
+                     "Rows": [["Rows item"]]}
+
+
 def test_same_request_same_answer():
     tree = output_schema({"A": OutputNode(type="list[dict[str, int]]")})
     first = asyncio.run(FakeModel().complete(ModelRequest(spec(schema=tree), (), None)))

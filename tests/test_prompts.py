@@ -76,6 +76,20 @@ def test_file_name_turns_model_text_into_a_safe_relative_path(value, expected):
     assert render_template("{{ v | file_name('.py') }}", {"v": value}) == expected
 
 
+def test_where_picks_the_rows_whose_column_is_a_value_or_one_of_several():
+    rows = [["a.py", "A"], ["b.py", "B", "a.py"], [], ["c.py"], "text"]
+    variables = {"rows": rows, "objects": [{"name": "x"}, {"other": 1}, {"name": "y"}]}
+    assert render_template("{{ rows | where(0, 'b.py') }}", variables) == "[['b.py', 'B', 'a.py']]"
+    assert render_template("{{ rows | where(0, ['c.py', 'a.py']) | map('first') | join(',') }}",
+                           variables) == "a.py,c.py"
+    assert render_template("{{ rows | where(2, 'a.py') | length }}|{{ rows | where(5, 'x') }}",
+                           variables) == "1|[]"                   # short rows are skipped
+    assert render_template("{{ objects | where('name', 'y') }}", variables) == "[{'name': 'y'}]"
+    assert render_template("{{ none | where(0, 'x') }}", {}) == "[]"  # an optional field left out
+    with pytest.raises(TemplateFailure, match="where: expected a list of rows, got str"):
+        render_template("{{ 'abc' | where(0, 'a') }}", {})
+
+
 def test_slug_makes_an_identifier_from_model_text():
     assert render_template("{{ v | slug }}|{{ '' | slug }}", {"v": "Aerius 2048: The Game!"}) == "aerius_2048_the_game|x"
 

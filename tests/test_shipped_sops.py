@@ -32,7 +32,7 @@ from engine import api
 from engine.check.compiler import compile_path
 from engine.load.tools import flags_needed
 from engine.cli.commands import main as sopctl
-from engine.models.fake import instance
+from engine.models.fake import answer_text, instance
 from engine.models.types import CallSpec
 from engine.run.events import ActionCompleted
 from engine.run.people import PersonAnswer, Question
@@ -241,8 +241,9 @@ PRD_TYPES = {
 }
 DESIGN_TYPES = {
     "Implementation approach": "str", "File list": "list[str]",
-    "Data structures and interfaces": "optional[str]", "Program call flow": "optional[str]",
-    "Anything UNCLEAR": "str",
+    "Data structures and interfaces": "optional[str]",
+    "Interfaces per file": "optional[list[list[str]]]",   # ours: what each code prompt quotes
+    "Program call flow": "optional[str]", "Anything UNCLEAR": "str",
 }
 TASK_TYPES = {
     "Required packages": "optional[list[str]]",
@@ -315,6 +316,85 @@ def test_the_test_loop_variant_refuses_to_start_without_allow_exec(tmp_path: Pat
     assert code == 2
     assert "RunTests" in capsys.readouterr().err
     assert not (tmp_path / "ws" / "docs").exists()
+
+
+# --------------------------------------------------------------------------- each file's part
+
+# A design of four files: ui.py imports board.py, main.py imports both, scores.py none.
+_FILES = ["board.py", "scores.py", "ui.py", "main.py"]
+_IMPORTS = {"board.py": [], "scores.py": [], "ui.py": ["board.py"], "main.py": ["board.py", "ui.py"]}
+
+
+def _four_files(spec: CallSpec, attempt: int) -> str:
+    """`fake`'s answers, with the design and the task list widened to the four files above."""
+    if spec.kind != "json":
+        return answer_text(spec)
+    value = instance(spec.schema)
+    if spec.action == "WriteDesign":
+        value["File list"] = _FILES
+        value["Data structures and interfaces"] = "classDiagram WHOLE_DIAGRAM"
+        value["Interfaces per file"] = [[f, f"API_OF_{f[:-3].upper()}"] for f in _FILES]
+    if spec.action == "WriteTasks":
+        value["Task list"] = _FILES
+        value["Logic Analysis"] = [[f, f"TASK_OF_{f[:-3].upper()}", *_IMPORTS[f]] for f in _FILES]
+    return json.dumps(value)
+
+
+def _prompts_by_file(model: ScriptedModel, action: str) -> dict[str, str]:
+    prompts = [p for r, p in zip(model.requests, model.prompts()) if r.spec.action == action]
+    return {f: next(p for p in prompts if f"`{f}`" in p) for f in _FILES}
+
+
+@pytest.mark.parametrize("action", ["WriteCode", "WriteCodeReview"])
+def test_each_file_prompt_carries_its_task_and_the_interfaces_it_uses_only(tmp_path: Path, action: str):
+    model = ScriptedModel(_four_files)
+    with use_model(model):
+        result = _run(COMPANY, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    prompts = _prompts_by_file(model, action)
+    ui = prompts["ui.py"]
+    assert "API_OF_UI" in ui and "API_OF_BOARD" in ui, "its own interfaces and those of what it imports"
+    assert "API_OF_SCORES" not in ui and "API_OF_MAIN" not in ui, "no unrelated file's interfaces"
+    assert "WHOLE_DIAGRAM" not in ui, "the class diagram stays in the design document"
+    assert all(f"API_OF_{f[:-3].upper()}" in prompts["main.py"] for f in ("main.py", "board.py", "ui.py"))
+    assert "API_OF_BOARD" not in prompts["scores.py"]
+    if action == "WriteCode":
+        assert "TASK_OF_UI" in ui and "board.py" in ui
+        assert not any(f"TASK_OF_{f[:-3].upper()}" in ui for f in _FILES if f != "ui.py")
+
+
+@pytest.mark.parametrize("left_out", ["null", "absent"])
+def test_a_design_without_interfaces_per_file_gives_each_file_the_class_diagram(tmp_path: Path,
+                                                                               left_out: str):
+    """An optional key a model leaves out (as `local` may) reads null, in prompts and artifacts."""
+    def no_rows(spec: CallSpec, attempt: int) -> str:
+        value = json.loads(_four_files(spec, attempt)) if spec.kind == "json" else None
+        if spec.action != "WriteDesign" or value is None:
+            return _four_files(spec, attempt)
+        value["Interfaces per file"] = None
+        if left_out == "absent":
+            del value["Interfaces per file"], value["Program call flow"]
+        return json.dumps(value)
+
+    model = ScriptedModel(no_rows)
+    with use_model(model):
+        result = _run(COMPANY, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    design = next(m for m in result.messages if m.cause_by == "WriteDesign").out
+    assert design["Interfaces per file"] is None and "WHOLE_DIAGRAM" in design["Data structures and interfaces"]
+    assert all("WHOLE_DIAGRAM" in p for p in _prompts_by_file(model, "WriteCode").values())
+
+
+def test_on_plain_fake_the_code_prompt_finds_its_task_entry_and_interfaces(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """`fake` names its one file in the rows too, so the golden run exercises the selection."""
+    ws = tmp_path / "ws"
+    assert _run(COMPANY, ws).status == "idle"
+    capsys.readouterr()
+    assert sopctl(["show", str(ws), "--prompts", "Engineer.WriteCode"]) == 0
+    shown = capsys.readouterr().out
+    assert "## What this file does (from the task list)\nExample contents\n" in shown
+    assert "(from the design)\n- main.py: Example interface\n" in shown
 
 
 # --------------------------------------------------------------------------- the fix loop

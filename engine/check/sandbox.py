@@ -304,6 +304,25 @@ def _file_name(value: Any, extension: str = "", length: int = 120) -> str:
     return path
 
 
+def _where(rows: Any, key: Any, value: Any) -> list[Any]:
+    """`{{ rows | where(0, filename) }}`: the rows (lists, or mappings) whose column or field
+    `key` equals `value`, or is one of its items when `value` is a list. A row too short or
+    without the key is skipped rather than an error, since rows come from model answers, and
+    `None` (an optional field left out) has no rows."""
+    if rows is None:
+        return []
+    if not isinstance(rows, (list, tuple)):
+        raise TypeError(f"where: expected a list of rows, got {type(rows).__name__}")
+    wanted = list(value) if isinstance(value, (list, tuple)) else [value]
+    return [row for row in rows if _has_cell(row, key) and row[key] in wanted]
+
+
+def _has_cell(row: Any, key: Any) -> bool:
+    if isinstance(row, dict):
+        return key in row
+    return isinstance(row, (list, tuple)) and _is_int(key) and -len(row) <= key < len(row)
+
+
 def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, indent=indent, ensure_ascii=False)
 
@@ -314,6 +333,7 @@ def environment() -> ImmutableSandboxedEnvironment:
     env.filters["tojson"] = _tojson
     env.filters["slug"] = _slug
     env.filters["file_name"] = _file_name
+    env.filters["where"] = _where
     env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals["range"] = _bounded_range
     env.globals["lipsum"] = _bounded_lipsum

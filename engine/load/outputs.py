@@ -14,7 +14,7 @@ from typing import Any
 from engine.load.spec import CodeOutput, Output, OutputNode
 
 __all__ = ["TypeSyntaxError", "parse_type", "node_schema", "with_pattern", "output_schema",
-           "output_kind"]
+           "output_kind", "with_absent_as_null"]
 
 
 _SCALARS = {"str": "string", "int": "integer", "float": "number", "bool": "boolean"}
@@ -107,3 +107,27 @@ def output_kind(output: Output) -> str:
     if isinstance(output, CodeOutput):
         return "code"
     return "text" if output == "text" else "json"
+
+
+def with_absent_as_null(value: Any, schema: dict[str, Any] | None) -> Any:
+    """`value` with every `optional[...]` key it leaves out set to null, at every level.
+    A model may skip an optional key altogether (the `local` grammar lets it); MetaGPT's
+    optional fields then read None, and so `out['Key'] or 'none'` in a template works here."""
+    if not isinstance(schema, dict):
+        return value
+    for option in schema.get("anyOf", ()):           # optional[T]: the branch the value took
+        if isinstance(option, dict) and option.get("type") == _json_type(value):
+            return with_absent_as_null(value, option)
+    if isinstance(value, dict) and isinstance(schema.get("properties"), dict):
+        properties = schema["properties"]
+        filled = {key: with_absent_as_null(value[key], sub) if key in value else None
+                  for key, sub in properties.items()}            # in the tree's order
+        filled.update({key: item for key, item in value.items() if key not in properties})
+        return filled
+    if isinstance(value, list) and isinstance(schema.get("items"), dict):
+        return [with_absent_as_null(item, schema["items"]) for item in value]
+    return value
+
+
+def _json_type(value: Any) -> str:
+    return "object" if isinstance(value, dict) else "array" if isinstance(value, list) else ""

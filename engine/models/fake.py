@@ -7,7 +7,10 @@ chosen implicitly (only `--model fake`, `SOPCTL_MODEL=fake` or a file's `llm.mod
 - `json`: a small instance of the action's schema: each list with one element (or its
   `minItems`), each enum its first value, bools false, numbers 0 (or their minimum), and
   short strings derived from the key ("Product Goals item", "main.py" for files,
-  "project_name" for names). Written as JSON, as `## Key` sections for `format: markdown`,
+  "project_name" for names); a table (a list of lists of strings) whose instruction shows
+  a row as `[file, contents, ...]` gets rows of one cell per named column, each derived from
+  the column's name (so `[file, interface]` rows start with "main.py", the fake's file, and
+  a template selecting rows by file finds them). Written as JSON, as `## Key` sections for `format: markdown`,
   wrapped in `[CONTENT]`/`[/CONTENT]` lines for `format: content`, or as `<Key>value</Key>`
   tags for `format: xml`.
 - `text`: a short sentence naming the action. `code`: a fenced block holding a minimal
@@ -144,7 +147,7 @@ def instance(schema: Any, key: str = "", depth: int = 0) -> Any:
         return schema["enum"][0]
     for combinator in ("anyOf", "oneOf"):
         if schema.get(combinator):
-            return instance(_preferred(schema[combinator]), key, depth + 1)
+            return instance(_described(_preferred(schema[combinator]), schema), key, depth + 1)
     if schema.get("allOf"):
         merged: dict[str, Any] = {}
         for part in schema["allOf"]:
@@ -159,6 +162,13 @@ def _preferred(options: list[Any]) -> Any:
         if isinstance(option, dict) and option.get("type") != "null":
             return option
     return options[0]
+
+
+def _described(option: Any, schema: dict[str, Any]) -> Any:
+    """An `optional[...]` node's instruction sits beside its `anyOf`: the option keeps it."""
+    if isinstance(option, dict) and "description" in schema and "description" not in option:
+        return {**option, "description": schema["description"]}
+    return option
 
 
 def _type_of(schema: dict[str, Any]) -> str:
@@ -248,10 +258,34 @@ def _array(schema: dict[str, Any], key: str, depth: int) -> list[Any]:
     count = max(schema.get("minItems", 1), 0)
     if "maxItems" in schema:
         count = min(count, schema["maxItems"])
-    if isinstance(items, dict) and _type_of(items) == "string" and not items.get("enum") \
-            and "const" not in items and not any(k in items for k in ("anyOf", "oneOf", "allOf")):
+    if _plain_string(items):
         return [_string(items, key, depth + 1, index=i) for i in range(count)]
+    columns = _columns(schema, items)
+    if columns:
+        return [[_string(items["items"], name, depth + 2) for name in columns] for _ in range(count)]
     return [instance(items, key, depth + 1) for _ in range(count)]
+
+
+def _plain_string(schema: Any) -> bool:
+    """A free string: no enum, const or combinator choosing it."""
+    return isinstance(schema, dict) and _type_of(schema) == "string" and not schema.get("enum") \
+        and "const" not in schema and not any(k in schema for k in ("anyOf", "oneOf", "allOf"))
+
+
+_ROW = re.compile(r"\[([^\[\]]+)\]")
+
+
+def _columns(schema: dict[str, Any], items: Any) -> list[str]:
+    """A table's column names, when its instruction shows a row (`[file, contents, ...]`)
+    and its rows are lists of free strings that may have that many cells; else none."""
+    match = _ROW.search(str(schema.get("description", "")))
+    if not match or not isinstance(items, dict) or _type_of(items) != "array" \
+            or not _plain_string(items.get("items")):
+        return []
+    names = [name.strip() for name in match.group(1).split(",")]
+    names = [name for name in names if name.strip(".… ")]       # `...`: more of the same
+    fits = items.get("minItems", 0) <= len(names) <= items.get("maxItems", len(names))
+    return names if len(names) >= 2 and fits and all(len(name) <= 40 for name in names) else []
 
 
 def _object(schema: dict[str, Any], key: str, depth: int) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from engine.check.sandbox import (
     render_template,
 )
 from engine.errors import ActionFailed, BudgetExceeded, LLMError
-from engine.load.outputs import output_kind
+from engine.load.outputs import output_kind, with_absent_as_null
 from engine.load.source import join_pointer
 from engine.load.spec import ActionSpec, CodeOutput, JoinSpec
 from engine.models.answers import prepare_validator
@@ -308,6 +308,7 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
         prompt += f"\n\n## Note\n{note}"
     system = _system_prompt(ctx, role_id, action_id, variables)
     value = await _answer(ctx, role_id, action_id, prompt, system, round_, key, effects)
+    value = with_absent_as_null(value, ctx.compiled.output_schemas.get(action_id))
     return value, content_of(output_kind(action.output), value)
 
 
