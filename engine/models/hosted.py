@@ -52,7 +52,8 @@ from engine.models.types import (
     price_of,
 )
 
-__all__ = ["LiteLLMProvider", "litellm_module", "import_litellm_in_background", "redact", "DEFAULT_TIMEOUT_S"]
+__all__ = ["LiteLLMProvider", "litellm_module", "import_litellm_in_background", "redact", "DEFAULT_TIMEOUT_S",
+           "commands_text", "native_tools", "tool_list"]
 
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -130,14 +131,34 @@ class LiteLLMProvider:
     completion_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra arguments for litellm (e.g. `api_base`, or `mock_response` in tests)."""
     _prices: dict[str, Price | None] = field(default_factory=dict, repr=False)
+    _direct: Any = field(default=None, repr=False)
+
+    def direct(self, model: str) -> Any:
+        """The direct OpenAI-compatible client (engine.models.openai_http) when it answers
+        `model` (an `openai/` chat model), else None: litellm. Arguments other than the
+        server and key (a test's `mock_response`) are litellm's, so they keep litellm."""
+        if not model.startswith("openai/") or set(self.completion_kwargs) - {"api_base", "api_key"}:
+            return None
+        from engine.models import openai_http
+
+        if not openai_http.routes_directly(model):
+            return None
+        if self._direct is None:
+            self._direct = openai_http.OpenAIHTTP(api_base=self.completion_kwargs.get("api_base"),
+                                                  api_key=self.completion_kwargs.get("api_key"))
+        return self._direct
 
     def price(self, model: str) -> Price | None:
         """The model's price per token from litellm's cost map; None: unknown (self-hosted)."""
         if model not in self._prices:
-            self._prices[model] = _litellm_price(model)
+            direct = self.direct(model)
+            self._prices[model] = direct.price(model) if direct else _litellm_price(model)
         return self._prices[model]
 
     def supports_schema(self, model: str) -> bool:
+        direct = self.direct(model)
+        if direct is not None:
+            return bool(direct.supports_schema(model))
         try:
             return bool(litellm_module().supports_response_schema(model=model))
         except Exception:  # noqa: BLE001 - unknown model: ask in the prompt instead
@@ -145,6 +166,10 @@ class LiteLLMProvider:
 
     def preflight(self, model: str) -> None:
         """An unknown model string is a usage error; a missing key is named before any call."""
+        direct = self.direct(model)
+        if direct is not None:
+            direct.preflight(model)
+            return
         litellm = litellm_module()
         try:
             litellm.get_llm_provider(model=model)
@@ -160,6 +185,10 @@ class LiteLLMProvider:
                            hint="API keys are read only from the environment, never from files")
 
     async def complete(self, request: ModelRequest) -> ModelAnswer:
+        direct = self.direct(request.spec.model)
+        if direct is not None:
+            answer: ModelAnswer = await direct.complete(request)
+            return answer
         if "mock_response" not in self.completion_kwargs:
             check_real_model_allowed(request.spec)
         model = request.spec.model
@@ -242,8 +271,13 @@ def native_tools(model: str, spec: CallSpec) -> list[dict[str, Any]] | None:
             return None
     except Exception:  # noqa: BLE001 - unknown model: the JSON command list
         return None
+    return tool_list(spec)
+
+
+def tool_list(spec: CallSpec) -> list[dict[str, Any]] | None:
+    """A tool loop's commands as OpenAI-style tools (None: a name clash after renaming)."""
     names = {ours: theirs for theirs, ours in _function_names(spec).items()}
-    if not names:
+    if not spec.commands or not names:
         return None
     return [{"type": "function", "function": {"name": names[name], "parameters": args}}
             for name, args in spec.commands]
@@ -254,15 +288,20 @@ def commands_text(spec: CallSpec, content: str, calls: Any) -> str:
     names = _function_names(spec)
     commands = []
     for call in calls:
-        function = getattr(call, "function", None)
-        name = str(getattr(function, "name", "") or "")
-        raw = getattr(function, "arguments", None) or "{}"
+        function = _field(call, "function")
+        name = str(_field(function, "name") or "")
+        raw = _field(function, "arguments") or "{}"
         try:
             args = json.loads(raw) if isinstance(raw, str) else dict(raw)
         except (ValueError, TypeError):
             args = {"arguments": str(raw)}   # not JSON: the schema check tells the model
         commands.append({"command_name": names.get(name, name), "args": args})
     return json.dumps({"thought": content, "commands": commands}, ensure_ascii=False)
+
+
+def _field(value: Any, name: str) -> Any:
+    """A field of litellm's response objects, or of the plain JSON the direct client reads."""
+    return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
 
 
 # litellm reports a missing key for some providers as a 500 ("Missing credentials..."):

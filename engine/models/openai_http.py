@@ -1,0 +1,360 @@
+"""OpenAI-compatible chat servers, asked directly over HTTP (httpx), without litellm.
+
+Why: importing litellm takes seconds (its provider SDKs and types), and a run whose model is
+`openai/NAME` (OpenAI itself, or any OpenAI-compatible server: vLLM, llama.cpp's server,
+Ollama's /v1) needs none of it to send a chat completion. So its first request leaves as
+soon as the run is ready; litellm is imported only if an answer needs it (its cost function
+for a model it prices, its token counter for an answer without `usage`), in a background
+thread started once the first request is on the wire.
+
+Which models (`routes_directly`): `openai/NAME` where litellm itself sends a plain chat
+completion: NAME unknown to litellm's cost map (a self-hosted model), or listed there as an
+OpenAI `chat` model. The models litellm rewrites requests for stay with litellm: the
+reasoning series (o1, o3, o4-mini..., gpt-5..., gpt-6...: `max_completion_tokens`, no
+temperature), `gpt-4` and `gpt-3.5-turbo-16k` (no `response_format`), names with a `/`
+(`openai/responses/...`) and models whose mode is not `chat`. `SOPCTL_OPENAI_VIA_LITELLM=1`
+sends every `openai/` model through litellm.
+
+What is sent is what litellm sends for the same call (tests/test_openai_http.py compares the
+two against one server): the model name without its prefix, the messages, `temperature` and
+`max_tokens` when set, the schema as `response_format` when the model supports it, else a
+tool loop's commands as `tools` with `tool_choice: required` when it calls functions; the
+same server (`--api-base`, else OPENAI_BASE_URL, else OPENAI_API_BASE, else OpenAI's), key
+(OPENAI_API_KEY), organization (OPENAI_ORGANIZATION) and project (OPENAI_PROJECT_ID), the
+same timeout; proxies and CA files from the environment (httpx's `trust_env`). What a model
+supports, and its price, come from litellm's own cost map file, read without importing
+litellm.
+
+Errors fall in the same family as litellm's (engine.models.hosted): 408, 429, 5xx, timeouts,
+connection errors, an answer that is not JSON or has no choices are `TransientModelError`
+(the gateway retries them, after `Retry-After` when given); 401 is a missing or refused key
+(naming the variable, never its value), any other status an `LLMError` with the server's
+message, redacted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import threading
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping
+
+from engine.errors import LLMError, RunError
+from engine.models.hosted import (
+    DEFAULT_TIMEOUT_S,
+    _count_tokens,
+    _litellm_cost,
+    commands_text,
+    import_litellm_in_background,
+    litellm_module,
+    _parse_retry_after,
+    redact,
+    tool_list,
+)
+from engine.models.registry import check_real_model_allowed
+from engine.models.types import ModelAnswer, ModelRequest, Price, TransientModelError, price_of
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["VIA_LITELLM_ENV", "routes_directly", "catalog_entry", "OpenAIHTTP", "prepare"]
+
+
+VIA_LITELLM_ENV = "SOPCTL_OPENAI_VIA_LITELLM"
+"""Set (to anything but 0 or empty): `openai/` models go through litellm, as other providers do."""
+
+PREFIX = "openai/"
+OPENAI_API_BASE = "https://api.openai.com/v1"
+_COST_MAP = "model_prices_and_context_window_backup.json"
+_REWRITTEN = ("gpt-4", "gpt-3.5-turbo-16k")   # litellm drops their response_format
+_REASONING_MARKERS = ("gpt-5", "gpt-6")        # litellm: max_completion_tokens, no temperature
+
+
+def routes_directly(model: str) -> bool:
+    """Whether `model` is sent by this client (see the module's docstring), not by litellm."""
+    if not model.startswith(PREFIX) or os.environ.get(VIA_LITELLM_ENV, "").strip() not in ("", "0"):
+        return False
+    name = model[len(PREFIX):]
+    if not name or "/" in name or name in _REWRITTEN or _reasoning(name):
+        return False
+    entry = catalog_entry(model)
+    return entry is None or entry.get("mode") == "chat"
+
+
+def _reasoning(name: str) -> bool:
+    """litellm's o-series and gpt-5 rules, by name (o1, o3-mini, o4-mini..., gpt-5*, gpt-6*)."""
+    o_series = len(name) > 1 and name[0] == "o" and name[1].isdigit()
+    return o_series or (any(m in name for m in _REASONING_MARKERS) and "gpt-5-chat" not in name)
+
+
+_CATALOG: list[dict[str, Any]] = []
+_CATALOG_LOCK = threading.Lock()
+
+
+def catalog_entry(model: str) -> dict[str, Any] | None:
+    """litellm's cost-map entry of an OpenAI model (`openai/NAME` or NAME); None: unknown."""
+    name = model[len(PREFIX):] if model.startswith(PREFIX) else model
+    catalog = _catalog()
+    for key in (name, PREFIX + name):
+        entry = catalog.get(key)
+        if isinstance(entry, dict) and entry.get("litellm_provider") == "openai":
+            return entry
+    return None
+
+
+def _catalog() -> dict[str, Any]:
+    """litellm's bundled cost map (the one it uses offline), read once without importing
+    litellm (finding a package's folder does not import it); {} when litellm is absent."""
+    with _CATALOG_LOCK:
+        if not _CATALOG:
+            _CATALOG.append(_read_catalog())
+        return _CATALOG[0]
+
+
+def _read_catalog() -> dict[str, Any]:
+    spec = importlib.util.find_spec("litellm")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(folder) / _COST_MAP
+        if path.is_file():
+            try:
+                data = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                return {}
+            return data if isinstance(data, dict) else {}
+    return {}
+
+
+def prepare() -> None:
+    """What the first direct request needs, paid off the run's path (a daemon thread started
+    by `sopctl run`): httpx imported, the cost map read."""
+    def work() -> None:
+        try:
+            import httpx  # noqa: F401 - imported for its side effect: cached in sys.modules
+
+            _catalog()
+        except Exception:  # noqa: BLE001 - the request itself reports it
+            pass
+
+    threading.Thread(target=work, name="sopctl-openai-prepare", daemon=True).start()
+
+
+# --------------------------------------------------------------------------- the provider
+
+
+@dataclass
+class OpenAIHTTP:
+    """Answers `openai/` models with one POST to `{api_base}/chat/completions` per request."""
+
+    api_base: str | None = None
+    """`--api-base`; None: OPENAI_BASE_URL, else OPENAI_API_BASE, else OpenAI's own."""
+    api_key: str | None = None
+    """None: OPENAI_API_KEY (a test passes its own)."""
+    _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = field(
+        default_factory=weakref.WeakKeyDictionary, repr=False)
+    _litellm_started: bool = field(default=False, repr=False)
+
+    def price(self, model: str) -> Price | None:
+        entry = catalog_entry(model) or {}
+        given, taken = entry.get("input_cost_per_token"), entry.get("output_cost_per_token")
+        if given is None or taken is None:
+            return None
+        limit = entry.get("max_output_tokens") or entry.get("max_tokens")
+        return Price(float(given), float(taken), int(limit) if limit else None)
+
+    def supports_schema(self, model: str) -> bool:
+        return bool((catalog_entry(model) or {}).get("supports_response_schema"))
+
+    def calls_functions(self, model: str) -> bool:
+        return bool((catalog_entry(model) or {}).get("supports_function_calling"))
+
+    def preflight(self, model: str) -> None:
+        """A missing key is named before any call (as litellm's validation does)."""
+        if not self._key():
+            raise RunError(f"model '{model}' needs OPENAI_API_KEY in the environment",
+                           hint="API keys are read only from the environment, never from files")
+
+    def body(self, request: ModelRequest) -> dict[str, Any]:
+        """The JSON body of a request: what litellm sends for it (see the module docstring)."""
+        spec = request.spec
+        body: dict[str, Any] = {"model": spec.model[len(PREFIX):], "messages": list(request.messages)}
+        for name, value in (("temperature", spec.temperature), ("max_tokens", spec.max_tokens),
+                            ("response_format", request.response_format)):
+            if value is not None:
+                body[name] = value
+        tools = tool_list(spec) if spec.tool_step >= 0 and self.calls_functions(spec.model) else None
+        if tools:   # a tool loop's step: the server's own tool calling, not the JSON list
+            body.pop("response_format", None)
+            body.update(tools=tools, tool_choice="required")
+        return body
+
+    async def complete(self, request: ModelRequest) -> ModelAnswer:
+        check_real_model_allowed(request.spec)
+        data = await self._post(request)
+        return await self._answer_of(request, data)
+
+    async def _post(self, request: ModelRequest) -> dict[str, Any]:
+        """The answer's JSON, or our error family (see the module docstring)."""
+        import httpx
+
+        spec = request.spec
+        where = f"model '{spec.model}' for action {spec.action}"
+        timeout = spec.timeout_s or DEFAULT_TIMEOUT_S
+        content = json.dumps(self.body(request), ensure_ascii=False).encode("utf-8")
+        try:
+            response = await self._client().post(
+                self._url(), content=content, headers=self._headers(), timeout=timeout,
+                extensions={"trace": self._on_sent(spec.model)})
+        except httpx.TimeoutException as exc:
+            raise TransientModelError(f"{where}: Timeout: no answer within {timeout:g} s "
+                                      f"({type(exc).__name__})") from None
+        except httpx.HTTPError as exc:   # connection refused or reset, DNS, a proxy's failure
+            raise TransientModelError(redact(f"{where}: APIConnectionError: "
+                                             f"{type(exc).__name__}: {exc}")) from None
+        return _checked(request, response)
+
+    def _on_sent(self, model: str) -> Any:
+        """httpcore's trace hook: once the first request's body is sent, start importing
+        litellm in the background if its answer will need litellm's cost function."""
+        async def trace(event: str, info: Mapping[str, Any]) -> None:
+            if (not self._litellm_started and event.endswith("send_request_body.complete")
+                    and self.price(model) is not None):
+                self._litellm_started = True
+                import_litellm_in_background()
+        return trace
+
+    async def _answer_of(self, request: ModelRequest, data: dict[str, Any]) -> ModelAnswer:
+        """Text, tokens and cost of an answer, as engine.models.hosted reads litellm's."""
+        spec = request.spec
+        choice = data["choices"][0] if isinstance(data["choices"][0], dict) else {}
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        text = message.get("content") or ""
+        text = text if isinstance(text, str) else json.dumps(text)
+        calls = message.get("tool_calls")
+        if calls and spec.tool_step >= 0:
+            text = commands_text(spec, text, calls)
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        prompt_tokens = int(usage.get("prompt_tokens") or 0)
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        counted = prompt_tokens == 0 and completion_tokens == 0
+        if counted:   # litellm's tokenizer: imported off the event loop
+            litellm = await asyncio.to_thread(litellm_module)
+            prompt_tokens, completion_tokens = _count_tokens(litellm, spec.model, request, text)
+        finish = str(choice.get("finish_reason") or "")
+        price = price_of(self, spec)
+        if price is None:
+            return ModelAnswer(text, prompt_tokens, completion_tokens, 0.0, priced=False,
+                               finish_reason=finish)
+        cost = price.cost(prompt_tokens, completion_tokens)
+        if not counted and price is not spec.fallback_price:   # litellm's price of the answer
+            cost = await asyncio.to_thread(_cost_by_litellm, spec.model, data, cost)
+        return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
+
+    def _client(self) -> httpx.AsyncClient:
+        """One connection pool per event loop (a pool cannot outlive the loop it was made on)."""
+        import httpx
+
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(trust_env=True, follow_redirects=True,
+                                       limits=httpx.Limits(max_connections=1000,
+                                                           max_keepalive_connections=100))
+            self._clients[loop] = client
+        return client
+
+    def _url(self) -> str:
+        base = (self.api_base or os.environ.get("OPENAI_BASE_URL")
+                or os.environ.get("OPENAI_API_BASE") or OPENAI_API_BASE)
+        return base.rstrip("/") + "/chat/completions"
+
+    def _key(self) -> str:
+        return self.api_key or os.environ.get("OPENAI_API_KEY") or ""
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {self._key()}", "Content-Type": "application/json",
+                   "Accept": "application/json", "User-Agent": "sopctl"}
+        organization = os.environ.get("OPENAI_ORGANIZATION") or os.environ.get("OPENAI_ORG_ID")
+        if organization:
+            headers["OpenAI-Organization"] = organization
+        if os.environ.get("OPENAI_PROJECT_ID"):
+            headers["OpenAI-Project"] = os.environ["OPENAI_PROJECT_ID"]
+        return headers
+
+
+def _cost_by_litellm(model: str, data: dict[str, Any], estimate: float) -> float:
+    """litellm's cost of an answer (cached and reasoning tokens priced right), else ours."""
+    try:
+        litellm = litellm_module()
+        response = litellm.ModelResponse(**data)
+        response._hidden_params = {"custom_llm_provider": "openai", "model": model[len(PREFIX):]}
+        return _litellm_cost(litellm, response, estimate)
+    except Exception:  # noqa: BLE001 - our price times the tokens
+        return estimate
+
+
+# --------------------------------------------------------------------------- errors
+
+_STATUS_NAMES = {408: "Timeout", 429: "RateLimitError", 500: "InternalServerError",
+                 502: "BadGatewayError", 503: "ServiceUnavailableError"}
+
+
+def _checked(request: ModelRequest, response: httpx.Response) -> dict[str, Any]:
+    """The answer's JSON object with at least one choice; anything else our error family."""
+    spec = request.spec
+    status = response.status_code
+    if status == 401:
+        raise LLMError(f"model '{spec.model}' has no valid API key (action {spec.action})",
+                       hint="set OPENAI_API_KEY in the environment (API keys are read only from "
+                            "there); the server refused the one given" if os.environ.get(
+                                "OPENAI_API_KEY") else "set OPENAI_API_KEY in the environment "
+                                                       "(API keys are read only from there)")
+    if status in (408, 429) or status >= 500:
+        name = _STATUS_NAMES.get(status, "InternalServerError")
+        raise TransientModelError(f"model '{spec.model}' for action {spec.action}: {name}: "
+                                  f"HTTP {status}: {_server_message(response)}",
+                                  retry_after_s=_retry_after_s(status, response.headers))
+    if status >= 400:
+        raise LLMError(f"model '{spec.model}' failed for action {spec.action}: "
+                       f"HTTP {status}: {_server_message(response)}")
+    try:
+        data = response.json()
+    except ValueError as exc:   # a cut or garbled body: asked again, as litellm does
+        raise TransientModelError(f"model '{spec.model}' for action {spec.action}: the answer is "
+                                  f"not JSON ({exc}): {_excerpt(response.text)}") from None
+    if isinstance(data, dict) and isinstance(data.get("error"), (dict, str)):
+        raise LLMError(f"model '{spec.model}' failed for action {spec.action}: "
+                       f"{_server_message(response)}")
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        raise TransientModelError(f"model '{spec.model}' for action {spec.action}: the answer "
+                                  "has no choices (an empty or missing `choices` list)")
+    return data
+
+
+def _server_message(response: httpx.Response) -> str:
+    """The server's own words: `error.message` of an OpenAI-style error body, else the body."""
+    try:
+        error = response.json().get("error")
+    except (ValueError, AttributeError):
+        error = None
+    message = error.get("message") if isinstance(error, dict) else error
+    return _excerpt(str(message) if message else response.text or response.reason_phrase)
+
+
+def _excerpt(text: str) -> str:
+    text = redact(" ".join(text.split()))
+    return text if len(text) <= 400 else text[:400] + "..."
+
+
+def _retry_after_s(status: int, headers: Mapping[str, str]) -> float | None:
+    """The server's `Retry-After` on a 429 or 503 (OpenAI's `retry-after-ms` first)."""
+    if status not in (429, 503):
+        return None
+    millis = _parse_retry_after(headers.get("retry-after-ms") or "")
+    if millis is not None:
+        return millis / 1000
+    return _parse_retry_after(headers.get("retry-after") or "")
