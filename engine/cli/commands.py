@@ -114,7 +114,7 @@ def _preload_hosted_stack(model: str) -> None:
     if model.startswith("openai/"):
         from engine.models import openai_http
 
-        if openai_http.routes_directly(model):
+        if openai_http.may_route_directly(model):   # the cost map is read in the thread
             openai_http.prepare()
             return
     from engine.models.hosted import import_litellm_in_background

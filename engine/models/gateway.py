@@ -71,7 +71,7 @@ from engine.errors import (
     SopError,
 )
 from engine.models import answers
-from engine.models.hosted import LiteLLMProvider
+from engine.models.openai_http import HostedModels
 from engine.models.registry import _resolve
 from engine.models.types import (
     AnswerRejected,
@@ -141,10 +141,10 @@ class Gateway:
         return _resolve(model, self.providers, self._hosted_provider)
 
     def _hosted_provider(self) -> Provider:
-        """litellm, for every model name that is not registered (made on first use)."""
+        """Every model name that is not registered: `openai/` chat models by our own client,
+        the others by litellm (engine.models.openai_http; made on first use)."""
         if self._hosted is None:
-            self._hosted = LiteLLMProvider(
-                completion_kwargs={"api_base": self.api_base} if self.api_base else {})
+            self._hosted = HostedModels(api_base=self.api_base)
         return self._hosted
 
     def preflight(self, model: str) -> None:

@@ -131,34 +131,14 @@ class LiteLLMProvider:
     completion_kwargs: dict[str, Any] = field(default_factory=dict)
     """Extra arguments for litellm (e.g. `api_base`, or `mock_response` in tests)."""
     _prices: dict[str, Price | None] = field(default_factory=dict, repr=False)
-    _direct: Any = field(default=None, repr=False)
-
-    def direct(self, model: str) -> Any:
-        """The direct OpenAI-compatible client (engine.models.openai_http) when it answers
-        `model` (an `openai/` chat model), else None: litellm. Arguments other than the
-        server and key (a test's `mock_response`) are litellm's, so they keep litellm."""
-        if not model.startswith("openai/") or set(self.completion_kwargs) - {"api_base", "api_key"}:
-            return None
-        from engine.models import openai_http
-
-        if not openai_http.routes_directly(model):
-            return None
-        if self._direct is None:
-            self._direct = openai_http.OpenAIHTTP(api_base=self.completion_kwargs.get("api_base"),
-                                                  api_key=self.completion_kwargs.get("api_key"))
-        return self._direct
 
     def price(self, model: str) -> Price | None:
         """The model's price per token from litellm's cost map; None: unknown (self-hosted)."""
         if model not in self._prices:
-            direct = self.direct(model)
-            self._prices[model] = direct.price(model) if direct else _litellm_price(model)
+            self._prices[model] = _litellm_price(model)
         return self._prices[model]
 
     def supports_schema(self, model: str) -> bool:
-        direct = self.direct(model)
-        if direct is not None:
-            return bool(direct.supports_schema(model))
         try:
             return bool(litellm_module().supports_response_schema(model=model))
         except Exception:  # noqa: BLE001 - unknown model: ask in the prompt instead
@@ -166,10 +146,6 @@ class LiteLLMProvider:
 
     def preflight(self, model: str) -> None:
         """An unknown model string is a usage error; a missing key is named before any call."""
-        direct = self.direct(model)
-        if direct is not None:
-            direct.preflight(model)
-            return
         litellm = litellm_module()
         try:
             litellm.get_llm_provider(model=model)
@@ -185,10 +161,6 @@ class LiteLLMProvider:
                            hint="API keys are read only from the environment, never from files")
 
     async def complete(self, request: ModelRequest) -> ModelAnswer:
-        direct = self.direct(request.spec.model)
-        if direct is not None:
-            answer: ModelAnswer = await direct.complete(request)
-            return answer
         if "mock_response" not in self.completion_kwargs:
             check_real_model_allowed(request.spec)
         model = request.spec.model

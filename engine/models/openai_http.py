@@ -10,8 +10,8 @@ thread started once the first request is on the wire.
 Which models (`routes_directly`): `openai/NAME` where litellm itself sends a plain chat
 completion: NAME unknown to litellm's cost map (a self-hosted model), or listed there as an
 OpenAI `chat` model. The models litellm rewrites requests for stay with litellm: the
-reasoning series (o1, o3, o4-mini..., gpt-5..., gpt-6...: `max_completion_tokens`, no
-temperature), `gpt-4` and `gpt-3.5-turbo-16k` (no `response_format`), names with a `/`
+reasoning models (o1, o3, o4-mini..., gpt-5..., gpt-6..., and whatever the cost map says
+reasons: `max_completion_tokens`, no temperature), `gpt-4` and `gpt-3.5-turbo-16k` (no `response_format`), names with a `/`
 (`openai/responses/...`) and models whose mode is not `chat`. `SOPCTL_OPENAI_VIA_LITELLM=1`
 sends every `openai/` model through litellm.
 
@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from engine.errors import LLMError, RunError
 from engine.models.hosted import (
     DEFAULT_TIMEOUT_S,
+    LiteLLMProvider,
     _count_tokens,
     _litellm_cost,
     commands_text,
@@ -62,7 +63,7 @@ from engine.models.types import ModelAnswer, ModelRequest, Price, TransientModel
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["VIA_LITELLM_ENV", "routes_directly", "catalog_entry", "OpenAIHTTP", "prepare"]
+__all__ = ["VIA_LITELLM_ENV", "HostedModels", "routes_directly", "may_route_directly", "catalog_entry", "OpenAIHTTP", "prepare"]
 
 
 VIA_LITELLM_ENV = "SOPCTL_OPENAI_VIA_LITELLM"
@@ -77,13 +78,22 @@ _REASONING_MARKERS = ("gpt-5", "gpt-6")        # litellm: max_completion_tokens,
 
 def routes_directly(model: str) -> bool:
     """Whether `model` is sent by this client (see the module's docstring), not by litellm."""
+    if not may_route_directly(model):
+        return False
+    entry = catalog_entry(model)
+    if entry is None:
+        return True
+    target = str(entry.get("alias_of") or "")      # `gpt-astra-latest` -> `gpt-6-astra`
+    return entry.get("mode") == "chat" and not entry.get("supports_reasoning") and not _reasoning(target)
+
+
+def may_route_directly(model: str) -> bool:
+    """`routes_directly` by the name alone (without reading the cost map: `sopctl run`
+    decides with it what to prepare while the SOP compiles)."""
     if not model.startswith(PREFIX) or os.environ.get(VIA_LITELLM_ENV, "").strip() not in ("", "0"):
         return False
     name = model[len(PREFIX):]
-    if not name or "/" in name or name in _REWRITTEN or _reasoning(name):
-        return False
-    entry = catalog_entry(model)
-    return entry is None or entry.get("mode") == "chat"
+    return bool(name) and "/" not in name and name not in _REWRITTEN and not _reasoning(name)
 
 
 def _reasoning(name: str) -> bool:
@@ -102,6 +112,9 @@ def catalog_entry(model: str) -> dict[str, Any] | None:
     catalog = _catalog()
     for key in (name, PREFIX + name):
         entry = catalog.get(key)
+        alias = entry.get("alias_of") if isinstance(entry, dict) else None
+        if isinstance(alias, str) and isinstance(catalog.get(alias), dict):
+            entry = {**catalog[alias], "alias_of": alias}   # an alias has its target's entry
         if isinstance(entry, dict) and entry.get("litellm_provider") == "openai":
             return entry
     return None
@@ -143,7 +156,43 @@ def prepare() -> None:
     threading.Thread(target=work, name="sopctl-openai-prepare", daemon=True).start()
 
 
-# --------------------------------------------------------------------------- the provider
+# --------------------------------------------------------------------------- the providers
+
+
+@dataclass
+class HostedModels:
+    """Every hosted model (what the gateway uses for a model no one registered): `openai/`
+    chat models by `OpenAIHTTP`, every other one by litellm (`LiteLLMProvider`)."""
+
+    api_base: str | None = None
+    """`--api-base`: where both send (never from a SOP file, see engine.models.hosted)."""
+    api_key: str | None = None
+    """None: the provider's variable in the environment (a test passes its own)."""
+    _direct: OpenAIHTTP | None = field(default=None, repr=False)
+    _litellm: LiteLLMProvider | None = field(default=None, repr=False)
+
+    def provider(self, model: str) -> OpenAIHTTP | LiteLLMProvider:
+        """Which client answers `model` (decided per call: the switch may be set at any time)."""
+        if routes_directly(model):
+            if self._direct is None:
+                self._direct = OpenAIHTTP(self.api_base, self.api_key)
+            return self._direct
+        if self._litellm is None:
+            given = {"api_base": self.api_base, "api_key": self.api_key}
+            self._litellm = LiteLLMProvider({k: v for k, v in given.items() if v})
+        return self._litellm
+
+    def price(self, model: str) -> Price | None:
+        return self.provider(model).price(model)
+
+    def supports_schema(self, model: str) -> bool:
+        return self.provider(model).supports_schema(model)
+
+    def preflight(self, model: str) -> None:
+        self.provider(model).preflight(model)
+
+    async def complete(self, request: ModelRequest) -> ModelAnswer:
+        return await self.provider(request.spec.model).complete(request)
 
 
 @dataclass
@@ -194,6 +243,9 @@ class OpenAIHTTP:
 
     async def complete(self, request: ModelRequest) -> ModelAnswer:
         check_real_model_allowed(request.spec)
+        if not self._key():   # as litellm's client: refused before sending, never retried
+            raise LLMError(f"model '{request.spec.model}' has no valid API key (action "
+                           f"{request.spec.action})", hint=_KEY_HINT)
         data = await self._post(request)
         return await self._answer_of(request, data)
 
@@ -230,14 +282,14 @@ class OpenAIHTTP:
     async def _answer_of(self, request: ModelRequest, data: dict[str, Any]) -> ModelAnswer:
         """Text, tokens and cost of an answer, as engine.models.hosted reads litellm's."""
         spec = request.spec
-        choice = data["choices"][0] if isinstance(data["choices"][0], dict) else {}
-        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        choice = _object(data["choices"][0])
+        message = _object(choice.get("message"))
         text = message.get("content") or ""
         text = text if isinstance(text, str) else json.dumps(text)
         calls = message.get("tool_calls")
         if calls and spec.tool_step >= 0:
             text = commands_text(spec, text, calls)
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        usage = _object(data.get("usage"))
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)
         counted = prompt_tokens == 0 and completion_tokens == 0
@@ -286,6 +338,11 @@ class OpenAIHTTP:
         return headers
 
 
+def _object(value: Any) -> dict[str, Any]:
+    """A JSON object of the answer, or {} where the server sent something else."""
+    return value if isinstance(value, dict) else {}
+
+
 def _cost_by_litellm(model: str, data: dict[str, Any], estimate: float) -> float:
     """litellm's cost of an answer (cached and reasoning tokens priced right), else ours."""
     try:
@@ -299,6 +356,8 @@ def _cost_by_litellm(model: str, data: dict[str, Any], estimate: float) -> float
 
 # --------------------------------------------------------------------------- errors
 
+_KEY_HINT = "set OPENAI_API_KEY in the environment (API keys are read only from there)"
+
 _STATUS_NAMES = {408: "Timeout", 429: "RateLimitError", 500: "InternalServerError",
                  502: "BadGatewayError", 503: "ServiceUnavailableError"}
 
@@ -308,11 +367,8 @@ def _checked(request: ModelRequest, response: httpx.Response) -> dict[str, Any]:
     spec = request.spec
     status = response.status_code
     if status == 401:
-        raise LLMError(f"model '{spec.model}' has no valid API key (action {spec.action})",
-                       hint="set OPENAI_API_KEY in the environment (API keys are read only from "
-                            "there); the server refused the one given" if os.environ.get(
-                                "OPENAI_API_KEY") else "set OPENAI_API_KEY in the environment "
-                                                       "(API keys are read only from there)")
+        raise LLMError(f"model '{spec.model}' has no valid API key (action {spec.action}): the "
+                       f"server refused it ({_server_message(response)})", hint=_KEY_HINT)
     if status in (408, 429) or status >= 500:
         name = _STATUS_NAMES.get(status, "InternalServerError")
         raise TransientModelError(f"model '{spec.model}' for action {spec.action}: {name}: "
