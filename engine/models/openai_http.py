@@ -11,9 +11,9 @@ Which models (`routes_directly`): `openai/NAME` where litellm itself sends a pla
 completion: NAME unknown to litellm's cost map (a self-hosted model), or listed there as an
 OpenAI `chat` model. The models litellm rewrites requests for stay with litellm: the
 reasoning models (o1, o3, o4-mini..., gpt-5..., gpt-6..., and whatever the cost map says
-reasons: `max_completion_tokens`, no temperature), `gpt-4` and `gpt-3.5-turbo-16k` (no `response_format`), names with a `/`
-(`openai/responses/...`) and models whose mode is not `chat`. `SOPCTL_OPENAI_VIA_LITELLM=1`
-sends every `openai/` model through litellm.
+reasons: `max_completion_tokens`, no temperature), `gpt-4` and `gpt-3.5-turbo-16k` (no
+`response_format`), names with a `/` (`openai/responses/...`) and models whose mode is not
+`chat`. `SOPCTL_OPENAI_VIA_LITELLM=1` sends every `openai/` model through litellm.
 
 What is sent is what litellm sends for the same call (tests/test_openai_http.py compares the
 two against one server): the model name without its prefix, the messages, `temperature` and
@@ -63,7 +63,8 @@ from engine.models.types import ModelAnswer, ModelRequest, Price, TransientModel
 if TYPE_CHECKING:
     import httpx
 
-__all__ = ["VIA_LITELLM_ENV", "HostedModels", "routes_directly", "may_route_directly", "catalog_entry", "OpenAIHTTP", "prepare"]
+__all__ = ["VIA_LITELLM_ENV", "HostedModels", "OpenAIHTTP", "routes_directly", "may_route_directly",
+           "catalog_entry", "prepare"]
 
 
 VIA_LITELLM_ENV = "SOPCTL_OPENAI_VIA_LITELLM"
