@@ -321,3 +321,15 @@ def test_a_run_sends_its_first_request_before_importing_litellm(server, sop_file
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert seen == [via_litellm]
+
+
+def test_httpx_is_imported_without_its_command_line_client():
+    """The client imports httpx without click, rich and pygments (httpx's own command line),
+    and leaves `httpx._main` importable afterwards."""
+    code = ("import sys; from engine.models.openai_http import _httpx; httpx = _httpx(); "
+            "print(sorted({'click', 'rich', 'pygments'} & set(sys.modules))); "
+            "import httpx._main; print(callable(httpx._main.main), hasattr(httpx, 'AsyncClient'))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:2] == ["[]", "True True"]

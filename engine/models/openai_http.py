@@ -38,6 +38,7 @@ import asyncio
 import importlib.util
 import json
 import os
+import sys
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -148,13 +149,34 @@ def prepare() -> None:
     by `sopctl run`): httpx imported, the cost map read."""
     def work() -> None:
         try:
-            import httpx  # noqa: F401 - imported for its side effect: cached in sys.modules
-
+            _httpx()
             _catalog()
         except Exception:  # noqa: BLE001 - the request itself reports it
             pass
 
     threading.Thread(target=work, name="sopctl-openai-prepare", daemon=True).start()
+
+
+_HTTPX_LOCK = threading.Lock()
+
+
+def _httpx() -> Any:
+    """httpx, imported without its command-line client. Its package imports `httpx._main`
+    (click, rich and pygments: about 55 ms of CPU, a tenth of what a run does before its first
+    request) only to offer `httpx.main`, the `httpx` command, and falls back to a stub of it
+    when that import fails; so the import is made to fail while the package loads, and the
+    module is importable again right after (`import httpx._main` still works)."""
+    with _HTTPX_LOCK:
+        if "httpx" not in sys.modules:
+            blocked = "httpx._main" not in sys.modules
+            if blocked:
+                sys.modules["httpx._main"] = None  # type: ignore[assignment]
+            try:
+                import httpx  # noqa: F401 - cached in sys.modules, returned below
+            finally:
+                if blocked and sys.modules.get("httpx._main", 0) is None:
+                    del sys.modules["httpx._main"]
+    return sys.modules["httpx"]
 
 
 # --------------------------------------------------------------------------- the providers
@@ -252,8 +274,7 @@ class OpenAIHTTP:
 
     async def _post(self, request: ModelRequest) -> dict[str, Any]:
         """The answer's JSON, or our error family (see the module docstring)."""
-        import httpx
-
+        httpx = _httpx()
         spec = request.spec
         where = f"model '{spec.model}' for action {spec.action}"
         timeout = spec.timeout_s or DEFAULT_TIMEOUT_S
@@ -309,8 +330,7 @@ class OpenAIHTTP:
 
     def _client(self) -> httpx.AsyncClient:
         """One connection pool per event loop (a pool cannot outlive the loop it was made on)."""
-        import httpx
-
+        httpx = _httpx()
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
