@@ -288,12 +288,24 @@ def test_a_run_whose_server_keeps_failing_stops_with_the_usual_diagnostic(
 
 # ----------------------------------------------------------------------------- litellm is not waited for
 
+JSON_SOP = """
+apiVersion: sop/v1
+name: hello-json
+inputs:
+  idea: {type: str, required: true}
+actions:
+  Write: {prompt: "{{ inputs.idea }}", context: none, output: {Greeting: {type: str}}}
+roles:
+  Writer: {actions: [Write], watch: [UserRequirement]}
+"""
+
 _DRIVER = """
 import os, sys
 class Watch:
     def find_spec(self, name, path=None, target=None):
-        if name.startswith("litellm."):   # the package runs (finding it imports nothing)
-            open(os.environ["LITELLM_MARK"], "w").close()
+        for package in ("litellm", "jsonschema"):
+            if name.startswith(package + "."):   # the package runs (finding it imports nothing)
+                open(os.path.join(os.environ["MARKS"], package), "w").close()
         return None
 sys.meta_path.insert(0, Watch())
 from engine.cli.commands import main
@@ -304,23 +316,29 @@ sys.exit(main(sys.argv[1:]))
 @pytest.mark.parametrize("via_litellm", [False, True])
 def test_a_run_sends_its_first_request_before_importing_litellm(server, sop_file, tmp_path, via_litellm):
     """A real `sopctl run` in a fresh process: when the first request reaches the server,
-    litellm has not been imported (not even started) unless the switch asks for litellm."""
-    mark = tmp_path / "litellm-imported"
-    seen: list[bool] = []
-    server.replies = [(200, {}, answer("hello from the server"))]
+    litellm has not been imported (not even started) unless the switch asks for litellm; nor
+    has the run's warm-up begun (it imports jsonschema), which waits for that request."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    sop_file.write_text(JSON_SOP, encoding="utf-8")     # an output schema: jsonschema is needed
+    seen: list[dict[str, bool]] = []
+    server.replies = [(200, {}, answer('{"Greeting": "hello from the server"}'))]
     original = server.httpd.RequestHandlerClass.do_POST
 
     def do_post(handler: Any) -> None:
-        seen.append(mark.exists())
+        seen.append({name: (marks / name).exists() for name in ("litellm", "jsonschema")})
         original(handler)
 
     server.httpd.RequestHandlerClass.do_POST = do_post   # type: ignore[method-assign]
-    env = {**os.environ, "LITELLM_MARK": str(mark), "PYTHONPATH": str(ROOT),
+    env = {**os.environ, "MARKS": str(marks), "PYTHONPATH": str(ROOT),
            openai_http.VIA_LITELLM_ENV: "1" if via_litellm else ""}
     proc = subprocess.run([sys.executable, "-c", _DRIVER, *run_args(server, sop_file, tmp_path)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert seen == [via_litellm]
+    assert len(seen) == 1 and seen[0]["litellm"] is via_litellm
+    if not via_litellm:
+        assert seen[0]["jsonschema"] is False
+        assert (marks / "jsonschema").exists()    # the warm-up ran once the request was sent
 
 
 def test_httpx_is_imported_without_its_command_line_client():

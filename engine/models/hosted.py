@@ -52,12 +52,19 @@ from engine.models.types import (
     price_of,
 )
 
-__all__ = ["LiteLLMProvider", "litellm_module", "import_litellm_in_background", "redact", "DEFAULT_TIMEOUT_S",
+__all__ = ["LiteLLMProvider", "REQUEST_SENT", "litellm_module", "import_litellm_in_background", "redact",
+           "DEFAULT_TIMEOUT_S",
            "commands_text", "native_tools", "tool_list"]
 
 
 DEFAULT_TIMEOUT_S = 120.0
 """Seconds a hosted call may take when no `llm.timeout_s` is set (then it is retried)."""
+
+
+REQUEST_SENT = threading.Event()
+"""Set once this process has sent a hosted model request: a hosted run's warm-up waits for it
+(engine.run.actions.warm_up), so that its one-time work fills the wait for the first answer
+instead of slowing the way to the first request."""
 
 
 _LITELLM: list[Any] = []
@@ -166,6 +173,7 @@ class LiteLLMProvider:
         model = request.spec.model
         litellm = litellm_module()
         _ignore_unsent_calls()   # each call: a test harness or host may have reset the filters
+        REQUEST_SENT.set()       # litellm is imported: what is left before sending is short
         try:
             response = await litellm.acompletion(**self._kwargs(model, request))
         except Exception as exc:  # noqa: BLE001 - converted to our error family here

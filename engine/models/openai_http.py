@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 from engine.errors import LLMError, RunError
 from engine.models.hosted import (
     DEFAULT_TIMEOUT_S,
+    REQUEST_SENT,
     LiteLLMProvider,
     _count_tokens,
     _litellm_cost,
@@ -292,11 +293,14 @@ class OpenAIHTTP:
         return _checked(request, response)
 
     def _on_sent(self, model: str) -> Any:
-        """httpcore's trace hook: once the first request's body is sent, start importing
-        litellm in the background if its answer will need litellm's cost function."""
+        """httpcore's trace hook: once a request's body is sent, the run's warm-up may start
+        (REQUEST_SENT), and litellm is imported in the background if the answer will need its
+        cost function (the first time only)."""
         async def trace(event: str, info: Mapping[str, Any]) -> None:
-            if (not self._litellm_started and event.endswith("send_request_body.complete")
-                    and self.price(model) is not None):
+            if not event.endswith("send_request_body.complete"):
+                return
+            REQUEST_SENT.set()
+            if not self._litellm_started and self.price(model) is not None:
                 self._litellm_started = True
                 import_litellm_in_background()
         return trace
