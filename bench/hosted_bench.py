@@ -116,7 +116,7 @@ def first_request(via_litellm: bool = False, timeout_s: float = 180.0) -> dict[s
 
 _IMPORT = ("import time; t = time.perf_counter(); import engine.cli.commands, engine.cli.live, "
            "engine.api; {client}; print(time.perf_counter() - t)")
-_CLIENTS = {False: "import engine.models.openai_http, httpx",
+_CLIENTS = {False: "from engine.models.openai_http import _httpx; _httpx()",
             True: "from engine.models.hosted import litellm_module; litellm_module()"}
 
 
