@@ -145,6 +145,9 @@ def _read_catalog() -> dict[str, Any]:
     return {}
 
 
+_PREPARING: list[threading.Thread] = []
+
+
 def prepare() -> None:
     """What the first direct request needs, paid off the run's path (a daemon thread started
     by `sopctl run`): httpx imported, the cost map read."""
@@ -155,7 +158,9 @@ def prepare() -> None:
         except Exception:  # noqa: BLE001 - the request itself reports it
             pass
 
-    threading.Thread(target=work, name="sopctl-openai-prepare", daemon=True).start()
+    if not _PREPARING:   # `sopctl run` asks before and after compiling: one thread is enough
+        _PREPARING.append(threading.Thread(target=work, name="sopctl-openai-prepare", daemon=True))
+        _PREPARING[0].start()
 
 
 _HTTPX_LOCK = threading.Lock()
