@@ -217,7 +217,7 @@ def test_a_connection_refused_is_transient(server):
 
 
 @pytest.mark.parametrize("status, words", [(400, "HTTP 400: max_tokens is too large"),
-                                           (403, "HTTP 403: max_tokens is too large"),
+                                           (403, "HTTP 403 (permission denied): max_tokens is too large"),
                                            (404, "HTTP 404: max_tokens is too large")])
 def test_a_refused_request_is_not_retried_and_says_what_the_server_said(server, status, words):
     server.replies = [(status, {}, {"error": {"message": f"max_tokens is too large ({KEY})"}})]

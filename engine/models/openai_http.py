@@ -398,7 +398,14 @@ def _checked(request: ModelRequest, response: httpx.Response) -> dict[str, Any]:
     status = response.status_code
     if status == 401:
         raise LLMError(f"model '{spec.model}' has no valid API key (action {spec.action}): the "
-                       f"server refused it ({_server_message(response)})", hint=_KEY_HINT)
+                       f"server refused it ({_server_message(response)})",
+                       hint="check the value of OPENAI_API_KEY in the environment (API keys are "
+                            "read only from there)")
+    if status == 403:   # a valid key without access: not retried, as through litellm
+        raise LLMError(f"model '{spec.model}' failed for action {spec.action}: HTTP 403 "
+                       f"(permission denied): {_server_message(response)}",
+                       hint="the key in OPENAI_API_KEY has no access to this model (or from "
+                            "here): check the key's project and the model's name")
     if status in (408, 429) or status >= 500:
         name = _STATUS_NAMES.get(status, "InternalServerError")
         raise TransientModelError(f"model '{spec.model}' for action {spec.action}: {name}: "
