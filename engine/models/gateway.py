@@ -49,7 +49,8 @@ is re-asked). So the journal records them, the live display shows them and `sopc
 counts them. `usage` is folded from those same events; each call's `CallResult.events` lists
 its own (and `CallResult.usage` folds them).
 
-Hosted models live in `engine.models.hosted`, the only module that touches litellm; it imports
+Hosted models live in `engine.models.openai_http` (`openai/` chat models, sent over httpx
+without litellm) and `engine.models.hosted`, the only module that touches litellm; it imports
 litellm on the first call that needs it, never at `import engine`.
 """
 

@@ -1,4 +1,6 @@
 """Hosted models through litellm: one lazy import, our error mapping, key redaction.
+(`openai/` chat models are sent without litellm, by engine.models.openai_http, which reuses
+this module's helpers and maps errors into the same family.)
 
 Why a module of its own: this is the only place that touches litellm's API, so the gateway
 (`engine.models.gateway`) stays readable and `import engine` never pays for litellm (it is imported
@@ -53,8 +55,7 @@ from engine.models.types import (
 )
 
 __all__ = ["LiteLLMProvider", "REQUEST_SENT", "litellm_module", "import_litellm_in_background", "redact",
-           "DEFAULT_TIMEOUT_S",
-           "commands_text", "native_tools", "tool_list"]
+           "DEFAULT_TIMEOUT_S", "commands_text", "native_tools", "tool_list"]
 
 
 DEFAULT_TIMEOUT_S = 120.0

@@ -213,10 +213,11 @@ class Team:
                 preflight(model)
         self.workspace.create()
         self._checked = True
+        # one-time costs, overlapping the first call; with a hosted model, after its first
+        # request is sent (the CPU is idle while its answer is waited for)
         own = getattr(self.ctx.gateway, "providers", {})
         hosted = not self.options.replay and any(is_hosted(m) and m not in own for m in models)
-        warm_up(self.compiled, REQUEST_SENT if hosted else None)   # one-time costs, off the
-        # way to the first request when a hosted model is asked (its answer is waited for)
+        warm_up(self.compiled, REQUEST_SENT if hosted else None)
 
     def _check_tool_flags(self) -> None:
         """Tools that run commands or reach a host need the user's flag, before anything runs."""
