@@ -162,6 +162,21 @@ def test_the_server_comes_from_the_environment_without_api_base(server, monkeypa
     assert got.text == "from the environment" and server.requests[-1]["model"] == "self-hosted-test-model"
 
 
+@pytest.mark.parametrize("via_litellm", [False, True])
+def test_the_proxy_of_the_environment_is_used_as_through_litellm(server, monkeypatch, via_litellm):
+    """HTTP_PROXY (and NO_PROXY) are honoured: the request for a server on another host goes
+    to the proxy (here the local server), by either path."""
+    for name in ("NO_PROXY", "no_proxy", "ALL_PROXY", "all_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", server.base.rsplit("/v1", 1)[0])
+    server.replies.append((200, {}, answer("through the proxy")))
+    monkeypatch.setenv(openai_http.VIA_LITELLM_ENV, "1" if via_litellm else "")
+    provider = HostedModels(api_base="http://models.invalid/v1")
+    request = first_request(provider, json_spec(SELF_HOSTED, kind="text", schema=None))
+    assert asyncio.run(provider.complete(request)).text == "through the proxy"
+    assert server.requests[-1]["model"] == "self-hosted-test-model"
+
+
 # ----------------------------------------------------------------------------- errors
 
 
