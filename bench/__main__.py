@@ -46,7 +46,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("memory", "bench.memory_bench", "Prompt size as a run grows: whole memory against a memory window"),
     ("scale", "bench.scale_bench", "Scale: 10 to 1,000 files on fake"),
     ("toolloop", "bench.toolloop_bench", "Tool loops: engine time per step"),
-    ("hosted", "bench.hosted_bench", "A hosted model's stack: litellm against a local OpenAI-compatible server"),
+    ("hosted", "bench.hosted_bench", "A hosted model's first request: direct client and litellm, against a local OpenAI-compatible server"),
 ]
 
 
@@ -198,15 +198,17 @@ def _hosted_rows(res: dict[str, Any]) -> list[tuple[str, float, str]]:
     hosted = res.get("hosted") or {}
     if not hosted:
         return []
-    rows = [("seconds from `sopctl run` to the first request, hosted model (litellm)",
-             hosted["first_request_s"], f"<= {hosted['target']:g}")]
+    rows = [("seconds from `sopctl run` to the first request, openai/ model (direct client)",
+             hosted["first_request_s"], f"<= {hosted['target']:g}"),
+            ("first request through litellm / by the direct client",
+             hosted["first_request_via_litellm_s"] / hosted["first_request_s"], "> 1")]
     compare = res.get("compare") or {}
     metagpt = compare.get(f"metagpt@{(compare.get('latencies_ms') or [0])[0]:g}")
     if metagpt:
         rows += [("peak RSS with litellm loaded (at the first request) / MetaGPT's run",
-                  hosted["peak_rss_mb"] / metagpt["peak_rss_mb"]["median"], "< 1"),
+                  hosted["peak_rss_via_litellm_mb"] / metagpt["peak_rss_mb"]["median"], "< 1"),
                  ("import with litellm / MetaGPT's import",
-                  hosted["import_s"] / metagpt["import_s"]["median"], "< 1")]
+                  hosted["import_via_litellm_s"] / metagpt["import_s"]["median"], "< 1")]
     return rows
 
 

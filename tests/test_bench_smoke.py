@@ -154,11 +154,12 @@ def test_scale_bench_runs_the_shipped_company_at_growing_sizes() -> None:
 
 
 @pytest.mark.slow
-def test_hosted_bench_reaches_the_local_server_through_litellm() -> None:
+def test_hosted_bench_reaches_the_local_server_directly_and_through_litellm() -> None:
     from bench import hosted_bench
 
     res = hosted_bench.main(size_factor=0.05)
     assert res["first_request_s"] > 0 and res["peak_rss_mb"] > 0 and res["import_s"] > 0
+    assert res["first_request_via_litellm_s"] > 0 and res["import_via_litellm_s"] > 0
     assert "time from `sopctl run` to the first request" in res["markdown"]
 
 

@@ -44,7 +44,7 @@ class FakeServer:
                 if body is None:
                     server.stop.wait()
                     return
-                data = json.dumps(body).encode()
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
                 try:
                     self.send_response(status)
                     for name, value in {**headers, "content-type": "application/json",

@@ -49,7 +49,8 @@ is re-asked). So the journal records them, the live display shows them and `sopc
 counts them. `usage` is folded from those same events; each call's `CallResult.events` lists
 its own (and `CallResult.usage` folds them).
 
-Hosted models live in `engine.models.hosted`, the only module that touches litellm; it imports
+Hosted models live in `engine.models.openai_http` (`openai/` chat models, sent over httpx
+without litellm) and `engine.models.hosted`, the only module that touches litellm; it imports
 litellm on the first call that needs it, never at `import engine`.
 """
 
@@ -71,7 +72,7 @@ from engine.errors import (
     SopError,
 )
 from engine.models import answers
-from engine.models.hosted import LiteLLMProvider
+from engine.models.openai_http import HostedModels
 from engine.models.registry import _resolve
 from engine.models.types import (
     AnswerRejected,
@@ -141,10 +142,10 @@ class Gateway:
         return _resolve(model, self.providers, self._hosted_provider)
 
     def _hosted_provider(self) -> Provider:
-        """litellm, for every model name that is not registered (made on first use)."""
+        """Every model name that is not registered: `openai/` chat models by our own client,
+        the others by litellm (engine.models.openai_http; made on first use)."""
         if self._hosted is None:
-            self._hosted = LiteLLMProvider(
-                completion_kwargs={"api_base": self.api_base} if self.api_base else {})
+            self._hosted = HostedModels(api_base=self.api_base)
         return self._hosted
 
     def preflight(self, model: str) -> None:

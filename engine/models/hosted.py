@@ -1,4 +1,6 @@
 """Hosted models through litellm: one lazy import, our error mapping, key redaction.
+(`openai/` chat models are sent without litellm, by engine.models.openai_http, which reuses
+this module's helpers and maps errors into the same family.)
 
 Why a module of its own: this is the only place that touches litellm's API, so the gateway
 (`engine.models.gateway`) stays readable and `import engine` never pays for litellm (it is imported
@@ -52,11 +54,18 @@ from engine.models.types import (
     price_of,
 )
 
-__all__ = ["LiteLLMProvider", "litellm_module", "import_litellm_in_background", "redact", "DEFAULT_TIMEOUT_S"]
+__all__ = ["LiteLLMProvider", "REQUEST_SENT", "litellm_module", "import_litellm_in_background", "redact",
+           "DEFAULT_TIMEOUT_S", "commands_text", "native_tools", "tool_list"]
 
 
 DEFAULT_TIMEOUT_S = 120.0
 """Seconds a hosted call may take when no `llm.timeout_s` is set (then it is retried)."""
+
+
+REQUEST_SENT = threading.Event()
+"""Set once this process has sent a hosted model request: a hosted run's warm-up waits for it
+(engine.run.actions.warm_up), so that its one-time work fills the wait for the first answer
+instead of slowing the way to the first request."""
 
 
 _LITELLM: list[Any] = []
@@ -165,6 +174,7 @@ class LiteLLMProvider:
         model = request.spec.model
         litellm = litellm_module()
         _ignore_unsent_calls()   # each call: a test harness or host may have reset the filters
+        REQUEST_SENT.set()       # litellm is imported: what is left before sending is short
         try:
             response = await litellm.acompletion(**self._kwargs(model, request))
         except Exception as exc:  # noqa: BLE001 - converted to our error family here
@@ -242,8 +252,13 @@ def native_tools(model: str, spec: CallSpec) -> list[dict[str, Any]] | None:
             return None
     except Exception:  # noqa: BLE001 - unknown model: the JSON command list
         return None
+    return tool_list(spec)
+
+
+def tool_list(spec: CallSpec) -> list[dict[str, Any]] | None:
+    """A tool loop's commands as OpenAI-style tools (None: a name clash after renaming)."""
     names = {ours: theirs for theirs, ours in _function_names(spec).items()}
-    if not names:
+    if not spec.commands or not names:
         return None
     return [{"type": "function", "function": {"name": names[name], "parameters": args}}
             for name, args in spec.commands]
@@ -254,15 +269,20 @@ def commands_text(spec: CallSpec, content: str, calls: Any) -> str:
     names = _function_names(spec)
     commands = []
     for call in calls:
-        function = getattr(call, "function", None)
-        name = str(getattr(function, "name", "") or "")
-        raw = getattr(function, "arguments", None) or "{}"
+        function = _field(call, "function")
+        name = str(_field(function, "name") or "")
+        raw = _field(function, "arguments") or "{}"
         try:
             args = json.loads(raw) if isinstance(raw, str) else dict(raw)
         except (ValueError, TypeError):
             args = {"arguments": str(raw)}   # not JSON: the schema check tells the model
         commands.append({"command_name": names.get(name, name), "args": args})
     return json.dumps({"thought": content, "commands": commands}, ensure_ascii=False)
+
+
+def _field(value: Any, name: str) -> Any:
+    """A field of litellm's response objects, or of the plain JSON the direct client reads."""
+    return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
 
 
 # litellm reports a missing key for some providers as a 500 ("Missing credentials..."):

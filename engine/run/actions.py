@@ -501,18 +501,28 @@ def _write_artifacts(action_id: str, action: ActionSpec, workspace: Workspace,
     return files
 
 
-def warm_up(compiled: CompiledSop) -> threading.Thread:
+WARM_UP_WAIT_S = 2.0
+"""The longest a hosted run's warm-up waits for the first request to be sent."""
+
+
+def warm_up(compiled: CompiledSop, after: threading.Event | None = None) -> threading.Thread:
     """Pay a run's one-time costs in a daemon thread: the JSON Schema validator of every
     output (the first one imports jsonschema) and every prompt, system and artifact template
     compiled. Started before the run, it overlaps the run's start and its first model call
     instead of delaying the first step that needs them; whatever it has not done yet is
-    done on first use, as without it."""
-    thread = threading.Thread(target=_warm, args=(compiled,), name="sopctl-warm-up", daemon=True)
+    done on first use, as without it. With `after` (a run on a hosted model: the event
+    engine.models.hosted.REQUEST_SENT) it starts once the first request is sent, at most
+    WARM_UP_WAIT_S later: its CPU would otherwise slow the way to that request (threads
+    share one interpreter lock), while the wait for the answer leaves the CPU idle."""
+    thread = threading.Thread(target=_warm, args=(compiled, after), name="sopctl-warm-up",
+                              daemon=True)
     thread.start()
     return thread
 
 
-def _warm(compiled: CompiledSop) -> None:
+def _warm(compiled: CompiledSop, after: threading.Event | None = None) -> None:
+    if after is not None:
+        after.wait(WARM_UP_WAIT_S)
     for schema in compiled.output_schemas.values():
         if schema is not None:
             prepare_validator(json.dumps(schema, sort_keys=True))

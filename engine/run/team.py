@@ -24,7 +24,8 @@ from engine.check.sandbox import stop_renders_on_cancel
 from engine.load.tools import flags_needed, mcp_hosts
 from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError
 from engine.models.gateway import Gateway
-from engine.models.registry import default_model, resolve_llm
+from engine.models.hosted import REQUEST_SENT
+from engine.models.registry import default_model, is_hosted, resolve_llm
 from engine.models.types import AnswerStore, Price, Usage
 from engine.run.actions import RunContext, used_actions, warm_up
 from engine.run.environment import Environment
@@ -205,13 +206,18 @@ class Team:
                            hint="commands already have the network unless --isolate is given")
         if self.options.isolate:
             self.ctx.sandbox = find_sandbox(self.options.allow_network)
+        models = self.models()
         preflight = getattr(self.ctx.gateway, "preflight", None)
         if preflight is not None and not self.options.replay:
-            for model in self.models():
+            for model in models:
                 preflight(model)
         self.workspace.create()
         self._checked = True
-        warm_up(self.compiled)     # one-time costs, overlapping the start and first call
+        # one-time costs, overlapping the first call; with a hosted model, after its first
+        # request is sent (the CPU is idle while its answer is waited for)
+        own = getattr(self.ctx.gateway, "providers", {})
+        hosted = not self.options.replay and any(is_hosted(m) and m not in own for m in models)
+        warm_up(self.compiled, REQUEST_SENT if hosted else None)
 
     def _check_tool_flags(self) -> None:
         """Tools that run commands or reach a host need the user's flag, before anything runs."""
