@@ -26,18 +26,23 @@ import contextlib
 import contextvars
 import functools
 import json
+import marshal
 import os
 import re
 import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import CodeType
 from typing import Any, Callable, Iterator, TypeVar
 
+import jinja2
 from jinja2 import StrictUndefined, Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import _PassArg, generate_lorem_ipsum
+
+from engine.check import diskcache
 
 __all__ = ["MAX_RENDERED_CHARS", "MAX_RENDER_CPU_S", "MAX_RENDER_MEMORY", "TemplateFailure",
            "environment", "parse", "render_template", "compile_expression", "stop_renders_on_cancel"]
@@ -345,7 +350,26 @@ def parse(source: str) -> nodes.Template:
 @lru_cache(maxsize=1024)
 def _template(source: str) -> Template:
     # Compiling is most of a render's cost (a 20-item fan-out renders 60 templates).
-    return environment().from_string(source)
+    env = environment()
+    return env.template_class.from_code(env, _code(source), env.make_globals(None), None)
+
+
+def _code(source: str) -> CodeType:
+    """The template compiled to Python by the bounded code generator: from the on-disk cache
+    when this sandbox (the engine's code, keyed in) compiled the same text before, so a new
+    process does not pay jinja's parse, code generation and `compile` again. The cached code
+    is this module's own generated code: the size checks it calls stay in it."""
+    key = diskcache.entry_key("template", jinja2.__version__, source) if diskcache.cache_dir() else ""
+    stored = diskcache.read("template", key) if key else None
+    if stored is not None:
+        with contextlib.suppress(ValueError, EOFError, TypeError):
+            code = marshal.loads(stored)
+            if isinstance(code, CodeType) and code.co_filename == "<template>":
+                return code
+    code = environment().compile(source)  # what `from_string` compiles (raises as it does)
+    if key:
+        diskcache.write("template", key, marshal.dumps(code))
+    return code
 
 
 def precompile(source: str) -> None:
