@@ -37,8 +37,10 @@ from types import CodeType
 from typing import Any, Callable, Iterator, TypeVar
 
 import jinja2
-from jinja2 import StrictUndefined, Template, TemplateError, nodes
+from jinja2 import StrictUndefined, Template, TemplateError, TemplateSyntaxError, nodes
 from jinja2.compiler import CodeGenerator
+from jinja2.environment import TemplateExpression
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import _PassArg, generate_lorem_ipsum
 
@@ -355,21 +357,42 @@ def _template(source: str) -> Template:
 
 
 def _code(source: str) -> CodeType:
-    """The template compiled to Python by the bounded code generator: from the on-disk cache
-    when this sandbox (the engine's code, keyed in) compiled the same text before, so a new
-    process does not pay jinja's parse, code generation and `compile` again. The cached code
-    is this module's own generated code: the size checks it calls stay in it."""
-    key = diskcache.entry_key("template", jinja2.__version__, source) if diskcache.cache_dir() else ""
-    stored = diskcache.read("template", key) if key else None
+    return _cached("template", source, lambda text: environment().compile(text))  # as `from_string`
+
+
+def _cached(kind: str, source: str, compile_source: Callable[[str], CodeType]) -> CodeType:
+    """A template or expression compiled to Python by the bounded code generator: from the
+    on-disk cache when this sandbox (the engine's code is in the key) compiled the same text
+    before, so a new process does not pay jinja's lexer, parse, code generation and
+    `compile` again. The cache holds this module's own generated code: the size checks it
+    calls stay in it, and the environment's checks (`call_binop`, `call`, filters) are this
+    process's. A text that does not compile raises as it did, and is never stored."""
+    key = diskcache.entry_key(kind, jinja2.__version__, source) if diskcache.cache_dir() else ""
+    stored = diskcache.read(kind, key) if key else None
     if stored is not None:
         with contextlib.suppress(ValueError, EOFError, TypeError):
             code = marshal.loads(stored)
             if isinstance(code, CodeType) and code.co_filename == "<template>":
                 return code
-    code = environment().compile(source)  # what `from_string` compiles (raises as it does)
+    code = compile_source(source)
     if key:
-        diskcache.write("template", key, marshal.dumps(code))
+        diskcache.write(kind, key, marshal.dumps(code))
     return code
+
+
+def _expression_code(source: str) -> CodeType:
+    """What jinja's `compile_expression` compiles: `result = <expression>` as a template."""
+    env = environment()
+    parser = Parser(env, source, state="variable")
+    try:
+        expr = parser.parse_expression()
+        if not parser.stream.eos:
+            raise TemplateSyntaxError("chunk after expression", parser.stream.current.lineno, None, None)
+        expr.set_environment(env)
+    except TemplateSyntaxError:
+        env.handle_exception(source=source)
+    body = [nodes.Assign(nodes.Name("result", "store"), expr, lineno=1)]
+    return env.compile(nodes.Template(body, lineno=1))
 
 
 def precompile(source: str) -> None:
@@ -385,7 +408,10 @@ def precompile(source: str) -> None:
 def compile_expression(source: str) -> Callable[..., Any]:
     """A sandboxed jinja expression (`for_each`, `when`), compiled once per process; calling
     it evaluates under the same limits as a render (TemplateFailure past them)."""
-    expression = environment().compile_expression(source, undefined_to_none=False)
+    env = environment()
+    template = env.template_class.from_code(env, _cached("expression", source, _expression_code),
+                                            env.make_globals(None), None)
+    expression = TemplateExpression(template, undefined_to_none=False)
 
     def evaluate(**variables: Any) -> Any:
         return _within_limits(lambda: expression(**variables))
