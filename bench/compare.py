@@ -190,6 +190,9 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
     import engine.cli.commands  # noqa: F401 - what a run loads, counted here, not in the run
     import engine.cli.live  # noqa: F401
     import engine.cli.report  # noqa: F401
+    import engine.cli.batch  # noqa: F401 - imported lazily by the CLI's parser, the run's
+    import engine.journal.pool  # noqa: F401 - experience pool and tracing options: what every
+    import engine.run.tracing  # noqa: F401 - `sopctl run` loads, whatever its flags
     import engine.models.fake  # noqa: F401
     import engine.testing  # noqa: F401
     import jsonschema  # noqa: F401 - what a run loads to check answers, as MetaGPT's pydantic

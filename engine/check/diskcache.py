@@ -37,24 +37,25 @@ _DIGEST = 32
 
 
 def cache_dir() -> Path | None:
-    """The cache's folder, created if need be; None when the cache is off or unsafe to use."""
-    if os.environ.get("SOPCTL_NO_CACHE", "") not in ("", "0"):
-        return None
-    return _usable(_location())
-
-
-def _location() -> Path:
-    chosen = os.environ.get("SOPCTL_CACHE_DIR")
-    if chosen:
-        return Path(chosen)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "sopctl"
+    """The cache's folder, created if need be; None when the cache is off or unsafe to use.
+    Looked up for every template: the environment is read each time (a test or a caller may
+    change it), the folder checked once per setting."""
+    env = os.environ
+    return _usable(env.get("SOPCTL_NO_CACHE", ""), env.get("SOPCTL_CACHE_DIR", ""),
+                   env.get("XDG_CACHE_HOME", ""), env.get("HOME", ""))
 
 
 @lru_cache(maxsize=8)
-def _usable(folder: Path) -> Path | None:
-    """`folder` if it is (or could be made) a private folder of this user, else None."""
+def _usable(off: str, chosen: str, xdg: str, _home: str) -> Path | None:
+    """The folder these settings name if it is (or could be made) a private folder of this
+    user, else None."""
+    if off not in ("", "0"):
+        return None
+    if chosen:
+        folder = Path(chosen)
+    else:
+        base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+        folder = base / "sopctl"
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         return folder if _private(folder) else None

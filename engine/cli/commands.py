@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -564,8 +565,25 @@ def build_parser() -> argparse.ArgumentParser:
 _SIGTERM_EXIT = 128 + 15
 
 
+@functools.lru_cache(maxsize=1)
+def _parser() -> argparse.ArgumentParser:
+    """The parser, built once per process: building it (a hundred options, each help text
+    looked up by gettext on disk) costs more than a whole run's engine time on a fast model,
+    for a second `main` in one process (the API's users, a benchmark, a server)."""
+    return build_parser()
+
+
+def _fresh_lists(args: argparse.Namespace) -> argparse.Namespace:
+    """An `append` option left unused holds its default list itself, shared by every parse of
+    the one parser: each command gets its own copy."""
+    for name, value in vars(args).items():
+        if isinstance(value, list):
+            setattr(args, name, list(value))
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _fresh_lists(_parser().parse_args(argv))
     handler: Handler = args.handler
     with _sigterm_as_ctrl_c() as terminated:
         code = _handle(handler, args)
