@@ -31,7 +31,8 @@ _KIND = "sop"
 
 def lookup(path: str | Path, include_dirs: tuple[str | Path, ...]) -> Any | None:
     """The CheckResult stored for this file as it is now, or None (a miss)."""
-    key = _key(path, include_dirs)
+    raw = _plain_bytes(Path(path)) if diskcache.cache_dir() is not None else None
+    key = _key(path, include_dirs, raw) if raw is not None else ""
     payload = diskcache.read(_KIND, key) if key else None
     if payload is None:
         return None
@@ -51,26 +52,23 @@ def store(path: str | Path, include_dirs: tuple[str | Path, ...], result: Any) -
     compiled = result.compiled
     if compiled is None or not result.ok or compiled.source is None:
         return result
-    key = _key(path, include_dirs)
-    if not key:
+    if diskcache.cache_dir() is None:
+        return result
+    # Keyed by the bytes it was compiled from (not the file read again: it may have changed).
+    key = _key(path, include_dirs, compiled.source.raw)
+    state = _state(compiled.source, path, include_dirs, stored=True)
+    if state is None:
         return result
     try:
         plain = replace(result, compiled=replace(compiled, output_schemas=dict(compiled.output_schemas)))
-        state = _state(compiled.source, path, include_dirs)
         diskcache.write(_KIND, key, pickle.dumps((state, plain), protocol=pickle.HIGHEST_PROTOCOL))
     except (OSError, pickle.PicklingError, TypeError, AttributeError):
         pass  # not cached: the next process compiles it again
     return result
 
 
-def _key(path: str | Path, include_dirs: tuple[str | Path, ...]) -> str:
-    """The entry's key, or "" when the file cannot be read as a plain file (the compiler then
-    reports why, as without a cache)."""
-    if diskcache.cache_dir() is None:
-        return ""
-    raw = _plain_bytes(Path(path))
-    if raw is None:
-        return ""
+def _key(path: str | Path, include_dirs: tuple[str | Path, ...], raw: bytes) -> str:
+    """The entry's key for the file's bytes `raw`."""
     import jinja2
     import networkx
     import pydantic
@@ -89,13 +87,20 @@ def _plain_bytes(path: Path) -> bytes | None:
         return None
 
 
-def _state(source: Source, path: str | Path, include_dirs: tuple[str | Path, ...]) -> tuple[Any, ...]:
+def _state(source: Source, path: str | Path, include_dirs: tuple[str | Path, ...],
+           stored: bool = False) -> tuple[Any, ...] | None:
     """What the compiled file depends on besides its own bytes: each library's sha256, and
-    where each `include:` of each file resolves to now (the first folder that has it)."""
+    where each `include:` of each file resolves to (the first folder that has it). `stored`:
+    the state to store, from the bytes compiled; None if an include resolves now to a file
+    that was not compiled in (one appeared meanwhile: not stored). Else: as the disk is now."""
     roots = tuple(Path(d).resolve() for d in include_dirs)
-    libraries = tuple((lib.file, _sha256(lib.file)) for lib in source.included)
+    libraries = tuple((lib.file, hashlib.sha256(lib.raw).hexdigest() if stored else _sha256(lib.file))
+                      for lib in source.included)
     folders = [Path(path).resolve().parent] + [Path(lib.file).resolve().parent for lib in source.included]
     resolved = tuple(_resolutions(s, folder, roots) for s, folder in zip((source, *source.included), folders))
+    used = {str(Path(lib.file).resolve()) for lib in source.included}
+    if stored and any(hit not in used for hits in resolved for hit in hits):
+        return None
     return (sys.version_info[:2], libraries, resolved)
 
 

@@ -23,7 +23,6 @@ import hashlib
 import os
 import stat
 import sys
-import tempfile
 from functools import lru_cache
 from pathlib import Path
 
@@ -138,6 +137,8 @@ def write(kind: str, key: str, payload: bytes) -> None:
     if path is None:
         return
     try:
+        import tempfile  # only when writing: `sopctl validate` of a cached file never needs it
+
         path.parent.mkdir(mode=0o700, exist_ok=True)
         handle, temp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:

@@ -66,13 +66,16 @@ class Workspace:
         lexical path (the root is already resolved), so any difference is a symlink, and
         any symlink is refused, whether it leads outside or not.
         """
-        target = self.root.joinpath(*_check_syntax(rel).parts)
-        real = Path(os.path.realpath(target))
+        # Plain strings, not Path objects: this runs for every artifact written. Both sides are
+        # normalised (the root is resolved, `parts` has no `.`, `..` or empty names).
+        root = str(self.root)
+        target = os.path.join(root, *_check_syntax(rel).parts)
+        real = os.path.realpath(target)
         if real != target:
-            outside = real != self.root and self.root not in real.parents
+            outside = real != root and not real.startswith(root.rstrip(os.sep) + os.sep)
             where = " and leads outside the workspace" if outside else ""
             raise WorkspaceError(f"artifact path '{rel}' goes through a symlink{where}; refused")
-        return target
+        return Path(target)
 
     def write(self, rel: str, content: str) -> WrittenFile:
         """Write atomically; unchanged content is not rewritten (same mtime, same inode)."""
@@ -102,7 +105,7 @@ def _check_syntax(rel: str) -> PurePosixPath:
     if "\x00" in rel or "\\" in rel:
         raise WorkspaceError(f"artifact path '{rel}' contains a NUL or a backslash; use '/'")
     path = PurePosixPath(rel)  # built once: this runs for every artifact write
-    if path.is_absolute() or PureWindowsPath(rel).drive or rel.startswith("~"):
+    if path.is_absolute() or _windows_drive(rel) or rel.startswith("~"):
         raise WorkspaceError(f"artifact path '{rel}' is absolute; paths are relative to the workspace")
     if ".." in path.parts:
         raise WorkspaceError(f"artifact path '{rel}' contains '..'; paths must stay in the workspace")
@@ -117,6 +120,12 @@ def _check_syntax(rel: str) -> PurePosixPath:
         raise WorkspaceError(f"artifact path '{rel}' writes into {ENGINE_DIR}/, the folder of "
                              "sopctl's own journal and lock; refused")
     return path
+
+
+def _windows_drive(rel: str) -> bool:
+    """`C:x` names a drive on Windows (a UNC `//server` path is absolute already); the
+    colon test first spares building a PureWindowsPath for every ordinary path."""
+    return rel[1:2] == ":" and bool(PureWindowsPath(rel).drive)
 
 
 def _file_sha256(path: Path) -> str:
