@@ -254,3 +254,33 @@ def test_entries_are_written_whole_and_private(cache: Path, tmp_path: Path) -> N
     assert entry.stat().st_mode & 0o077 == 0
     assert not [p for p in (cache / "sop").iterdir() if p.name.startswith(".tmp-")]
     assert os.stat(cache / "sop").st_mode & 0o077 == 0
+
+
+def test_a_link_or_a_fifo_in_place_of_an_entry_is_a_miss(cache: Path, tmp_path: Path) -> None:
+    path = _sop(tmp_path)
+    first = _fresh_check(path)
+    [entry] = _entries(cache, "sop")
+    elsewhere = tmp_path / "planted"
+    elsewhere.write_bytes(entry.read_bytes())
+    entry.unlink()
+    entry.symlink_to(elsewhere)
+    assert compile_cache.lookup(path, ()) is None
+    entry.unlink()
+    os.mkfifo(entry)
+    assert compile_cache.lookup(path, ()) is None           # not waited on
+    entry.unlink()
+    assert _same(_fresh_check(path).compiled, first.compiled)
+
+
+_ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = sorted([*(_ROOT / "sops").glob("*.sop.yaml"), *(_ROOT / "examples").glob("*.sop.yaml")])
+
+
+@pytest.mark.parametrize("sop", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_sop_reads_back_as_it_compiled(cache: Path, sop: Path) -> None:
+    first = _fresh_check(sop)
+    assert first.ok
+    again = _fresh_check(sop)                                # from the disk this time
+    assert _same(again.compiled, first.compiled)
+    assert again.diagnostics == first.diagnostics and again.lines == first.lines
+    assert dict(again.compiled.output_schemas) == dict(first.compiled.output_schemas)

@@ -64,7 +64,10 @@ def _usable(off: str, chosen: str, xdg: str, _home: str) -> Path | None:
 
 def _private(path: Path) -> bool:
     """Owned by this user and writable by nobody else (not a symlink to someone else's)."""
-    info = os.stat(path)
+    return _private_info(os.stat(path))
+
+
+def _private_info(info: os.stat_result) -> bool:
     mine = not hasattr(os, "getuid") or info.st_uid == os.getuid()
     return mine and not info.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
@@ -116,8 +119,12 @@ def read(kind: str, key: str) -> bytes | None:
     if path is None:
         return None
     try:
-        with open(path, "rb") as handle:
-            if not _private(path):
+        # No symlink followed, no FIFO waited on; what was opened must be this user's own
+        # plain file, writable by nobody else.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        with open(fd, "rb") as handle:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode) or not _private_info(info):
                 return None
             blob = handle.read()
     except OSError:
