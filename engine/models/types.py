@@ -6,9 +6,10 @@ the run and the journal) can import it without importing a provider."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, Mapping, Protocol
 
 from engine.errors import LLMError
@@ -170,7 +171,7 @@ def plain_fields(obj: Any) -> dict[str, Any]:
     event is serialised once for the journal, and asdict deep-copies each field through
     `copy.deepcopy`, even a string. Containers are rebuilt (the caller may change the
     result); anything asdict would deep-copy still is."""
-    return {f.name: _plain(getattr(obj, f.name)) for f in fields(obj)}
+    return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
 
 
 def _plain(value: Any) -> Any:
@@ -181,7 +182,7 @@ def _plain(value: Any) -> Any:
         return kind(_plain(v) for v in value)
     if kind is dict:
         return {_plain(k): _plain(v) for k, v in value.items()}
-    if is_dataclass(value) and not isinstance(value, type):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return plain_fields(value)
     return asdict_value(value)
 
