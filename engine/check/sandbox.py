@@ -31,20 +31,15 @@ import os
 import re
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from functools import lru_cache
-from types import CodeType
 from typing import Any, Callable, Iterator, TypeVar
 
-import jinja2
-from jinja2 import StrictUndefined, Template, TemplateError, TemplateSyntaxError, nodes
+from jinja2 import StrictUndefined, Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
-from jinja2.environment import TemplateExpression
-from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import _PassArg, generate_lorem_ipsum
-
-from engine.check import diskcache
 
 __all__ = ["MAX_RENDERED_CHARS", "MAX_RENDER_CPU_S", "MAX_RENDER_MEMORY", "TemplateFailure",
            "environment", "parse", "render_template", "compile_expression", "stop_renders_on_cancel"]
@@ -356,23 +351,27 @@ def _template(source: str) -> Template:
     return env.template_class.from_code(env, _code(source), env.make_globals(None), None)
 
 
-def _code(source: str) -> CodeType:
+def _code(source: str) -> types.CodeType:
     return _cached("template", source, lambda text: environment().compile(text))  # as `from_string`
 
 
-def _cached(kind: str, source: str, compile_source: Callable[[str], CodeType]) -> CodeType:
+def _cached(kind: str, source: str, compile_source: Callable[[str], types.CodeType]) -> types.CodeType:
     """A template or expression compiled to Python by the bounded code generator: from the
     on-disk cache when this sandbox (the engine's code is in the key) compiled the same text
     before, so a new process does not pay jinja's lexer, parse, code generation and
     `compile` again. The cache holds this module's own generated code: the size checks it
     calls stay in it, and the environment's checks (`call_binop`, `call`, filters) are this
     process's. A text that does not compile raises as it did, and is never stored."""
+    import jinja2
+
+    from engine.check import diskcache
+
     key = diskcache.entry_key(kind, jinja2.__version__, source) if diskcache.cache_dir() else ""
     stored = diskcache.read(kind, key) if key else None
     if stored is not None:
         with contextlib.suppress(ValueError, EOFError, TypeError):
             code = marshal.loads(stored)
-            if isinstance(code, CodeType) and code.co_filename == "<template>":
+            if isinstance(code, types.CodeType) and code.co_filename == "<template>":
                 return code
     code = compile_source(source)
     if key:
@@ -380,8 +379,11 @@ def _cached(kind: str, source: str, compile_source: Callable[[str], CodeType]) -
     return code
 
 
-def _expression_code(source: str) -> CodeType:
+def _expression_code(source: str) -> types.CodeType:
     """What jinja's `compile_expression` compiles: `result = <expression>` as a template."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.parser import Parser
+
     env = environment()
     parser = Parser(env, source, state="variable")
     try:
@@ -408,6 +410,8 @@ def precompile(source: str) -> None:
 def compile_expression(source: str) -> Callable[..., Any]:
     """A sandboxed jinja expression (`for_each`, `when`), compiled once per process; calling
     it evaluates under the same limits as a render (TemplateFailure past them)."""
+    from jinja2.environment import TemplateExpression
+
     env = environment()
     template = env.template_class.from_code(env, _cached("expression", source, _expression_code),
                                             env.make_globals(None), None)
