@@ -74,3 +74,33 @@ def test_the_parser_is_built_once_and_each_command_gets_its_own_lists() -> None:
     assert second.input == [] and first.input is not second.input
     third = commands._fresh_lists(commands._parser().parse_args([*argv, "--input", "k=v"]))
     assert third.input == ["k=v"]
+
+
+def test_the_command_list_is_every_command_of_the_parser() -> None:
+    full = commands.build_parser()
+    [sub] = [a for a in full._actions if a.dest == "command"]
+    assert tuple(sub.choices) == commands.COMMANDS
+
+
+def test_a_one_command_parser_parses_as_the_whole_parser_does() -> None:
+    cases = [["run", "x.sop.yaml", "--model", "fake", "--idea", "i", "--input", "a=1", "--format", "json"],
+             ["validate", "a.sop.yaml", "b.sop.yaml", "--strict"], ["batch", "x.sop.yaml", "rows.jsonl"],
+             ["resume", "runs/r", "--budget", "1"], ["pool", "list"], ["show", "runs/r", "--prompts"]]
+    for argv in cases:
+        whole = commands.build_parser().parse_known_args(argv)
+        alone = commands.build_parser(argv[0]).parse_known_args(argv)
+        assert vars(whole[0]) == vars(alone[0]) and whole[1] == alone[1]
+    for name in commands.COMMANDS:
+        assert commands.build_parser(name).format_usage() == commands.build_parser().format_usage()
+
+
+def test_errors_and_help_read_as_with_the_whole_parser(capsys) -> None:
+    import pytest
+
+    for argv in (["run"], ["run", "x.sop.yaml", "--no-such-flag"], ["nosuch"], [], ["run", "--help"]):
+        outputs = []
+        for parser in (commands.build_parser(), commands._parser(argv[0] if argv and argv[0] in commands.COMMANDS else None)):
+            with pytest.raises(SystemExit) as stop:
+                parser.parse_args(argv)
+            outputs.append((stop.value.code, capsys.readouterr()))
+        assert outputs[0] == outputs[1], argv
