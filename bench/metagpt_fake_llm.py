@@ -178,10 +178,10 @@ def main() -> None:
     }
     if args.warm:
         STATS.update(calls=0, llm_s=0.0, prompts=[], kinds=[], unknown=0)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         sc.generate_repo(args.idea, investment=3.0, n_round=5, code_review=True)
         result.update(warm_run_s=time.perf_counter() - t0, warm_llm_s=STATS["llm_s"],
-                      warm_llm_calls=STATS["calls"])
+                      warm_llm_calls=STATS["calls"], warm_run_cpu_s=time.process_time() - c0)
     print(json.dumps(result))
 
 

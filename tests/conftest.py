@@ -29,6 +29,16 @@ def _plain_pytest_in_workspaces() -> Iterator[None]:
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The on-disk compile cache in a folder of this session, not the user's ~/.cache: the
+    suite exercises the cache (most files compile twice or more) without reading entries an
+    older checkout wrote, or leaving its own behind."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SOPCTL_CACHE_DIR", str(tmp_path_factory.mktemp("sopctl-cache")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def forked_sopctl() -> Iterator[object]:
     """`sopctl` as real processes forked from one that imported it (see run_helpers.ForkedSopctl)."""

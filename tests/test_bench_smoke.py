@@ -41,6 +41,8 @@ def test_compare_sopctl_side_produces_its_figures() -> None:
         assert side["files_written"] == res["files"]
     _positive(res[f"sopctl_fan_out_1@{res['latencies_ms'][-1]:g}"]["run_s"])
     _positive(res["sopctl@0"]["warm_overhead_per_call_ms"])
+    _positive(res["sopctl@0"]["warm_cpu_per_call_ms"])
+    _positive(res["sopctl_no_cache@0"]["cpu_per_call_ms"])       # a file's very first run
     assert res["sopctl_shipped"]["llm_calls"] > res["sopctl@0"]["llm_calls"]  # the QA engineer's calls
     for key in ("sopctl_help_s", "sopctl_validate_s"):
         _positive(res["cold"][key])
@@ -169,3 +171,16 @@ def test_toolloop_bench_produces_its_figures() -> None:
     figures = toolloop_bench.main(steps=4, repeats=1)
     for side in ("no journal", "with journal"):
         assert figures[side]["engine_ms_per_step"] > 0 and figures[side]["steps"] == 4
+
+
+def test_the_summary_shows_cpu_and_wall_cold_and_warm_against_their_targets() -> None:
+    from bench.__main__ import summary_rows
+
+    ratios = {"overhead_per_call": 0.2, "overhead_per_call_warm": 0.08, "cpu_per_call": 0.09,
+              "cpu_per_call_warm": 0.3}
+    rows = summary_rows([{"name": "compare", "result": {"ratios": ratios}}])
+    found = {row.split(" | ")[0].lstrip("| "): row for row in rows[2:]}
+    for clock, when, value, met in (("CPU time", "(cold)", "0.090", "yes"), ("CPU time", "(warm)", "0.300", "**no**"),
+                                    ("(wall)", "(cold)", "0.200", "**no**"), ("(wall)", "(warm)", "0.080", "yes")):
+        [row] = [r for label, r in found.items() if clock in label and when in label]
+        assert f"**{value}** | <= 0.1 | {met} |" in row

@@ -22,6 +22,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from engine.check import compile_cache
 from engine.check.graph import build as build_graph
 from engine.check.phases import PHASES
 from engine.check.rules import Context, run_rules
@@ -106,11 +107,14 @@ def check_path(path: str | Path, include_dirs: IncludeDirs = ()) -> CheckResult:
     known = _remembered(key)
     if known is not None:
         return known
+    stored = compile_cache.lookup(path, include_dirs)
+    if stored is not None:
+        return _remember(key, stored)
     try:
         source = _with_includes(load_path(path), Path(path).parent, include_dirs)
     except LoadError as exc:
         return _load_failure(str(path), exc, source_lines(path))
-    return _remember(key, _check_source(source, include_dirs))
+    return _remember(key, compile_cache.store(path, include_dirs, _check_source(source, include_dirs)))
 
 
 def _with_includes(source: Source, base: Path, include_dirs: IncludeDirs) -> Source:

@@ -25,10 +25,12 @@ import contextlib
 import contextvars
 import functools
 import json
+import marshal
 import os
 import re
 import threading
 import time
+import types
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
@@ -367,7 +369,54 @@ def parse(source: str) -> nodes.Template:
 @lru_cache(maxsize=1024)
 def _template(source: str) -> Template:
     # Compiling is most of a render's cost (a 20-item fan-out renders 60 templates).
-    return environment().from_string(source)
+    env = environment()
+    return env.template_class.from_code(env, _code(source), env.make_globals(None), None)
+
+
+def _code(source: str) -> types.CodeType:
+    return _cached("template", source, lambda text: environment().compile(text))  # as `from_string`
+
+
+def _cached(kind: str, source: str, compile_source: Callable[[str], types.CodeType]) -> types.CodeType:
+    """A template or expression compiled to Python by the bounded code generator: from the
+    on-disk cache when this sandbox (the engine's code is in the key) compiled the same text
+    before, so a new process does not pay jinja's lexer, parse, code generation and
+    `compile` again. The cache holds this module's own generated code: the size checks it
+    calls stay in it, and the environment's checks (`call_binop`, `call`, filters) are this
+    process's. A text that does not compile raises as it did, and is never stored."""
+    import jinja2
+
+    from engine.check import diskcache
+
+    key = diskcache.entry_key(kind, jinja2.__version__, source) if diskcache.cache_dir() else ""
+    stored = diskcache.read(kind, key) if key else None
+    if stored is not None:
+        with contextlib.suppress(ValueError, EOFError, TypeError):
+            code = marshal.loads(stored)
+            if isinstance(code, types.CodeType) and code.co_filename == "<template>":
+                return code
+    code = compile_source(source)
+    if key:
+        diskcache.write(kind, key, marshal.dumps(code))
+    return code
+
+
+def _expression_code(source: str) -> types.CodeType:
+    """What jinja's `compile_expression` compiles: `result = <expression>` as a template."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.parser import Parser
+
+    env = environment()
+    parser = Parser(env, source, state="variable")
+    try:
+        expr = parser.parse_expression()
+        if not parser.stream.eos:
+            raise TemplateSyntaxError("chunk after expression", parser.stream.current.lineno, None, None)
+        expr.set_environment(env)
+    except TemplateSyntaxError:
+        env.handle_exception(source=source)
+    body = [nodes.Assign(nodes.Name("result", "store"), expr, lineno=1)]
+    return env.compile(nodes.Template(body, lineno=1))
 
 
 def precompile(source: str) -> None:
@@ -383,7 +432,12 @@ def precompile(source: str) -> None:
 def compile_expression(source: str) -> Callable[..., Any]:
     """A sandboxed jinja expression (`for_each`, `when`), compiled once per process; calling
     it evaluates under the same limits as a render (TemplateFailure past them)."""
-    expression = environment().compile_expression(source, undefined_to_none=False)
+    from jinja2.environment import TemplateExpression
+
+    env = environment()
+    template = env.template_class.from_code(env, _cached("expression", source, _expression_code),
+                                            env.make_globals(None), None)
+    expression = TemplateExpression(template, undefined_to_none=False)
 
     def evaluate(**variables: Any) -> Any:
         return _within_limits(lambda: expression(**variables))

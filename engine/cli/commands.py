@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import math
 import os
@@ -479,102 +480,141 @@ def _add_include_flag(p: argparse.ArgumentParser) -> None:
                         "(repeatable; a resume uses the run's again)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The `sopctl` parser; with `only` (one of COMMANDS), with that command's subparser
+    alone: it parses that command's arguments as the whole parser does, and costs a tenth
+    to build (a run pays it: argparse formats and translates every option as it is added)."""
     parser = argparse.ArgumentParser(prog="sopctl", description="Declarative multi-agent SOP pipelines: "
                      "validate, inspect and run SOP files (MetaGPT semantics).")
     parser.add_argument("--version", action="version", version=f"sopctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("validate", help="check SOP files; every problem with file:line:col")
-    p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    p.add_argument("--strict", action="store_true", help="treat warnings as errors")
-    _add_include_flag(p)
-    p.set_defaults(handler=cmd_validate)
+    if only in (None, "validate"):
+        p = sub.add_parser("validate", help="check SOP files; every problem with file:line:col")
+        p.add_argument("files", nargs="+", metavar="FILE")
+        p.add_argument("--format", choices=["text", "json"], default="text")
+        p.add_argument("--strict", action="store_true", help="treat warnings as errors")
+        _add_include_flag(p)
+        p.set_defaults(handler=cmd_validate)
 
-    p = sub.add_parser("graph", help="print the compiled watch graph")
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("--format", choices=["mermaid", "dot", "json"], default="mermaid")
-    _add_include_flag(p)
-    p.set_defaults(handler=cmd_graph)
+    if only in (None, "graph"):
+        p = sub.add_parser("graph", help="print the compiled watch graph")
+        p.add_argument("file", metavar="FILE")
+        p.add_argument("--format", choices=["mermaid", "dot", "json"], default="mermaid")
+        _add_include_flag(p)
+        p.set_defaults(handler=cmd_graph)
 
-    p = sub.add_parser("schema", help="print the JSON Schema of SOP files")
-    p.set_defaults(handler=cmd_schema)
+    if only in (None, "schema"):
+        p = sub.add_parser("schema", help="print the JSON Schema of SOP files")
+        p.set_defaults(handler=cmd_schema)
 
-    p = sub.add_parser("run", help="run an SOP")
-    p.add_argument("file", metavar="FILE")
-    _add_run_flags(p)
-    _add_include_flag(p)
-    p.set_defaults(handler=cmd_run)
+    if only in (None, "run"):
+        p = sub.add_parser("run", help="run an SOP")
+        p.add_argument("file", metavar="FILE")
+        _add_run_flags(p)
+        _add_include_flag(p)
+        p.set_defaults(handler=cmd_run)
 
-    p = sub.add_parser("resume", help="continue an interrupted (or waiting) run from its journal")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    _add_resume_flags(p)
-    p.set_defaults(handler=cmd_resume)
+    if only in (None, "resume"):
+        p = sub.add_parser("resume", help="continue an interrupted (or waiting) run from its journal")
+        p.add_argument("run_dir", metavar="RUN_DIR")
+        _add_resume_flags(p)
+        p.set_defaults(handler=cmd_resume)
 
-    p = sub.add_parser("answer", help="answer the question a waiting run waits for")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--question", metavar="ID", help="the question's id (`sopctl show`): refused "
-                   "if the run waits for another one")
-    p.add_argument("--text", help="the answer as text (for an output tree: a JSON object)")
-    p.add_argument("--file", metavar="FILE", help="the answer read from a file (as --text)")
-    p.add_argument("--json", metavar="JSON", help="the answer as JSON: an object for an output tree")
-    p.add_argument("--approve", action="store_true", help="a review: publish the output as it is")
-    p.add_argument("--reject", action="store_true", help="a review: ask the model again (--comment)")
-    p.add_argument("--comment", help="with --reject: what the model should change")
-    p.add_argument("--resume", action="store_true", help="resume the run right after (resume's flags apply)")
-    _add_resume_flags(p)
-    p.set_defaults(handler=cmd_answer)
+    if only in (None, "answer"):
+        p = sub.add_parser("answer", help="answer the question a waiting run waits for")
+        p.add_argument("run_dir", metavar="RUN_DIR")
+        p.add_argument("--question", metavar="ID", help="the question's id (`sopctl show`): refused "
+                       "if the run waits for another one")
+        p.add_argument("--text", help="the answer as text (for an output tree: a JSON object)")
+        p.add_argument("--file", metavar="FILE", help="the answer read from a file (as --text)")
+        p.add_argument("--json", metavar="JSON", help="the answer as JSON: an object for an output tree")
+        p.add_argument("--approve", action="store_true", help="a review: publish the output as it is")
+        p.add_argument("--reject", action="store_true", help="a review: ask the model again (--comment)")
+        p.add_argument("--comment", help="with --reject: what the model should change")
+        p.add_argument("--resume", action="store_true", help="resume the run right after (resume's flags apply)")
+        _add_resume_flags(p)
+        p.set_defaults(handler=cmd_answer)
 
-    p = sub.add_parser("replay", help="re-run with every model answer taken from a run's journal")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--out", metavar="DIR", required=True, help="workspace of the replay")
-    p.add_argument("--allow-exec", action="store_true")
-    _add_allow_host_flag(p)
-    _add_isolation_flags(p)
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    _add_trace_flag(p)
-    p.set_defaults(handler=cmd_replay)
+    if only in (None, "replay"):
+        p = sub.add_parser("replay", help="re-run with every model answer taken from a run's journal")
+        p.add_argument("run_dir", metavar="RUN_DIR")
+        p.add_argument("--out", metavar="DIR", required=True, help="workspace of the replay")
+        p.add_argument("--allow-exec", action="store_true")
+        _add_allow_host_flag(p)
+        _add_isolation_flags(p)
+        p.add_argument("--format", choices=["text", "json"], default="text")
+        _add_trace_flag(p)
+        p.set_defaults(handler=cmd_replay)
 
-    from engine.cli.batch import add_batch_parser   # flags only: nothing heavy is imported
+    if only in (None, "batch"):
+        from engine.cli.batch import add_batch_parser   # flags only: nothing heavy is imported
 
-    add_batch_parser(sub, _add_batch_common_flags)
+        add_batch_parser(sub, _add_batch_common_flags)
 
-    p = sub.add_parser("runs", help="list runs under a folder (default ./runs)")
-    p.add_argument("dir", nargs="?", default="runs", metavar="DIR")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    p.set_defaults(handler=cmd_runs)
+    if only in (None, "runs"):
+        p = sub.add_parser("runs", help="list runs under a folder (default ./runs)")
+        p.add_argument("dir", nargs="?", default="runs", metavar="DIR")
+        p.add_argument("--format", choices=["text", "json"], default="text")
+        p.set_defaults(handler=cmd_runs)
 
-    p = sub.add_parser("show", help="a run's timeline, tokens and cost per action")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    p.add_argument("--prompts", nargs="?", const="", default=None, metavar="ACTION",
-                   help="print every request as sent (system and user messages, re-asks) "
-                        "and its answer; only ACTION's (id or Role.action) when given")
-    p.set_defaults(handler=cmd_show)
+    if only in (None, "show"):
+        p = sub.add_parser("show", help="a run's timeline, tokens and cost per action")
+        p.add_argument("run_dir", metavar="RUN_DIR")
+        p.add_argument("--format", choices=["text", "json"], default="text")
+        p.add_argument("--prompts", nargs="?", const="", default=None, metavar="ACTION",
+                       help="print every request as sent (system and user messages, re-asks) "
+                            "and its answer; only ACTION's (id or Role.action) when given")
+        p.set_defaults(handler=cmd_show)
 
-    p = sub.add_parser("report", help="a run as one HTML file: graph, timeline, cost, messages, prompts")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("-o", "--output", metavar="FILE",
-                   help="the HTML file to write (default: RUN_DIR.html, beside the run folder)")
-    p.set_defaults(handler=cmd_report)
+    if only in (None, "report"):
+        p = sub.add_parser("report", help="a run as one HTML file: graph, timeline, cost, messages, prompts")
+        p.add_argument("run_dir", metavar="RUN_DIR")
+        p.add_argument("-o", "--output", metavar="FILE",
+                       help="the HTML file to write (default: RUN_DIR.html, beside the run folder)")
+        p.set_defaults(handler=cmd_report)
 
-    p = sub.add_parser("pool", help="list, clear or prune the experience pool (--pool or $SOPCTL_POOL)")
-    p.add_argument("pool_command", choices=["list", "clear", "prune"], metavar="list|clear|prune")
-    p.add_argument("--pool", metavar="FILE", help="the pool file (default: $SOPCTL_POOL)")
-    p.add_argument("--action", help="only this action's entries (list, clear)")
-    p.add_argument("--keep", type=int, metavar="N", help="prune: keep the N best entries per action")
-    p.add_argument("--min-score", type=float, metavar="S", help="prune: drop entries scored below S")
-    p.add_argument("--format", choices=["text", "json"], default="text")
-    p.set_defaults(handler=cmd_pool)
+    if only in (None, "pool"):
+        p = sub.add_parser("pool", help="list, clear or prune the experience pool (--pool or $SOPCTL_POOL)")
+        p.add_argument("pool_command", choices=["list", "clear", "prune"], metavar="list|clear|prune")
+        p.add_argument("--pool", metavar="FILE", help="the pool file (default: $SOPCTL_POOL)")
+        p.add_argument("--action", help="only this action's entries (list, clear)")
+        p.add_argument("--keep", type=int, metavar="N", help="prune: keep the N best entries per action")
+        p.add_argument("--min-score", type=float, metavar="S", help="prune: drop entries scored below S")
+        p.add_argument("--format", choices=["text", "json"], default="text")
+        p.set_defaults(handler=cmd_pool)
     return parser
 
 
 _SIGTERM_EXIT = 128 + 15
 
 
+COMMANDS = ("validate", "graph", "schema", "run", "resume", "answer", "replay", "batch", "runs",
+            "show", "report", "pool")
+"""Every command, in the order `sopctl --help` lists them (a test keeps it in step)."""
+
+
+@functools.lru_cache(maxsize=None)
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser, built once per process and command: building all of it (a hundred
+    options, each help text looked up by gettext on disk) costs more than a run's engine
+    time per call on a fast model. A command line that starts with a command gets a parser
+    of that command alone; anything else (`--help`, a typo) the whole one."""
+    return build_parser(only)
+
+
+def _fresh_lists(args: argparse.Namespace) -> argparse.Namespace:
+    """An `append` option left unused holds its default list itself, shared by every parse of
+    the one parser: each command gets its own copy."""
+    for name, value in vars(args).items():
+        if isinstance(value, list):
+            setattr(args, name, list(value))
+    return args
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _fresh_lists(_parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv))
     handler: Handler = args.handler
     with _sigterm_as_ctrl_c() as terminated:
         code = _handle(handler, args)

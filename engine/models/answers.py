@@ -28,6 +28,7 @@ import threading
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, Callable
 
+from engine.check import diskcache
 from engine.load import patterns
 
 if TYPE_CHECKING:
@@ -437,8 +438,26 @@ def _validator(schema_json: str) -> Any:
 
         schema = json.loads(schema_json)
         validator_class, formats = _linear_time_validator()
-        validator_class.check_schema(schema, format_checker=formats)
+        key = _checked_key(schema_json)
+        if not key or diskcache.read("schema", key) != b"valid":
+            validator_class.check_schema(schema, format_checker=formats)
+            if key:
+                diskcache.write("schema", key, b"valid")
         return validator_class(schema, registry=Registry())
+
+
+def _checked_key(schema_json: str) -> str:
+    """The on-disk cache's key for "this schema passed the meta-schema check": checking an
+    output schema against Draft 2020-12 is most of building its validator (loading the
+    meta-schemas), and the answer given to the same schema text by the same jsonschema never
+    changes. Answers are validated in full every time; only the schema's own check is kept."""
+    if diskcache.cache_dir() is None:
+        return ""
+    import jsonschema.validators
+    import jsonschema_specifications  # type: ignore[import-untyped]
+
+    stamp = diskcache.module_stamp(jsonschema.validators, jsonschema_specifications)
+    return diskcache.entry_key("schema", stamp, schema_json)
 
 
 @lru_cache(maxsize=1)

@@ -6,6 +6,7 @@ the run and the journal) can import it without importing a provider."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
@@ -159,7 +160,41 @@ class Event:
     """The base of every run event: frozen, JSON-friendly fields, one journal row each."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return plain_fields(self)
+
+
+_ATOMS = (str, int, float, bool, type(None))
+
+
+def plain_fields(obj: Any) -> dict[str, Any]:
+    """`dataclasses.asdict(obj)`, the same dict, without its cost on the run's path: every
+    event is serialised once for the journal, and asdict deep-copies each field through
+    `copy.deepcopy`, even a string. Containers are rebuilt (the caller may change the
+    result); anything asdict would deep-copy still is."""
+    return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+
+
+def _plain(value: Any) -> Any:
+    kind = type(value)
+    if kind in _ATOMS:
+        return value
+    if kind is list or kind is tuple:
+        return kind(_plain(v) for v in value)
+    if kind is dict:
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return plain_fields(value)
+    return asdict_value(value)
+
+
+def asdict_value(value: Any) -> Any:
+    """What `asdict` makes of a field value of another type (a namedtuple, a dict subclass...)."""
+    return asdict(_Holder(value))["value"]
+
+
+@dataclass(frozen=True)
+class _Holder:
+    value: Any
 
 
 @dataclass(frozen=True)

@@ -66,14 +66,16 @@ class Workspace:
         lexical path (the root is already resolved), so any difference is a symlink, and
         any symlink is refused, whether it leads outside or not.
         """
-        _check_syntax(rel)
-        target = self.root.joinpath(*PurePosixPath(rel).parts)
-        real = Path(os.path.realpath(target))
+        # Plain strings, not Path objects: this runs for every artifact written. Both sides are
+        # normalised (the root is resolved, `parts` has no `.`, `..` or empty names).
+        root = str(self.root)
+        target = os.path.join(root, *_check_syntax(rel).parts)
+        real = os.path.realpath(target)
         if real != target:
-            outside = real != self.root and self.root not in real.parents
+            outside = real != root and not real.startswith(root.rstrip(os.sep) + os.sep)
             where = " and leads outside the workspace" if outside else ""
             raise WorkspaceError(f"artifact path '{rel}' goes through a symlink{where}; refused")
-        return target
+        return Path(target)
 
     def write(self, rel: str, content: str) -> WrittenFile:
         """Write atomically; unchanged content is not rewritten (same mtime, same inode)."""
@@ -94,20 +96,22 @@ class Workspace:
         return WrittenFile(norm, digest, changed=True)
 
 
-def _check_syntax(rel: str) -> None:
+def _check_syntax(rel: str) -> PurePosixPath:
+    """`rel` as a path, once it is known to be a plain relative path inside the workspace."""
     if not rel or not rel.strip():
         raise WorkspaceError("artifact path is empty")
     if len(rel) > MAX_PATH_CHARS:
         raise WorkspaceError(f"artifact path is longer than {MAX_PATH_CHARS} characters")
     if "\x00" in rel or "\\" in rel:
         raise WorkspaceError(f"artifact path '{rel}' contains a NUL or a backslash; use '/'")
-    if PurePosixPath(rel).is_absolute() or PureWindowsPath(rel).drive or rel.startswith("~"):
+    path = PurePosixPath(rel)  # built once: this runs for every artifact write
+    if path.is_absolute() or _windows_drive(rel) or rel.startswith("~"):
         raise WorkspaceError(f"artifact path '{rel}' is absolute; paths are relative to the workspace")
-    if ".." in PurePosixPath(rel).parts:
+    if ".." in path.parts:
         raise WorkspaceError(f"artifact path '{rel}' contains '..'; paths must stay in the workspace")
     if rel.endswith("/"):
         raise WorkspaceError(f"artifact path '{rel}' names a folder, not a file")
-    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in PurePosixPath(rel).parts),
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in path.parts),
                   default=0)
     if longest > MAX_NAME_BYTES:
         raise WorkspaceError(f"artifact path '{rel}' has a name of {longest} bytes; file systems "
@@ -115,6 +119,13 @@ def _check_syntax(rel: str) -> None:
     if in_engine_dir(rel):
         raise WorkspaceError(f"artifact path '{rel}' writes into {ENGINE_DIR}/, the folder of "
                              "sopctl's own journal and lock; refused")
+    return path
+
+
+def _windows_drive(rel: str) -> bool:
+    """`C:x` names a drive on Windows (a UNC `//server` path is absolute already); the
+    colon test first spares building a PureWindowsPath for every ordinary path."""
+    return rel[1:2] == ":" and bool(PureWindowsPath(rel).drive)
 
 
 def _file_sha256(path: Path) -> str:
