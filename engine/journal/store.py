@@ -61,6 +61,7 @@ real `sopctl run` at every point of the journal and check that `sopctl resume` r
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import errno
 import hashlib
@@ -381,6 +382,200 @@ def _crash_point(name: str) -> int:
     return int(raw) if raw.isdigit() else 0
 
 
+# --- group commit's fsync ---------------------------------------------------------------
+
+
+def _datasync(fd: int) -> None:
+    """fdatasync where there is one (a WAL that grew has its new size flushed too), else fsync."""
+    sync = getattr(os, "fdatasync", None) or os.fsync
+    sync(fd)
+
+
+class _Syncer:
+    """The second half of group commit: a thread that fsyncs the journal's WAL after commits.
+
+    Every commit adds one to a generation count, and an answer's commit marks its generation
+    as needed; the thread fsyncs whenever a needed generation is not covered yet, so all the
+    commits that land during one fsync (the answers of a fan-out, the step events around
+    them) share the next one. The step events alone never wake it: they ride along with the
+    next answer's fsync (a power cut losing them costs nothing, `resume` re-creates them).
+    `wait` is the event loop's side: nothing while every answer is covered, else a future
+    the thread resolves. An fsync that
+    fails (EIO, ENOSPC) is kept and raised at every later `wait`: after a failed fsync the
+    kernel may have dropped the pages, so nothing written since can be called durable.
+
+    One per writable `Journal`; the thread starts with the first commit it must cover and
+    stops in `close`, after a last fsync. A forked child starts afresh with its own lock and
+    thread (the parent's thread does not exist there; its lock may have been held).
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._wal = path.with_name(path.name + "-wal")
+        self._fd = -1                   # the WAL, opened by the thread
+        self._dir_synced = False        # the folder's entries for the journal and its WAL
+        self._committed = 0             # commits so far
+        self._needed = 0                # the generation of the last answer's commit
+        self._synced = 0                # commits an fsync covered
+        self._error: tuple[str, str] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
+
+    def _same_process(self) -> None:
+        if self._pid != os.getpid():    # forked: checked before the (maybe held) lock is taken
+            self._reset()
+
+    def committed(self, *, fsynced: bool, answer: bool) -> None:
+        """A commit landed; `answer`: it holds an answer (the barrier waits for it);
+        `fsynced`: SQLite fsynced the WAL in it, which covers every earlier commit too (the
+        folder still needs its one fsync)."""
+        self._same_process()
+        with self._cond:
+            self._committed += 1
+            if fsynced and self._dir_synced:
+                self._advance(self._committed)
+                return
+            if answer or fsynced:
+                self._needed = self._committed
+                if self._error is None and not self._stopping:
+                    self._start()
+                    self._cond.notify()
+
+    def unsynced(self) -> int:
+        """Answers' commits (and those before them) not yet covered by an fsync."""
+        with self._cond:
+            return max(self._needed - self._synced, 0)
+
+    def wait(self) -> asyncio.Future[None] | None:
+        """None when every commit so far is on disk, else a future done when it is (call it
+        from a coroutine); a failed fsync is a JournalError, here or from the future."""
+        self._same_process()
+        with self._cond:
+            self._raise_if_failed()
+            if self._synced >= self._needed:
+                return None
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[None] = loop.create_future()
+            self._waiters.append((self._needed, loop, future))
+            return future
+
+    def close(self) -> None:
+        """A last fsync of every commit not covered yet, then the thread ends (idempotent)."""
+        self._same_process()
+        with self._cond:
+            if self._synced < self._committed and self._error is None and not self._stopping:
+                self._start()             # step events alone never started it
+            self._stopping = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise JournalError(*self._error)
+
+    def _start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"sopctl-fsync {self._path}",
+                                            daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._synced >= self._needed and not self._stopping:
+                    self._cond.wait()
+                if self._synced >= self._committed:   # stopping, everything covered
+                    return
+                target = self._committed
+            failure = self._fsync()
+            with self._cond:
+                if failure is None:
+                    self._advance(target)
+                else:
+                    self._fail(failure)
+                    return
+
+    def _fsync(self) -> OSError | None:
+        """fsync the WAL (the database file where there is none), then, once, the folder."""
+        try:
+            if self._fd < 0 or not _same_file(self._fd, self._wal):
+                self._reopen()
+            _datasync(self._fd)
+            if not self._dir_synced:
+                _fsync_folder(self._path.parent)
+                self._dir_synced = True
+        except OSError as exc:
+            return exc
+        return None
+
+    def _reopen(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        try:
+            self._fd = os.open(self._wal, os.O_RDONLY | _OPEN_OWN)
+        except FileNotFoundError:     # no WAL (checkpointed away): the commits are in the file
+            self._fd = os.open(self._path, os.O_RDONLY | _OPEN_OWN)
+
+    def _advance(self, generation: int) -> None:
+        """Commits up to `generation` are on disk: wake whoever waits for them (lock held)."""
+        self._synced = max(self._synced, generation)
+        ready = [w for w in self._waiters if w[0] <= self._synced]
+        self._waiters = [w for w in self._waiters if w[0] > self._synced]
+        for _, loop, future in ready:
+            _settle(loop, future, None)
+
+    def _fail(self, exc: OSError) -> None:
+        error = _explain(exc, self._path, "fsync")
+        self._error = (error.message, error.hint or "the journal's last answers may not be on "
+                       "disk; check the disk, then continue with `sopctl resume`")
+        for _, loop, future in self._waiters:
+            _settle(loop, future, self._error)
+        self._waiters = []
+
+
+def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None],
+            error: tuple[str, str] | None) -> None:
+    """Resolve a waiter's future on its own loop's thread (a closed loop has nobody waiting)."""
+    def done() -> None:
+        if not future.done():
+            future.set_exception(JournalError(*error)) if error else future.set_result(None)
+    try:
+        loop.call_soon_threadsafe(done)
+    except RuntimeError:
+        pass
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether `fd` is still the file at `path` (SQLite deletes the WAL when the last
+    connection closes, and makes a new one on the next write)."""
+    try:
+        here, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+    except OSError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """fsync a folder, so that the files made in it survive a power cut."""
+    handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | _OPEN_OWN)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
 # --- the journal ----------------------------------------------------------------------
 
 
@@ -405,8 +600,11 @@ class Journal:
         self.workspace: Path | None = None
         self._lock: tuple[int, ...] = ()        # the writer lock's descriptors
         self._mutex = threading.RLock()       # writers may be called from worker threads
-        self._fsync_all = os.environ.get(SYNC_ENV, "").strip().lower() == "full"
+        mode = os.environ.get(SYNC_ENV, "").strip().lower()
+        self._fsync_all = mode == "full"
+        self._answers_inline = mode == "answer"  # each answer fsynced before `record` returns
         self._full = True                     # _connect starts every connection at FULL
+        self._syncer = _Syncer(path)
         self._pending: list[tuple[float, str, str | None, str]] = []
         """Events handed over since the last commit (group commit: see the module docstring)."""
         """Set for a writable journal: `completed` then checks the action's artifacts there."""
@@ -499,6 +697,7 @@ class Journal:
         text = scrub(answer.text, self._secrets)
         payload = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
         with self._mutex, _guard(self.path, "write an answer to"):
+            self._sync(full=True)     # the process exits next: on disk before it says so
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 taken = self._conn.execute("SELECT 1 FROM answers WHERE request_hash = ?",
@@ -515,6 +714,7 @@ class Journal:
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+            self._syncer.committed(fsynced=True, answer=True)
         return taken is None
 
     @classmethod
@@ -576,13 +776,16 @@ class Journal:
             except BaseException:
                 self._conn.execute("ROLLBACK")
                 raise
+            self._syncer.committed(fsynced=True, answer=False)
 
     def close(self) -> None:
-        """Commit what is buffered, close the database and drop the writer lock (idempotent)."""
+        """Commit what is buffered, fsync every commit, close the database and drop the
+        writer lock (idempotent)."""
         try:
             self.flush()
         except (JournalError, sqlite3.Error):
             pass            # as if killed here: resume re-creates the buffered events
+        self._syncer.close()   # its last fsync (a failure was raised at the last barrier)
         try:
             self._conn.close()
         except sqlite3.Error:
@@ -690,6 +893,7 @@ class Journal:
         kind = event_type(event)
         self._pending.append((time.time(), kind, key, text))
         if self._fsync_all or kind in _FSYNCED_EVENTS:
+            self._syncer._raise_if_failed()   # the run's end: a failed fsync is not hidden
             self._commit(full=True)
         elif kind in _STEP_EVENTS:
             self._commit(full=False)
@@ -722,6 +926,7 @@ class Journal:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
+            self._syncer.committed(fsynced=self._full, answer=answer is not None)
         self._pending.clear()
 
     def flush(self) -> None:
@@ -744,6 +949,16 @@ class Journal:
     def is_fsynced(self, event: RunEvent) -> bool:
         """Whether `on_event` fsyncs this event before returning (the durability tier)."""
         return self._fsync_all or event_type(event) in _FSYNCED_EVENTS
+
+    def durable(self) -> asyncio.Future[None] | None:
+        """The durability barrier (`engine.models.types.durable`): None when every commit so
+        far is fsynced, else a future done when the syncer's fsync covers them. A failed
+        fsync is a JournalError naming the journal, here or from the future."""
+        return self._syncer.wait() if self._writable else None
+
+    def unsynced(self) -> int:
+        """Commits that a power cut could still take back (0 right after `durable`)."""
+        return self._syncer.unsynced()
 
     def _sync(self, *, full: bool) -> None:
         """Set the connection's synchronous level for the next commit (only when it changes)."""
@@ -784,7 +999,7 @@ class Journal:
     def _store_answer(self, request_hash: str, action: str, answer: StoredAnswer, origin: str) -> None:
         self._require_writable()
         text = scrub(answer.text, self._secrets)
-        self._commit(full=True, answer=(
+        self._commit(full=self._answers_inline, answer=(
             request_hash, action, text, int(answer.prompt_tokens), int(answer.completion_tokens),
             float(answer.cost_usd), str(getattr(answer, "model", "")),
             float(getattr(answer, "seconds", 0.0)), origin), exchange=getattr(answer, "exchange", None))
@@ -857,6 +1072,9 @@ class ReplayStore:
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         self.target.record(request_hash, action, answer)
+
+    def durable(self) -> asyncio.Future[None] | None:
+        return self.target.durable()
 
     def _exchange_of(self, request_hash: str) -> dict[str, Any] | None:
         """The prompt to copy with the answer; a damaged one is left out (the answer is what

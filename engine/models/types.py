@@ -9,13 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Mapping, Protocol
+from typing import Any, Awaitable, Literal, Mapping, Protocol
 
 from engine.errors import LLMError
 
 __all__ = ["Event", "Price", "FREE", "CallSpec", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
            "ModelAnswered", "ModelRetried", "AnswerRejected", "GatewayEvent", "ModelRequest",
-           "ModelAnswer", "Provider", "price_of", "TransientModelError", "RealModelBlocked", "request_hash"]
+           "ModelAnswer", "Provider", "price_of", "TransientModelError", "RealModelBlocked", "request_hash",
+           "durable"]
 
 
 CallKind = Literal["json", "text", "code", "choice"]
@@ -149,6 +150,24 @@ class AnswerStore(Protocol):
         ...
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None: ...
+
+    # Optional: `def durable(self) -> Awaitable[None] | None`, the durability barrier. A store
+    # that records without fsyncing at once (the journal: group commit) returns something to
+    # await until every answer recorded so far is on disk, or None when they already are
+    # (the common, free case); it raises (or its awaitable does) when that cannot be done.
+    # A store without it (a test's, a memory store) keeps nothing a power cut could take back.
+
+
+async def durable(store: AnswerStore | None) -> None:
+    """The durability barrier: returns once every answer `store` recorded is on disk.
+
+    Awaited before anything depends on those answers outside this process: a paid model
+    request, a command, a tool that acts outside, a message or a question to a person."""
+    barrier = getattr(store, "durable", None)
+    if barrier is not None:
+        waiting: Awaitable[None] | None = barrier()
+        if waiting is not None:
+            await waiting
 
 
 # --- what the gateway reports: run events (see engine.run.events), defined here, below the run

@@ -1,0 +1,218 @@
+"""Group commit's durability barrier: a paid answer is fsynced before anything depends on it.
+
+The journal commits each answer without an fsync (it survives kill -9 at once) and a
+background thread fsyncs the WAL; before a paid model request, a command, a tool that acts
+outside, a question or a message to a person, the run awaits the barrier
+(`engine.models.types.durable`). These tests slow the disk's fsync down so that a missing
+barrier would let the next request out while the last answer is still unsynced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import api
+from engine.errors import JournalError
+from engine.journal import store as journal_store
+from engine.journal.store import Journal
+from engine.models.types import ModelAnswer, ModelRequest, StoredAnswer, durable
+from engine.run.people import PersonAnswer, Question
+from engine.testing import ScriptedModel, ScriptedPerson, use_model
+from run_helpers import fenced
+
+SOP = """\
+apiVersion: sop/v1
+name: durable
+inputs:
+  idea: {type: str, required: true}
+team: {max_rounds: 6}
+actions:
+  ListFiles:
+    prompt: "List the files for: {{ inputs.idea }}"
+    context: none
+    output:
+      Task list: {type: "list[str]", instruction: file names}
+    review: human
+  WriteFile:
+    for_each: "{{ msgs.ListFiles[-1].out['Task list'] }}"
+    as: filename
+    max_concurrency: 4
+    prompt: "Write {{ filename }}."
+    context: none
+    output: {code: python}
+    artifacts: [{path: "src/{{ filename }}", content: "{{ out }}"}]
+  RunCode:
+    kind: exec
+    command: ["python", "-c", "print('ran')"]
+    timeout_s: 30
+  Notify:
+    kind: reply
+    prompt: "The files of {{ inputs.idea }} are written."
+roles:
+  Lead: {actions: [ListFiles], watch: [UserRequirement]}
+  Coder: {actions: [WriteFile], watch: [ListFiles]}
+  Runner: {actions: [RunCode], watch: [WriteFile]}
+  Herald: {actions: [Notify], watch: [RunCode]}
+"""
+
+FILES = ["a.py", "b.py", "c.py", "d.py"]
+
+
+class Probe:
+    """Watches the run's journal: at each point where something leaves the process, notes
+    whether every answer recorded so far was fsynced (journal.unsynced() == 0)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.journals: list[Journal] = []
+        self.seen: list[tuple[str, bool]] = []
+        self.answers = 0
+        self.fsyncs = 0
+        real_record, real_sync = Journal.record_as, journal_store._datasync
+
+        def record_as(journal: Journal, *args: Any, **kwargs: Any) -> None:
+            if journal not in self.journals:
+                self.journals.append(journal)
+            real_record(journal, *args, **kwargs)
+            self.answers += 1
+
+        def slow_sync(fd: int) -> None:
+            time.sleep(0.03)       # a slow disk: without the barrier the run would not wait
+            real_sync(fd)
+            self.fsyncs += 1
+
+        monkeypatch.setattr(Journal, "record_as", record_as)
+        monkeypatch.setattr(journal_store, "_datasync", slow_sync)
+
+    def note(self, where: str) -> None:
+        self.seen.append((where, all(j.unsynced() == 0 for j in self.journals)))
+
+
+def answer(spec: Any, attempt: int) -> Any:
+    return {"Task list": FILES} if spec.action == "ListFiles" else fenced("print('hello')")
+
+
+class CheckedModel(ScriptedModel):
+    """Notes the probe the moment a request goes out (before it yields to other calls)."""
+
+    probe: Probe | None = None
+
+    async def complete(self, request: ModelRequest) -> ModelAnswer:
+        assert self.probe is not None
+        self.probe.note(f"model request for {request.spec.action}")
+        return await super().complete(request)
+
+
+class CheckedPerson(ScriptedPerson):
+    def __init__(self, probe: Probe, answers: list[Any]) -> None:
+        super().__init__(answers)
+        self.probe = probe
+
+    def ask(self, question: Question) -> PersonAnswer:
+        self.probe.note("question to a person")
+        return super().ask(question)
+
+    def tell(self, role: str, text: str) -> None:
+        self.probe.note("message to a person")
+        super().tell(role, text)
+
+
+def run_durable_sop(tmp_path: Path, probe: Probe, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from engine.run import actions
+
+    real_command = actions.run_command
+
+    async def run_command(*args: Any, **kwargs: Any) -> Any:
+        probe.note("command")
+        return await real_command(*args, **kwargs)
+
+    monkeypatch.setattr(actions, "run_command", run_command)
+    path = tmp_path / "durable.sop.yaml"
+    path.write_text(SOP, encoding="utf-8")
+    person = CheckedPerson(probe, [PersonAnswer("approve")])
+    model = CheckedModel(answer)
+    model.probe = probe
+    with use_model(model):
+        return api.run(api.load(path), {"idea": "tea"}, workspace=tmp_path / "ws",
+                       person=person, allow_exec=True)
+
+
+def test_every_answer_is_fsynced_before_anything_depends_on_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = Probe(monkeypatch)
+    result = run_durable_sop(tmp_path, probe, monkeypatch)
+    assert result.status == "idle", result.error
+    where = [w for w, _ in probe.seen]
+    assert where.count("model request for WriteFile") == len(FILES)
+    assert {"model request for ListFiles", "question to a person", "command",
+            "message to a person"} <= set(where)
+    unsynced = [w for w, synced in probe.seen if not synced]
+    assert unsynced == [], f"sent while an answer was not on disk: {unsynced}"
+    assert probe.answers >= 1 + len(FILES) and probe.fsyncs >= 1
+    assert all(j.unsynced() == 0 for j in probe.journals)    # closed: everything fsynced
+
+
+def test_the_barrier_waits_only_for_answers_not_yet_synced(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    probe = Probe(monkeypatch)
+    with Journal.create(tmp_path, sop_name="x", sop_hash="h") as journal:
+        asyncio.run(durable(journal))             # the journal's creation: fsynced at once
+        journal.record("h1", "Write", StoredAnswer("one", 1, 1, 0.0))
+        journal.record("h2", "Write", StoredAnswer("two", 1, 1, 0.0))
+        assert journal.unsynced() > 0             # committed, not fsynced yet (slow disk)
+        asyncio.run(durable(journal))
+        assert journal.unsynced() == 0
+        assert journal.durable() is None          # nothing new: no wait at all
+    assert probe.fsyncs >= 1
+
+
+def test_answer_mode_fsyncs_each_answer_before_record_returns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(journal_store.SYNC_ENV, "answer")
+    with Journal.create(tmp_path, sop_name="x", sop_hash="h") as journal:
+        asyncio.run(durable(journal))
+        journal.record("h1", "Write", StoredAnswer("one", 1, 1, 0.0))
+        assert journal.unsynced() == 0 and journal.durable() is None
+
+
+@pytest.mark.parametrize("code, words", [(errno.EIO, "Input/output error"),
+                                         (errno.ENOSPC, "the disk is full")])
+def test_a_failed_fsync_is_a_journal_error_at_the_barrier(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int, words: str) -> None:
+    def broken(fd: int) -> None:
+        raise OSError(code, "Input/output error" if code == errno.EIO else "No space left on device")
+
+    monkeypatch.setattr(journal_store, "_datasync", broken)
+    journal = Journal.create(tmp_path, sop_name="x", sop_hash="h")
+    try:
+        journal.record("h1", "Write", StoredAnswer("one", 1, 1, 0.0))   # committed: survives kill -9
+        for _ in range(2):                        # and every later barrier fails too
+            with pytest.raises(JournalError) as failed:
+                asyncio.run(durable(journal))
+            assert str(journal.path) in failed.value.message and words in failed.value.message
+    finally:
+        journal.close()
+    with Journal.open(tmp_path) as reread:        # the answer itself was committed
+        assert reread.lookup("h1") is not None
+
+
+def test_a_run_stops_before_paying_when_its_journal_cannot_be_fsynced(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(journal_store, "_datasync", broken)
+    model = ScriptedModel(lambda spec, attempt: {"Task list": FILES})
+    path = tmp_path / "durable.sop.yaml"
+    path.write_text(SOP, encoding="utf-8")
+    with use_model(model):
+        result = api.run(api.load(path), {"idea": "tea"}, workspace=tmp_path / "ws",
+                         person=ScriptedPerson([PersonAnswer("approve")]), allow_exec=True)
+    assert result.status == "failed"
+    assert "cannot fsync journal" in result.error and str(tmp_path / "ws") in result.error
+    assert model.requests == []                   # nothing paid on a journal that is not durable
