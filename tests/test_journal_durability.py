@@ -47,18 +47,23 @@ actions:
     context: none
     output: {code: python}
     artifacts: [{path: "src/{{ filename }}", content: "{{ out }}"}]
+  Notify:
+    kind: reply
+    prompt: "The files of {{ inputs.idea }} are written."
+  Check:
+    prompt: "Say whether the files of {{ inputs.idea }} are complete."
+    context: none
+    output: text
   RunCode:
     kind: exec
     command: ["python", "-c", "print('ran')"]
     timeout_s: 30
-  Notify:
-    kind: reply
-    prompt: "The files of {{ inputs.idea }} are written."
 roles:
   Lead: {actions: [ListFiles], watch: [UserRequirement]}
   Coder: {actions: [WriteFile], watch: [ListFiles]}
-  Runner: {actions: [RunCode], watch: [WriteFile]}
-  Herald: {actions: [Notify], watch: [RunCode]}
+  Herald: {actions: [Notify], watch: [WriteFile]}
+  Checker: {actions: [Check], watch: [Notify]}
+  Runner: {actions: [RunCode], watch: [Check]}
 """
 
 FILES = ["a.py", "b.py", "c.py", "d.py"]
@@ -100,7 +105,9 @@ class Probe:
 
 
 def answer(spec: Any, attempt: int) -> Any:
-    return {"Task list": FILES} if spec.action == "ListFiles" else fenced("print('hello')")
+    if spec.action == "ListFiles":
+        return {"Task list": FILES}
+    return fenced("print('hello')") if spec.kind == "code" else "complete"
 
 
 class CheckedModel(ScriptedModel):
@@ -155,8 +162,8 @@ def test_every_answer_is_fsynced_before_anything_depends_on_it(
     assert result.status == "idle", result.error
     where = [w for w, _ in probe.seen]
     assert where.count("model request for WriteFile") == len(FILES)
-    assert {"model request for ListFiles", "question to a person", "command",
-            "message to a person"} <= set(where)
+    assert where[-3:] == ["message to a person", "model request for Check", "command"]
+    assert {"model request for ListFiles", "question to a person"} <= set(where)
     unsynced = [w for w, synced in probe.seen if not synced]
     assert unsynced == [], f"sent while an answer was not on disk: {unsynced}"
     assert probe.fsyncs >= 1

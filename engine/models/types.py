@@ -164,10 +164,12 @@ async def durable(store: AnswerStore | None) -> None:
     Awaited before anything depends on those answers outside this process: a paid model
     request, a command, a tool that acts outside, a message or a question to a person."""
     barrier = getattr(store, "durable", None)
-    if barrier is not None:
-        waiting: Awaitable[None] | None = barrier()
-        if waiting is not None:
-            await waiting
+    if barrier is None:
+        return
+    # Asked again after each wait: a call of a fan-out that ran between the fsync and this
+    # coroutine's wake-up may have recorded an answer this one's request must not overtake.
+    while (waiting := barrier()) is not None:
+        await waiting
 
 
 # --- what the gateway reports: run events (see engine.run.events), defined here, below the run
