@@ -441,11 +441,14 @@ class _Syncer:
             if fsynced and self._dir_synced:
                 self._advance(self._committed)
                 return
-            if answer or fsynced:
-                self._needed = self._committed
-                if self._error is None and not self._stopping:
-                    self._start()
-                    self._cond.notify()
+            if not (answer or fsynced) or self._error is not None or self._stopping:
+                return
+            self._needed = self._committed
+            self._start()
+            self._cond.notify()
+        # Hand the GIL over now: else the woken thread waits for the interpreter's switch
+        # interval (5 ms) while this one parses and renders, and its fsync starts that late.
+        time.sleep(0)
 
     def unsynced(self) -> int:
         """Answers' commits (and those before them) not yet covered by an fsync."""
