@@ -19,25 +19,48 @@ A journal lives at `<workspace>/.sopctl/journal.sqlite` and has four tables:
 (`on_event`), `CompletedActions` (`completed`) and the gateway's `AnswerStore`
 (`lookup`/`record`).
 
-Group commit: one fsync per action step, not per event. Events are buffered in memory and
-written in one transaction at the step's commit points:
+Group commit: one commit per action step, not per event, and the fsync off the run's path.
+Events are buffered in memory and written in one transaction at the step's commit points:
 
-- a model answer (`record`): the buffered events and the answer, `synchronous=FULL`
-  (fsynced) before `record` returns, so the answer is on disk before the gateway parses it
-  or anything uses it;
+- a model answer (`record`; a person's answer, a tool's result too): the buffered events and
+  the answer, committed before `record` returns, without an fsync (`synchronous=NORMAL`);
 - `RunStarted`, `ActionStarted`, `ActionCompleted` and `QuestionAsked`: committed without
-  an fsync (they survive kill -9, and `sopctl show` follows a live run step by step, and
-  sees the question a run waits on), fsynced with the next answer;
-- `RunEnded`: fsynced.
+  an fsync (`sopctl show` follows a live run step by step, and sees the question a run
+  waits on);
+- `RunEnded`: committed and fsynced (`synchronous=FULL`), as is everything at `close`.
 
-A process killed between two commit points loses only the events buffered since the last
-one (a round start, a reused answer's event, a published message); `resume` re-creates them
-by re-executing with the journaled answers, at no cost, so the kill -9 sweep of
-tests/test_faults.py still repeats at most the one call that was in flight. A power cut can
-lose the events after the last fsync, never an answer that was used.
-`SOPCTL_JOURNAL_SYNC=full` commits and fsyncs every event on its own before the run goes
-on (the old default: about three fsyncs per model call; bench/journal_bench.py measures
-both); `tiered`, the older name of the grouped mode, is accepted.
+What survives what:
+
+- kill -9 (a crash, Ctrl-C, `os._exit`): every commit. A commit in WAL mode has written its
+  frames to the WAL file before it returns, and the operating system keeps them whatever
+  happens to the process. A process killed between two commit points loses only the events
+  buffered since the last one (a round start, a reused answer's event, a published
+  message); `resume` re-creates them by re-executing with the journaled answers, at no cost,
+  so the kill -9 sweep of tests/test_faults.py still repeats at most the one call that was
+  in flight.
+- a power cut (the OS dies too): what an fsync covered. `_Syncer`, a thread per writable
+  journal, fsyncs the WAL (and the `.sopctl` folder, once) whenever an answer was committed
+  since its last fsync, so every commit that lands during one fsync shares the next one
+  (the answers of a fan-out, the step events). The durability barrier, `durable()` (through
+  `engine.models.types.durable`, which the models and run layers call without knowing the
+  journal), is awaited before anything outside the process depends on the answers: a paid
+  model request (engine.models.gateway), a command (`kind: exec`), a tool that acts outside
+  (engine.run.toolloop), a question or a message to a person. It returns at once when the
+  last fsync covers every answer recorded so far (the usual case: the fsync ran while the
+  engine parsed, checked and rendered), else it waits, without blocking the event loop, for
+  the thread's next fsync. So a power cut loses at most answers nothing has acted on yet
+  (their requests are sent again by `resume`) and events after the last fsync, never an
+  answer that something outside was told about or paid on.
+- a failed fsync (EIO, ENOSPC): kept, and raised as a JournalError naming the journal at the
+  next barrier and every one after (after a failed fsync the kernel may have dropped the
+  pages: nothing written since can be called durable); the run stops there.
+
+The syncer starts with the first commit it must cover, stops at `close` after a last fsync,
+and starts afresh in a forked child. `SOPCTL_JOURNAL_SYNC=answer` fsyncs each answer before
+`record` returns, on the calling thread (the default before the syncer: one fsync per answer
+on the run's path); `full` commits and fsyncs every event on its own before the run goes on
+(about three fsyncs per model call). bench/journal_bench.py measures them all; `tiered`, an
+older name of the default, is accepted.
 
 Secrets never reach the file: the journal stores only what events and answers carry, and
 redacts before writing the value of any secret-looking environment variable (`*_API_KEY`,
@@ -137,7 +160,7 @@ EXCHANGE_COMPRESS_AT = 1024
 
 
 _FSYNCED_EVENTS = frozenset({"RunEnded"})
-"""Events fsynced before `on_event` returns; answers always are (see the module docstring)."""
+"""Events fsynced before `on_event` returns (answers: by the syncer, see the module docstring)."""
 
 
 _STEP_EVENTS = frozenset({"RunStarted", "ActionStarted", "ActionCompleted", "QuestionAsked"})
@@ -988,7 +1011,8 @@ class Journal:
                                       (request_hash,)).fetchone() is not None
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
-        """Store a model answer (the first answer for a request wins), durably."""
+        """Store a model answer (the first answer for a request wins), committed before this
+        returns (it survives kill -9); on disk once `durable()` says so (a power cut)."""
         self.record_as(request_hash, action, answer, origin="model")
 
     def record_as(self, request_hash: str, action: str, answer: StoredAnswer, *, origin: str) -> None:
