@@ -423,9 +423,9 @@ class _Syncer:
     them) share the next one. The step events alone never wake it: they ride along with the
     next answer's fsync (a power cut losing them costs nothing, `resume` re-creates them).
     `wait` is the event loop's side: nothing while every answer is covered, else a future
-    the thread resolves. An fsync that
-    fails (EIO, ENOSPC) is kept and raised at every later `wait`: after a failed fsync the
-    kernel may have dropped the pages, so nothing written since can be called durable.
+    the thread resolves. An fsync that fails (EIO, ENOSPC) is kept and raised at every later
+    `wait`: after a failed fsync the kernel may have dropped the pages, so nothing written
+    since can be called durable.
 
     One per writable `Journal`; the thread starts with the first commit it must cover and
     stops in `close`, after a last fsync. A forked child starts afresh with its own lock and
@@ -479,8 +479,8 @@ class _Syncer:
             return max(self._needed - self._synced, 0)
 
     def wait(self) -> asyncio.Future[None] | None:
-        """None when every commit so far is on disk, else a future done when it is (call it
-        from a coroutine); a failed fsync is a JournalError, here or from the future."""
+        """None when every answer committed so far is on disk, else a future done when it
+        is (call it from a coroutine); a failed fsync is a JournalError, here or from it."""
         self._same_process()
         with self._cond:
             self._raise_if_failed()
@@ -977,13 +977,14 @@ class Journal:
         return self._fsync_all or event_type(event) in _FSYNCED_EVENTS
 
     def durable(self) -> asyncio.Future[None] | None:
-        """The durability barrier (`engine.models.types.durable`): None when every commit so
-        far is fsynced, else a future done when the syncer's fsync covers them. A failed
-        fsync is a JournalError naming the journal, here or from the future."""
+        """The durability barrier (`engine.models.types.durable`): None when every answer
+        recorded so far is fsynced, else a future done when the syncer's fsync covers them
+        (await it in the event loop). A failed fsync is a JournalError naming the journal."""
         return self._syncer.wait() if self._writable else None
 
     def unsynced(self) -> int:
-        """Commits that a power cut could still take back (0 right after `durable`)."""
+        """Answers' commits (and those before them) a power cut could still take back (0
+        right after `durable`: the step events after the last answer may still be unsynced)."""
         return self._syncer.unsynced()
 
     def _sync(self, *, full: bool) -> None:
