@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -229,3 +230,23 @@ def test_a_run_stops_before_paying_when_its_journal_cannot_be_fsynced(
     assert result.status == "failed"
     assert "cannot fsync journal" in result.error and str(tmp_path / "ws") in result.error
     assert model.requests == []                   # nothing paid on a journal that is not durable
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_gets_its_own_syncer(tmp_path: Path) -> None:
+    """The batch runner may fork with a journal's syncer running: the child has no such
+    thread (and the lock may have been held), so it starts its own."""
+    with Journal.create(tmp_path, sop_name="x", sop_hash="h") as journal:
+        journal.record("h1", "Write", StoredAnswer("one", 1, 1, 0.0))
+        asyncio.run(durable(journal))             # the parent's syncer thread is running
+        pid = os.fork()
+        if pid == 0:                              # the child: a new commit, then the barrier
+            code = 1
+            try:
+                journal._syncer.committed(fsynced=False, answer=True)
+                asyncio.run(asyncio.wait_for(durable(journal), timeout=20))
+                code = 0 if journal.unsynced() == 0 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
