@@ -532,8 +532,9 @@ class _Syncer:
                     self._fail(failure)
                     return
 
-    def _fsync(self) -> OSError | None:
-        """fsync the WAL (the database file where there is none), then, once, the folder."""
+    def _fsync(self) -> Exception | None:
+        """fsync the WAL (the database file where there is none), then, once, the folder.
+        Any failure is returned, never raised: a dead thread would leave its waiters hanging."""
         try:
             if self._fd < 0 or not _same_file(self._fd, self._wal):
                 self._reopen()
@@ -541,7 +542,7 @@ class _Syncer:
             if not self._dir_synced:
                 _fsync_folder(self._path.parent)
                 self._dir_synced = True
-        except OSError as exc:
+        except Exception as exc:  # noqa: BLE001 - every failure reaches the next barrier
             return exc
         return None
 
@@ -562,7 +563,7 @@ class _Syncer:
         for _, loop, future in ready:
             _settle(loop, future, None)
 
-    def _fail(self, exc: OSError) -> None:
+    def _fail(self, exc: Exception) -> None:
         error = _explain(exc, self._path, "fsync")
         self._error = (error.message, error.hint or "the journal's last answers may not be on "
                        "disk; check the disk, then continue with `sopctl resume`")
@@ -595,6 +596,8 @@ def _same_file(fd: int, path: Path) -> bool:
 
 def _fsync_folder(folder: Path) -> None:
     """fsync a folder, so that the files made in it survive a power cut."""
+    if not hasattr(os, "O_DIRECTORY"):   # Windows: a folder cannot be opened to fsync it
+        return
     handle = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | _OPEN_OWN)
     try:
         os.fsync(handle)
