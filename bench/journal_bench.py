@@ -22,7 +22,15 @@ what a user pays. Figures are medians over the repetitions; ratios are to `none`
 run. `fsyncs/answer` is the syncer's fsyncs per paid answer in the `journal` runs (below 1:
 answers of a fan-out shared an fsync).
 
+A virtual disk's flush latency can swing from 0.1 ms to 4 ms within minutes, so the table
+says what an fdatasync cost while it ran, and `--fsync-ms N` makes every fsync of the
+syncer's code path (`journal`, and `answer`'s inline one) take at least N ms (a sleep
+before the real one, which like the real one releases the GIL), to compare the modes on a
+disk as slow as N whatever this one does meanwhile; `full`'s fsyncs are SQLite's own and
+stay real.
+
     python -m bench.journal_bench
+    python -m bench.journal_bench --fsync-ms 3.2     # as on a disk whose fsync takes 3.2 ms
     python -c "from bench.journal_bench import main; main(size_factor=0.05)"   # smoke
 """
 
@@ -67,12 +75,13 @@ class _Clock:
 class _Disk:
     """The syncer's fsync, counted, or made a no-op (the `nofsync` variant)."""
 
-    def __init__(self) -> None:
+    def __init__(self, delay_ms: float = 0.0) -> None:
         from engine.journal import store
 
         self.store, self.real_sync = store, store._datasync
         self.real_durable = store.Journal.durable
         self.fsyncs = 0
+        self.delay_s = delay_ms / 1000
 
     def set(self, variant: str) -> None:
         self.store._datasync = self._no_sync if variant == "nofsync" else self._counted
@@ -80,6 +89,8 @@ class _Disk:
                                      else self.real_durable)
 
     def _counted(self, fd: int) -> None:
+        if self.delay_s:
+            time.sleep(self.delay_s)
         self.real_sync(fd)
         self.fsyncs += 1
 
@@ -132,11 +143,29 @@ def _measure(compiled: Any, latency_ms: int, reps: int, root: Path, disk: _Disk)
             "seconds": medians, "ratio": {v: medians[v] / medians["none"] for v in VARIANTS}}
 
 
+def fdatasync_ms(folder: Path, n: int = 30) -> float:
+    """Median wall time of a 4 KiB append and its fdatasync in `folder`, now."""
+    sync = getattr(os, "fdatasync", None) or os.fsync
+    path = folder / "fsync-probe"
+    handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    times = []
+    try:
+        for _ in range(n):
+            os.write(handle, b"x" * 4096)
+            started = time.perf_counter()
+            sync(handle)
+            times.append(time.perf_counter() - started)
+    finally:
+        os.close(handle)
+        path.unlink()
+    return 1000 * statistics.median(times)
+
+
 _COLUMNS = (("journal", "journal, background fsync"), ("nofsync", "no fsync at all"),
             ("answer", "each answer fsynced inline"), ("full", "every event fsynced"))
 
 
-def _markdown(rows: list[dict[str, Any]]) -> str:
+def _markdown(rows: list[dict[str, Any]], disk_ms: tuple[float, float], delay_ms: float) -> str:
     head = "".join(f" {title} (s) | ratio |" for _, title in _COLUMNS)
     lines = [f"| latency | runs | events | fsyncs/answer | no journal (s) |{head}",
              "|---|---|---|---|---|" + "---|---|" * len(_COLUMNS)]
@@ -146,34 +175,47 @@ def _markdown(rows: list[dict[str, Any]]) -> str:
                         f"{'**' if v == 'journal' else ''} |" for v, _ in _COLUMNS)
         lines.append(f"| {r['latency_ms']} ms | {r['reps']} | {r['events']} | "
                      f"{r['fsyncs_per_answer']:.2f} | {s['none']:.3f} |{cells}")
-    lines += ["", "Ratio = median wall time of the run with the journal / without it, same "
+    made = f"; every fsync of `journal` and `answer` made to take {delay_ms:g} ms more" if delay_ms else ""
+    lines += ["", f"This disk's fdatasync took {disk_ms[0]:.2f} ms before the runs and "
+              f"{disk_ms[1]:.2f} ms after (median){made}.",
+              "", "Ratio = median wall time of the run with the journal / without it, same "
               "process, interleaved. At 0 ms, `answer` pays one fsync of this machine's disk "
               "per paid answer on the event loop; `journal` pays only what of the background "
               "fsync the engine's work before the next request does not hide."]
     return "\n".join(lines)
 
 
-def main(size_factor: float = 1.0, latencies_ms: tuple[int, int] = LATENCIES_MS) -> dict[str, Any]:
-    """Measure, print a table, return the figures (`ratio`: the default journal at 200 ms)."""
+def main(size_factor: float = 1.0, latencies_ms: tuple[int, int] = LATENCIES_MS,
+         fsync_ms: float = 0.0) -> dict[str, Any]:
+    """Measure, print a table, return the figures (`ratio`: the default journal at 200 ms).
+    `fsync_ms`: make each of the syncer's fsyncs take that much longer (see above)."""
     from engine.api import load
 
     saved = {k: os.environ.get(k) for k in ("SOPCTL_FAKE_LATENCY_MS", "SOPCTL_JOURNAL_SYNC")}
     compiled = load(SOP)
     root = Path(tempfile.mkdtemp(prefix="journal-bench-"))
-    disk = _Disk()
+    disk = _Disk(fsync_ms)
+    disk_ms = [fdatasync_ms(root)]
     try:
         fast, slow = latencies_ms
         rows = [_measure(compiled, fast, max(2, round(15 * size_factor)), root, disk),
                 _measure(compiled, slow, max(1, round(3 * size_factor)), root, disk)]
+        disk_ms.append(fdatasync_ms(root))
     finally:
         disk.restore()
         shutil.rmtree(root, ignore_errors=True)
         for key, value in saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-    table = _markdown(rows)
+    table = _markdown(rows, (disk_ms[0], disk_ms[-1]), fsync_ms)
     print(table)
-    return {"ratio": rows[1]["ratio"]["journal"], "ratio_at_0ms": rows[0]["ratio"]["journal"], "rows": rows, "markdown": table}
+    return {"ratio": rows[1]["ratio"]["journal"], "ratio_at_0ms": rows[0]["ratio"]["journal"],
+            "fdatasync_ms": disk_ms, "rows": rows, "markdown": table}
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    ap = argparse.ArgumentParser(description="the journal's overhead, by durability mode")
+    ap.add_argument("--fsync-ms", type=float, default=0.0,
+                    help="make each fsync of the syncer's code path take this much longer")
+    main(fsync_ms=ap.parse_args().fsync_ms)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -188,10 +189,21 @@ def test_the_barrier_waits_only_for_answers_not_yet_synced(tmp_path: Path,
 def test_answer_mode_fsyncs_each_answer_before_record_returns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(journal_store.SYNC_ENV, "answer")
+    synced_on: list[str] = []
+    real_sync = journal_store._datasync
+
+    def sync(fd: int) -> None:
+        synced_on.append(threading.current_thread().name)
+        real_sync(fd)
+
+    monkeypatch.setattr(journal_store, "_datasync", sync)
     with Journal.create(tmp_path, sop_name="x", sop_hash="h") as journal:
         asyncio.run(durable(journal))
+        before = len(synced_on)
         journal.record("h1", "Write", StoredAnswer("one", 1, 1, 0.0))
-        assert journal.unsynced() == 0 and journal.durable() is None
+        assert synced_on[before:] == [threading.current_thread().name]   # here, before it returned
+        assert journal._syncer._synced == journal._syncer._committed
+        assert journal.durable() is None
 
 
 @pytest.mark.parametrize("code, words", [(errno.EIO, "Input/output error"),

@@ -446,6 +446,7 @@ class _Syncer:
     def _reset(self) -> None:
         self._pid = os.getpid()
         self._cond = threading.Condition()
+        self._io = threading.Lock()     # one fsync at a time: the thread's, or `sync_now`'s
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._waiters: list[tuple[int, asyncio.AbstractEventLoop, asyncio.Future[None]]] = []
@@ -472,6 +473,21 @@ class _Syncer:
         # Hand the GIL over now: else the woken thread waits for the interpreter's switch
         # interval (5 ms) while this one parses and renders, and its fsync starts that late.
         time.sleep(0)
+
+    def sync_now(self) -> None:
+        """fsync every commit so far on this thread (SOPCTL_JOURNAL_SYNC=answer); a failure
+        is a JournalError here and at every later barrier."""
+        self._same_process()
+        with self._cond:
+            self._raise_if_failed()
+            target = self._committed
+        failure = self._fsync()
+        with self._cond:
+            if failure is None:
+                self._advance(target)
+            else:
+                self._fail(failure)
+        self._raise_if_failed()
 
     def unsynced(self) -> int:
         """Answers' commits (and those before them) not yet covered by an fsync."""
@@ -535,6 +551,10 @@ class _Syncer:
     def _fsync(self) -> Exception | None:
         """fsync the WAL (the database file where there is none), then, once, the folder.
         Any failure is returned, never raised: a dead thread would leave its waiters hanging."""
+        with self._io:
+            return self._fsync_once()
+
+    def _fsync_once(self) -> Exception | None:
         try:
             if self._fd < 0 or not _same_file(self._fd, self._wal):
                 self._reopen()
@@ -955,7 +975,9 @@ class Journal:
                 if self._conn.in_transaction:
                     self._conn.execute("ROLLBACK")
                 raise
-            self._syncer.committed(fsynced=self._full, answer=answer is not None)
+            # (SOPCTL_JOURNAL_SYNC=answer: `record` fsyncs it itself, the thread need not)
+            self._syncer.committed(fsynced=self._full,
+                                   answer=answer is not None and not self._answers_inline)
         self._pending.clear()
 
     def flush(self) -> None:
@@ -1030,10 +1052,12 @@ class Journal:
     def _store_answer(self, request_hash: str, action: str, answer: StoredAnswer, origin: str) -> None:
         self._require_writable()
         text = scrub(answer.text, self._secrets)
-        self._commit(full=self._answers_inline, answer=(
+        self._commit(full=False, answer=(
             request_hash, action, text, int(answer.prompt_tokens), int(answer.completion_tokens),
             float(answer.cost_usd), str(getattr(answer, "model", "")),
             float(getattr(answer, "seconds", 0.0)), origin), exchange=getattr(answer, "exchange", None))
+        if self._answers_inline:
+            self._syncer.sync_now()
         self._answers_written += 1
         if self._crash_answer and self._answers_written == self._crash_answer:
             os._exit(_CRASH_EXIT)
