@@ -72,8 +72,10 @@ FILES = ["a.py", "b.py", "c.py", "d.py"]
 
 
 class Probe:
-    """Watches the run's journal: at each point where something leaves the process, notes
-    whether every answer recorded so far was fsynced (journal.unsynced() == 0).
+    """Watches the run's journal. At each barrier it notes, for the task that calls it, the
+    last answer recorded so far; at each point where something then leaves the process it
+    notes whether that answer was fsynced (a point without a barrier before it, in its own
+    task, since its last one, counts as unsynced).
 
     Its disk fsyncs only on demand: an fsync waits until a barrier waits for it (or the
     journal closes), so an answer stays unsynced until something asks for it, and a
@@ -82,8 +84,10 @@ class Probe:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.syncers: list[Any] = []
         self.seen: list[tuple[str, bool]] = []
+        self.required: dict[Any, list[tuple[Any, int]]] = {}
         self.fsyncs = 0
         real_init, real_sync = journal_store._Syncer.__init__, journal_store._datasync
+        real_wait = journal_store._Syncer.wait
 
         def init(syncer: Any, path: Path) -> None:
             real_init(syncer, path)
@@ -96,14 +100,31 @@ class Probe:
             real_sync(fd)
             self.fsyncs += 1
 
+        def wait(syncer: Any) -> Any:
+            self.required.setdefault(_task(), []).append((syncer, syncer._needed))
+            return real_wait(syncer)
+
         monkeypatch.setattr(journal_store._Syncer, "__init__", init)
+        monkeypatch.setattr(journal_store._Syncer, "wait", wait)
         monkeypatch.setattr(journal_store, "_datasync", on_demand_sync)
 
     def _demanded(self) -> bool:
         return any(s._waiters or s._stopping for s in self.syncers)
 
     def note(self, where: str) -> None:
-        self.seen.append((where, all(s.unsynced() == 0 for s in self.syncers)))
+        """Something leaves the process: were the answers its barrier saw fsynced?"""
+        required = self.required.pop(_task(), [])
+        answered = any(s._needed for s in self.syncers)
+        synced = bool(required) or not answered
+        self.seen.append((where, synced and all(s._synced >= n for s, n in required)))
+
+
+def _task() -> Any:
+    """The running task (None outside an event loop)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
 
 
 def answer(spec: Any, attempt: int) -> Any:

@@ -470,9 +470,9 @@ class _Syncer:
             self._needed = self._committed
             self._start()
             self._cond.notify()
-        # Hand the GIL over now: else the woken thread waits for the interpreter's switch
-        # interval (5 ms) while this one parses and renders, and its fsync starts that late.
-        time.sleep(0)
+        # No hand-over of the GIL here (time.sleep(0)): it starts the fsync a little sooner
+        # after a lone answer, but splits a fan-out's burst of answers over two fsyncs, and
+        # measured no better on a chain of single calls (bench/journal_bench.py --fsync-ms).
 
     def sync_now(self) -> None:
         """fsync every commit so far on this thread (SOPCTL_JOURNAL_SYNC=answer); a failure

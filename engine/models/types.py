@@ -159,16 +159,17 @@ class AnswerStore(Protocol):
 
 
 async def durable(store: AnswerStore | None) -> None:
-    """The durability barrier: returns once every answer `store` recorded is on disk.
+    """The durability barrier: returns once every answer `store` recorded before this call
+    is on disk.
 
-    Awaited before anything depends on those answers outside this process: a paid model
-    request, a command, a tool that acts outside, a message or a question to a person."""
+    Awaited right before something leaves the process that may have been built from those
+    answers: a paid model request, a command, a tool that acts outside, a question or a
+    message to a person. Answers recorded while it waits (the calls of a fan-out it shares
+    the wait with) are not waited for: nothing this caller sends was built from them, and
+    waiting for each of them would take one fsync per answer, not one per wave."""
     barrier = getattr(store, "durable", None)
-    if barrier is None:
-        return
-    # Asked again after each wait: a call of a fan-out that ran between the fsync and this
-    # coroutine's wake-up may have recorded an answer this one's request must not overtake.
-    while (waiting := barrier()) is not None:
+    waiting: Awaitable[None] | None = barrier() if barrier is not None else None
+    if waiting is not None:
         await waiting
 
 
