@@ -43,13 +43,17 @@ What survives what:
   since its last fsync, so every commit that lands during one fsync shares the next one
   (the answers of a fan-out, the step events). The durability barrier, `durable()` (through
   `engine.models.types.durable`, which the models and run layers call without knowing the
-  journal), is awaited before anything outside the process depends on the answers: a paid
-  model request (engine.models.gateway), a command (`kind: exec`), a tool that acts outside
-  (engine.run.toolloop), a question or a message to a person. It returns at once when the
-  last fsync covers every answer recorded so far (the usual case: the fsync ran while the
-  engine parsed, checked and rendered), else it waits, without blocking the event loop, for
-  the thread's next fsync. So a power cut loses at most answers nothing has acted on yet
-  (their requests are sent again by `resume`) and events after the last fsync, never an
+  journal), is awaited right before something leaves the process that may have been built
+  from the answers: a paid model request (engine.models.gateway), a command (`kind:
+  exec`), a tool that acts outside (engine.run.toolloop), a question or a message to a
+  person (engine.run.actions, engine.run.people). "Depends" is precise: the barrier waits
+  for every answer recorded before it was called (the thing about to leave was built by
+  then), not for answers recorded while it waits (a fan-out's other calls: nothing this
+  call sends was built from them, and waiting for them would cost an fsync per answer
+  instead of one per wave). It returns at once when the last fsync covers them, else it
+  waits, without blocking the event loop, for the thread's next fsync. So a power cut
+  loses only answers nothing has acted on yet (`resume` asks for them again: at most
+  about as many calls as were running at once) and events after the last fsync, never an
   answer that something outside was told about or paid on.
 - a failed fsync (EIO, ENOSPC): kept, and raised as a JournalError naming the journal at the
   next barrier and every one after (after a failed fsync the kernel may have dropped the
@@ -422,8 +426,9 @@ class _Syncer:
     commits that land during one fsync (the answers of a fan-out, the step events around
     them) share the next one. The step events alone never wake it: they ride along with the
     next answer's fsync (a power cut losing them costs nothing, `resume` re-creates them).
-    `wait` is the event loop's side: nothing while every answer is covered, else a future
-    the thread resolves. An fsync that fails (EIO, ENOSPC) is kept and raised at every later
+    `wait` is the event loop's side: nothing while every answer committed so far is
+    covered, else a future the thread resolves once they are (answers committed later are
+    the next `wait`'s business). An fsync that fails (EIO, ENOSPC) is kept and raised at every later
     `wait`: after a failed fsync the kernel may have dropped the pages, so nothing written
     since can be called durable.
 
