@@ -283,3 +283,44 @@ def test_a_forked_child_gets_its_own_syncer(tmp_path: Path) -> None:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
         assert os.waitstatus_to_exitcode(status) == 0
+
+
+TERMINAL = """\
+apiVersion: sop/v1
+name: terminal
+inputs:
+  idea: {type: str, required: true}
+actions:
+  Build:
+    prompt: "Build {{ inputs.idea }}"
+    tools: [terminal]
+roles:
+  Engineer: {actions: [Build], watch: [UserRequirement]}
+"""
+
+
+def test_a_tool_that_acts_outside_waits_for_the_answer_that_asked_for_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.run import toolsets
+
+    probe = Probe(monkeypatch)
+    real_argv = toolsets.run_argv
+
+    async def run_argv(*args: Any, **kwargs: Any) -> Any:
+        probe.note("terminal command")
+        return await real_argv(*args, **kwargs)
+
+    monkeypatch.setattr(toolsets, "run_argv", run_argv)
+    model = CheckedModel([{"thought": "t", "commands": [{"command_name": "terminal.run",
+                                                         "args": {"command": "echo hi"}}]},
+                          {"thought": "t", "commands": [{"command_name": "end",
+                                                         "args": {"answer": "built"}}]}])
+    model.probe = probe
+    path = tmp_path / "terminal.sop.yaml"
+    path.write_text(TERMINAL, encoding="utf-8")
+    with use_model(model):
+        result = api.run(api.load(path), {"idea": "tea"}, workspace=tmp_path / "ws", allow_exec=True)
+    assert result.status == "idle", result.error
+    assert [w for w, _ in probe.seen] == ["model request for Build", "terminal command",
+                                          "model request for Build"]
+    assert all(synced for _, synced in probe.seen), probe.seen
