@@ -324,3 +324,38 @@ def test_a_tool_that_acts_outside_waits_for_the_answer_that_asked_for_it(
     assert [w for w, _ in probe.seen] == ["model request for Build", "terminal command",
                                           "model request for Build"]
     assert all(synced for _, synced in probe.seen), probe.seen
+
+
+ONE_CALL = """\
+apiVersion: sop/v1
+name: one_call
+inputs:
+  idea: {type: str, required: true}
+actions:
+  Write:
+    prompt: "Write about {{ inputs.idea }}"
+    output: text
+roles:
+  Writer: {actions: [Write], watch: [UserRequirement]}
+"""
+
+
+def test_an_fsync_that_fails_after_the_last_barrier_fails_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing waits for the last answer's fsync; the run's end still reports its failure."""
+    calls: list[int] = []
+    real_sync = journal_store._datasync
+
+    def fails_after_the_first(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) > 1:
+            raise OSError(errno.EIO, "Input/output error")
+        real_sync(fd)
+
+    monkeypatch.setattr(journal_store, "_datasync", fails_after_the_first)
+    path = tmp_path / "one.sop.yaml"
+    path.write_text(ONE_CALL, encoding="utf-8")
+    with use_model(ScriptedModel(["a text"])), pytest.raises(JournalError) as failed:
+        api.run(api.load(path), {"idea": "tea"}, workspace=tmp_path / "ws")
+    assert "cannot fsync journal" in failed.value.message
+    assert str(tmp_path / "ws") in failed.value.message

@@ -1012,6 +1012,11 @@ class Journal:
         (await it in the event loop). A failed fsync is a JournalError naming the journal."""
         return self._syncer.wait() if self._writable else None
 
+    def require_durable(self) -> None:
+        """A JournalError naming the journal if one of its fsyncs failed (call it after
+        `close`: a run's end reports an fsync that failed after its last barrier)."""
+        self._syncer._raise_if_failed()
+
     def unsynced(self) -> int:
         """Answers' commits (and those before them) a power cut could still take back (0
         right after `durable`: the step events after the last answer may still be unsynced)."""
