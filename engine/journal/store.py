@@ -57,7 +57,8 @@ What survives what:
   answer that something outside was told about or paid on.
 - a failed fsync (EIO, ENOSPC): kept, and raised as a JournalError naming the journal at the
   next barrier and every one after (after a failed fsync the kernel may have dropped the
-  pages: nothing written since can be called durable); the run stops there.
+  pages: nothing written since can be called durable); the run stops there. One that fails
+  after the run's last barrier is raised at its end (`require_durable`, engine.api).
 
 The syncer starts with the first commit it must cover, stops at `close` after a last fsync,
 and starts afresh in a forked child. `SOPCTL_JOURNAL_SYNC=answer` fsyncs each answer before
