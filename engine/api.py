@@ -126,16 +126,21 @@ def _journal_of(team: Team, wanted: bool) -> Journal | None:
 
 
 async def _drive(team: Team, journal: Journal | None, store: ReplayStore | None = None) -> RunResult:
-    """Run a checked team to its end with its journal attached; the journal is closed after."""
+    """Run a checked team to its end with its journal attached; the journal is closed after
+    (fsynced: an fsync that failed after the run's last barrier is a JournalError here, not
+    a run that looks durable)."""
     try:
         if journal is not None:
             team.attach(journal)
         if store is not None:
             team.ctx.gateway.store = store
-        return await team.run()
+        result = await team.run()
     finally:
         if journal is not None:
             journal.close()
+    if journal is not None and result.status != "failed":   # a failed run says why already
+        journal.require_durable()
+    return result
 
 
 # --- resume and replay ------------------------------------------------------------------

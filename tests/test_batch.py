@@ -140,12 +140,25 @@ def _ctx(out: Path, **kwargs: Any) -> RowContext:
     return RowContext(sop_file=str(PIPELINE), out=str(out), **kwargs)
 
 
+class _Meeting(ScriptedModel):
+    """Answers nothing until two calls are in flight at once, then answers everything: the
+    rows' calls answer instantly, so whether two ever overlap would otherwise depend on how
+    their journals' fsyncs happen to interleave, not on the batch's concurrency."""
+
+    async def complete(self, request: Any) -> Any:
+        if self.gate is None:
+            self.gate = asyncio.Event()
+        if self.in_flight + 1 >= 2:
+            self.gate.set()
+        return await super().complete(request)
+
+
 def test_rows_run_concurrently_at_most_n_at_a_time(tmp_path: Path) -> None:
     rows = _jsonl(tmp_path / "rows.jsonl", *({"idea": f"idea {i}"} for i in range(6)))
-    model = ScriptedModel(default_answer)
+    model = _Meeting(default_answer)
     with use_model(model, name="scripted"):
-        totals, interrupted = asyncio.run(run_batch(_ctx(tmp_path / "b", model="scripted"), rows,
-                                                    concurrency=2))
+        run = run_batch(_ctx(tmp_path / "b", model="scripted"), rows, concurrency=2)
+        totals, interrupted = asyncio.run(asyncio.wait_for(run, timeout=120))  # one at a time: never
     assert not interrupted and totals.statuses == {"idle": 6}
     assert model.max_in_flight == 2 and model.calls == 18
 

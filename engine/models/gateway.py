@@ -14,7 +14,10 @@
    `replay=True` it is a `ReplayDivergence`. Otherwise the model is called and the answer
    is recorded in `store` at once, before it is parsed, so a crash never loses a paid answer;
    with it what was sent (`StoredAnswer.exchange`: the rendered messages), which the journal
-   keeps so that `sopctl show --prompts` can show it.
+   keeps so that `sopctl show --prompts` can show it. Before each paid request the store's
+   durability barrier (`types.durable`) waits until every answer recorded so far is on
+   disk, so a power cut never loses one that anything depends on (the journal fsyncs in the
+   background meanwhile, engine.journal.store).
 4. The answer is parsed and validated (`engine.models.answers.read`). An invalid answer is never
    accepted: it is shown back to the model with the error, up to `spec.retries` times, then
    `ActionFailed` names the action and the last error. `choice` answers are never invalid.
@@ -89,6 +92,7 @@ from engine.models.types import (
     StoredAnswer,
     TransientModelError,
     Usage,
+    durable,
     price_of,
 )
 
@@ -247,6 +251,7 @@ class Gateway:
         delay = self.backoff_s
         spec = request.spec
         for retry in range(self.transient_retries + 1):
+            await durable(self.store)   # every answer recorded so far is on disk before we pay
             started = time.monotonic()
             try:
                 return await provider.complete(request), time.monotonic() - started

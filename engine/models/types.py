@@ -10,13 +10,14 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Mapping, Protocol
+from typing import Any, Awaitable, Literal, Mapping, Protocol
 
 from engine.errors import LLMError
 
 __all__ = ["Event", "Price", "FREE", "CallSpec", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
            "ModelAnswered", "ModelRetried", "AnswerRejected", "GatewayEvent", "ModelRequest",
-           "ModelAnswer", "Provider", "price_of", "TransientModelError", "RealModelBlocked", "request_hash"]
+           "ModelAnswer", "Provider", "price_of", "TransientModelError", "RealModelBlocked", "request_hash",
+           "durable"]
 
 
 CallKind = Literal["json", "text", "code", "choice"]
@@ -150,6 +151,27 @@ class AnswerStore(Protocol):
         ...
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None: ...
+
+    # Optional: `def durable(self) -> Awaitable[None] | None`, the durability barrier. A store
+    # that records without fsyncing at once (the journal: group commit) returns something to
+    # await until every answer recorded so far is on disk, or None when they already are
+    # (the common, free case); it raises (or its awaitable does) when that cannot be done.
+    # A store without it (a test's, a memory store) keeps nothing a power cut could take back.
+
+
+async def durable(store: AnswerStore | None) -> None:
+    """The durability barrier: returns once every answer `store` recorded before this call
+    is on disk.
+
+    Awaited right before something leaves the process that may have been built from those
+    answers: a paid model request, a command, a tool that acts outside, a question or a
+    message to a person. Answers recorded while it waits (the calls of a fan-out it shares
+    the wait with) are not waited for: nothing this caller sends was built from them, and
+    waiting for each of them would take one fsync per answer, not one per wave."""
+    barrier = getattr(store, "durable", None)
+    waiting: Awaitable[None] | None = barrier() if barrier is not None else None
+    if waiting is not None:
+        await waiting
 
 
 # --- what the gateway reports: run events (see engine.run.events), defined here, below the run

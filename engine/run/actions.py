@@ -31,7 +31,7 @@ from engine.load.spec import ActionSpec, CodeOutput, JoinSpec
 from engine.models.answers import prepare_validator
 from engine.models.gateway import Gateway
 from engine.models.registry import resolve_llm
-from engine.models.types import CallResult, CallSpec, Price
+from engine.models.types import CallResult, CallSpec, Price, durable
 from engine.run.events import RunEvent, RunLog
 from engine.run.experience import ExperiencePool, pooled_call
 from engine.run.exec import exec_content, run_command
@@ -294,6 +294,7 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
                     effects: ToolEffects) -> tuple[Any, str]:
     action = ctx.compiled.spec.actions[action_id]
     if action.kind == "exec":
+        await durable(ctx.gateway.store)   # the answers it acts on are on disk first
         out = await run_command(action_id, action, variables, workspace=ctx.workspace,
                                 allow_exec=ctx.allow_exec, sandbox=ctx.sandbox)
         return out, exec_content(out)
@@ -301,6 +302,7 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
     prompt = _render(action_id, action.prompt, variables, f"{here}/prompt", "prompt")
     if action.kind == "reply":   # MetaGPT's reply_to_human: a message, no answer
         text = prompt.strip()
+        await durable(ctx.gateway.store)   # what the person is told rests on journaled answers
         tell_person(ctx.person, ctx.emit, round_=round_, role=role_id, action=action_id, text=text)
         return text, text
     prompt = prompt.rstrip() + context_section(ctx.compiled, action, memory, role_id, prompt)

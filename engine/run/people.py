@@ -30,7 +30,7 @@ from typing import Any, Callable, Literal, Protocol
 
 from engine.errors import ActionFailed, ReplayDivergence, UsageError
 from engine.models import answers
-from engine.models.types import AnswerStore, CallSpec, StoredAnswer
+from engine.models.types import AnswerStore, CallSpec, StoredAnswer, durable
 from engine.run.events import PersonAnswered, PersonTold, QuestionAsked, RunEvent
 from engine.run.workspace import sha256_text
 
@@ -228,6 +228,7 @@ async def ask_person(question: Question, *, person: Person, store: AnswerStore |
             hint="the SOP, its inputs or the engine changed since the run was recorded")
     emit(QuestionAsked(round=question.round, role=question.role, action=question.action,
                        question=question.to_json()))
+    await durable(store)           # the run's answers are on disk before a person sees the question
     try:
         answer = accept(question, person.ask(question))
     except AnswerRefused as exc:   # a Person must check its answers; never accept a bad one

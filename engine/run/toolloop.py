@@ -41,7 +41,7 @@ from engine.load.source import join_pointer
 from engine.load.spec import CodeOutput
 from engine.load.tools import END, expand_tools, read_experience, team_targets
 from engine.models import answers
-from engine.models.types import CallSpec, StoredAnswer
+from engine.models.types import CallSpec, StoredAnswer, durable
 from engine.run.actions import RunContext, ToolEffects, call_gateway, gather_or_cancel, model_call
 from engine.run.events import ToolCalled
 from engine.run.people import WaitingForPerson
@@ -374,6 +374,8 @@ class ToolLoop:
                     f"replay diverged at action {self.action_id} (role {self.role_id}): the result of "
                     f"{name} (step {step}) is not in the journal",
                     hint="the SOP, its inputs or the engine changed since the run was recorded")
+            if tool.journaled:   # it acts outside: the answers that asked for it are on disk first
+                await durable(self.ctx.gateway.store)
             outcome = _capped(await self._execute(tool, args, call))
             if tool.journaled:
                 self._record(call, outcome)
