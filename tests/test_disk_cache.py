@@ -284,3 +284,16 @@ def test_every_shipped_sop_reads_back_as_it_compiled(cache: Path, sop: Path) -> 
     assert _same(again.compiled, first.compiled)
     assert again.diagnostics == first.diagnostics and again.lines == first.lines
     assert dict(again.compiled.output_schemas) == dict(first.compiled.output_schemas)
+
+
+def test_a_full_folder_drops_its_oldest_entries(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch of generated SOPs cannot fill the disk: past the bound the oldest go first."""
+    monkeypatch.setattr(diskcache, "MAX_ENTRIES", 5)
+    monkeypatch.setattr(diskcache, "KEEP_ENTRIES", 3)
+    for number in range(5):
+        diskcache.write("template", f"key{number}", b"payload")
+        os.utime(cache / "template" / f"key{number}", ns=(number * 10**9, number * 10**9))
+    assert len(_entries(cache, "template")) == 5
+    diskcache.write("template", "newest", b"payload")
+    assert [p.name for p in _entries(cache, "template")] == ["key3", "key4", "newest"]
+    assert diskcache.read("template", "newest") == b"payload"

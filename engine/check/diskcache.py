@@ -15,6 +15,10 @@ and the engine's own code (each `engine` module's size and time stamp), so that 
 or editing sopctl never reads an entry written by other code. Writes go to a temporary file
 renamed into place: a crash or two processes writing at once never leave half an entry.
 Every failure of the cache (a full disk, a read-only home) is a miss, never an error.
+
+The cache is bounded: a folder that holds more than MAX_ENTRIES entries after a write drops
+its oldest-written ones down to KEEP_ENTRIES (a batch of generated SOPs, or years of edits,
+must not fill the disk). Writes happen only on misses, so the count is paid rarely.
 """
 
 from __future__ import annotations
@@ -33,6 +37,13 @@ FORMAT = b"sopctl-cache 1\n"
 """The magic line of every entry; a new layout of entries gets a new number."""
 
 _DIGEST = 32
+
+
+MAX_ENTRIES = 1000
+"""Entries one kind's folder may hold; past it the oldest are removed down to KEEP_ENTRIES."""
+
+
+KEEP_ENTRIES = 800
 
 
 def cache_dir() -> Path | None:
@@ -155,5 +166,21 @@ def write(kind: str, key: str, payload: bytes) -> None:
         except BaseException:
             os.unlink(temp)
             raise
+        _trim(path.parent)
     except OSError:
         pass
+
+
+def _trim(folder: Path) -> None:
+    """Past MAX_ENTRIES entries, remove the oldest-written down to KEEP_ENTRIES (another
+    process trimming at the same time only makes some removals fail, which is fine)."""
+    with os.scandir(folder) as listing:
+        entries = [e for e in listing if not e.name.startswith(".tmp-")]
+    if len(entries) <= MAX_ENTRIES:
+        return
+    entries.sort(key=lambda e: e.stat(follow_symlinks=False).st_mtime_ns)
+    for entry in entries[:len(entries) - KEEP_ENTRIES]:
+        try:
+            os.unlink(entry.path)
+        except OSError:
+            pass
