@@ -147,6 +147,17 @@ def logs(result: Any, level: str | None = None) -> list[str]:
 # --------------------------------------------------------------------------- crash runs
 
 
+def sopctl_in_process(capsys: Any, *args: str) -> tuple[int, str, str]:
+    """`sopctl ARGS` run in this process (exit code, stdout, stderr), what was printed
+    before it left out."""
+    from engine.cli.commands import main
+
+    capsys.readouterr()
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 def sopctl_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """This process's environment without any SOPCTL_ setting (no crash hook, no model
     choice, no latency unless a test gives it)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from run_helpers import sopctl_env
+from run_helpers import sopctl_in_process, sopctl_env
 
 from engine.cli.commands import main
 from engine.journal.store import Journal, journal_path
@@ -31,11 +31,7 @@ def _no_sopctl_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
-def sopctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+sopctl = sopctl_in_process
 
 
 def run_args(ws: Path, *extra: str, sop: Path = SOP) -> list[str]:

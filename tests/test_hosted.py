@@ -13,6 +13,7 @@ import time
 from typing import Any, Iterator
 
 import pytest
+from run_helpers import sopctl_in_process
 
 from engine.errors import LLMError
 from engine.models.gateway import Gateway
@@ -261,12 +262,7 @@ roles:
 """
 
 
-def sopctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from engine.cli.commands import main
-
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+sopctl = sopctl_in_process
 
 
 @pytest.fixture

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
+from run_helpers import sopctl_in_process
 
 from engine.check.compiler import check_path, compile_path
-from engine.cli.commands import main
 from engine.errors import LoadError
 
 LIBRARY = """\
@@ -59,11 +59,7 @@ def project(tmp_path: Path, include: str = "lib/speaker.sop.yaml", library: str 
     return write(tmp_path, "main.sop.yaml", MAIN.format(include=include))
 
 
-def sopctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+sopctl = sopctl_in_process
 
 
 def errors(path: Path, *include_dirs: Path) -> list:

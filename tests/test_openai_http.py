@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
+from run_helpers import sopctl_in_process
 
 from engine.errors import LLMError
 from engine.models import openai_http
@@ -246,12 +247,7 @@ def test_a_refused_request_is_not_retried_and_says_what_the_server_said(server, 
 # ----------------------------------------------------------------------------- the command line
 
 
-def sopctl(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    from engine.cli.commands import main
-
-    code = main(list(args))
-    out, err = capsys.readouterr()
-    return code, out, err
+sopctl = sopctl_in_process
 
 
 @pytest.fixture

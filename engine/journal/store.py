@@ -487,12 +487,7 @@ class _Syncer:
         with self._cond:
             self._raise_if_failed()
             target = self._committed
-        failure = self._fsync()
-        with self._cond:
-            if failure is None:
-                self._advance(target)
-            else:
-                self._fail(failure)
+        self._sync_up_to(target)
         self._raise_if_failed()
 
     def unsynced(self) -> int:
@@ -546,13 +541,19 @@ class _Syncer:
                 if self._synced >= self._committed:   # stopping, everything covered
                     return
                 target = self._committed
-            failure = self._fsync()
-            with self._cond:
-                if failure is None:
-                    self._advance(target)
-                else:
-                    self._fail(failure)
-                    return
+            if not self._sync_up_to(target):
+                return
+
+    def _sync_up_to(self, target: int) -> bool:
+        """fsync, then count the commits up to `target` as covered (True), or keep the
+        failure for every later barrier (False)."""
+        failure = self._fsync()
+        with self._cond:
+            if failure is None:
+                self._advance(target)
+                return True
+            self._fail(failure)
+            return False
 
     def _fsync(self) -> Exception | None:
         """fsync the WAL (the database file where there is none), then, once, the folder.
