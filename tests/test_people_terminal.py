@@ -217,3 +217,25 @@ def test_ctrl_c_at_a_prompt_stops_the_run_with_its_question_kept(tmp_path: Path)
     state = read_run(tmp_path / "ws")
     assert state.status == "interrupted" and state.ended
     assert state.waiting_for is not None and state.waiting_for["action"] == "SimpleWriteCode"
+
+
+def test_a_ctrl_c_just_before_a_prompt_stops_it_instead_of_waiting_for_enter() -> None:
+    """A Ctrl-C that lands before the prompt took Ctrl-C over (asyncio's handler then only
+    cancels the run) must not leave the run blocked in a read until Enter is pressed."""
+    import asyncio
+    import io
+
+    from engine.cli.person import TerminalPerson
+
+    person = TerminalPerson(stdin=io.StringIO("a\n"), out=io.StringIO())
+
+    async def asked_while_cancelled() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()                       # what asyncio's Ctrl-C handler does
+        return person._line("approve, edit or reject? [a/e/r]: ")
+
+    if not hasattr(asyncio.Task, "cancelling"):
+        pytest.skip("Python 3.11+ tells a cancelled task apart")
+    with pytest.raises(KeyboardInterrupt):
+        asyncio.run(asked_while_cancelled())

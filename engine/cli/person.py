@@ -142,10 +142,10 @@ class TerminalPerson:
             os.unlink(f.name)
 
     def _line(self, prompt: str) -> str:
-        if prompt:
-            self.out.write(prompt)
-            self.out.flush()
-        with _ctrl_c_stops_typing():
+        with _ctrl_c_stops_typing():   # before the prompt shows: a Ctrl-C at it must stop the read
+            if prompt:
+                self.out.write(prompt)
+                self.out.flush()
             line = self.stdin.readline()
         if not line:
             raise _EndOfInput()
@@ -166,9 +166,23 @@ def _ctrl_c_stops_typing() -> Iterator[None]:
         return
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        if _run_cancelled():    # a Ctrl-C just before, which asyncio's handler took
+            raise KeyboardInterrupt
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _run_cancelled() -> bool:
+    """Whether the task asking (the run's, or one of its roles') is being cancelled."""
+    import asyncio
+
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:    # no event loop: a prompt outside a run
+        return False
+    cancelling = getattr(task, "cancelling", None)   # Python 3.11+
+    return bool(cancelling()) if cancelling is not None else False
 
 
 # --- values typed at a prompt -----------------------------------------------------------------
