@@ -4,8 +4,9 @@ memory as the task list grows from 10 to 1,000 files.
 Each size runs `sopctl run --format json` on `sops/software_company.sop.yaml` (QA included)
 in a fresh process, journaled, at 0 ms latency, on the widened fake of `bench.compare` (the
 design's file list and the task list get `files` entries), widened further as a real design
-grows: the class diagram gets one class per file, `Interfaces per file` one row per file, and
-each file imports the one before it (main.py the last two). Figures:
+grows: the class diagram gets one class per file, the call flow one participant and its calls
+per file, `Interfaces per file` and `Call flow per file` one row per file, and each file
+imports the one before it (main.py the last two). Figures:
 
 - prompt characters of the whole run: linear in files when each file's prompts carry only
   that file's task entry and the interfaces of that file and of the files it imports, not
@@ -63,6 +64,15 @@ def _design_model() -> type:
             if "File list" in value:
                 value["Data structures and interfaces"] = "classDiagram\n" + "".join(
                     f"    class {_class(f)} {{\n        +run(x: int) int\n    }}\n" for f in self.files)
+            if "Program call flow" in value:       # one participant and its calls per file
+                value["Program call flow"] = "sequenceDiagram\n" + "".join(
+                    f"    participant {_class(f)}\n" for f in self.files) + "".join(
+                    f"    {_class(f)}->>{_class(g)}: run(x)\n"
+                    for i, f in enumerate(self.files) for g in _imports(self.files, i))
+            if "Call flow per file" in value:
+                value["Call flow per file"] = [
+                    [f, "; ".join(f"calls {_class(g)}.run(x)" for g in _imports(self.files, i))
+                     or "called by the files that import it"] for i, f in enumerate(self.files)]
             if "Interfaces per file" in value:     # (a design without the field: the diagram only)
                 value["Interfaces per file"] = [[f, f"class {_class(f)}: run(x: int) -> int"]
                                                 for f in self.files]
