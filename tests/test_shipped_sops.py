@@ -244,9 +244,7 @@ DESIGN_TYPES = {
     "Implementation approach": "str", "File list": "list[str]",
     "Data structures and interfaces": "optional[str]",
     "Interfaces per file": "optional[list[list[str]]]",   # ours: what each code prompt quotes
-    "Program call flow": "optional[str]",
-    "Call flow per file": "optional[list[list[str]]]",    # ours: each file's part of the flow
-    "Anything UNCLEAR": "str",
+    "Program call flow": "optional[str]", "Anything UNCLEAR": "str",
 }
 TASK_TYPES = {
     "Required packages": "optional[list[str]]",
@@ -336,9 +334,9 @@ def _four_files(spec: CallSpec, attempt: int) -> str:
     if spec.action == "WriteDesign":
         value["File list"] = _FILES
         value["Data structures and interfaces"] = "classDiagram WHOLE_DIAGRAM"
-        value["Interfaces per file"] = [[f, f"API_OF_{f[:-3].upper()}"] for f in _FILES]
         value["Program call flow"] = "sequenceDiagram WHOLE_FLOW"
-        value["Call flow per file"] = [[f, f"FLOW_OF_{f[:-3].upper()}"] for f in _FILES]
+        value["Interfaces per file"] = [[f, f"API_OF_{f[:-3].upper()}", f"FLOW_OF_{f[:-3].upper()}"]
+                                        for f in _FILES]
     if spec.action == "WriteTasks":
         value["Task list"] = _FILES
         value["Logic Analysis"] = [[f, f"TASK_OF_{f[:-3].upper()}", *_IMPORTS[f]] for f in _FILES]
@@ -381,9 +379,9 @@ def test_a_design_without_rows_per_file_gives_each_file_the_class_diagram_and_ca
         value = json.loads(_four_files(spec, attempt)) if spec.kind == "json" else None
         if spec.action != "WriteDesign" or value is None:
             return _four_files(spec, attempt)
-        value["Interfaces per file"] = value["Call flow per file"] = None
+        value["Interfaces per file"] = None
         if left_out == "absent":
-            del value["Interfaces per file"], value["Call flow per file"], value["Program call flow"]
+            del value["Interfaces per file"], value["Program call flow"]
         return json.dumps(value)
 
     model = ScriptedModel(no_rows)
@@ -397,6 +395,23 @@ def test_a_design_without_rows_per_file_gives_each_file_the_class_diagram_and_ca
         assert all("WHOLE_FLOW" in p for p in _prompts_by_file(model, "WriteCode").values())
 
 
+def test_a_file_row_without_its_calls_gives_that_file_the_whole_call_flow(tmp_path: Path):
+    """A design whose rows stop at the interface (as a terse model may answer them)."""
+    def two_columns(spec: CallSpec, attempt: int) -> str:
+        if spec.action != "WriteDesign":
+            return _four_files(spec, attempt)
+        value = json.loads(_four_files(spec, attempt))
+        value["Interfaces per file"] = [row[:2] for row in value["Interfaces per file"]]
+        return json.dumps(value)
+
+    model = ScriptedModel(two_columns)
+    with use_model(model):
+        assert _run(COMPANY, tmp_path / "ws").status == "idle"
+    prompts = _prompts_by_file(model, "WriteCode")
+    assert all("WHOLE_FLOW" in p and "WHOLE_DIAGRAM" not in p for p in prompts.values())
+    assert "API_OF_BOARD" in prompts["ui.py"]
+
+
 def test_on_plain_fake_the_code_prompt_finds_its_task_entry_and_interfaces(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     """`fake` names its one file in the rows too, so the golden run exercises the selection."""
@@ -407,7 +422,7 @@ def test_on_plain_fake_the_code_prompt_finds_its_task_entry_and_interfaces(
     shown = capsys.readouterr().out
     assert "## What this file does (from the task list)\nExample contents\n" in shown
     assert "(from the design)\n- main.py: Example interface\n" in shown
-    assert "## Its part of the program call flow (from the design)\nExample steps\n" in shown
+    assert "## Its part of the program call flow (from the design)\nExample calls\n" in shown
 
 
 # --------------------------------------------------------------------------- the fix loop
