@@ -4,13 +4,15 @@ memory as the task list grows from 10 to 1,000 files.
 Each size runs `sopctl run --format json` on `sops/software_company.sop.yaml` (QA included)
 in a fresh process, journaled, at 0 ms latency, on the widened fake of `bench.compare` (the
 design's file list and the task list get `files` entries), widened further as a real design
-grows: the class diagram gets one class per file, `Interfaces per file` one row per file, and
-each file imports the one before it (main.py the last two). Figures:
+grows: the class diagram gets one class per file, the call flow one participant and its calls
+per file, `Interfaces per file` one [file, interface, calls] row per file, and each file
+imports the one before it (main.py the last two). Figures:
 
 - prompt characters of the whole run: linear in files when each file's prompts carry only
-  that file's task entry and the interfaces of that file and of the files it imports, not
-  the whole class diagram (targets: 100 files at most 11x the 10-file figure, 300 at most
-  3.3x the 100-file figure); the characters of one file's WriteCode prompt, which stay flat;
+  that file's task entry, the interfaces of that file and of the files it imports and its
+  own part of the call flow, not the whole class diagram or call flow (targets: 100 files
+  at most 11x the 10-file figure, 300 at most 3.3x the 100-file figure); the characters
+  of one file's WriteCode prompt, which stay flat;
 - wall time per model call and peak RSS of the process: flat from 100 to 1,000 files.
 
     python -m bench.scale_bench            # 10, 30, 100, 300, 1000 files
@@ -63,9 +65,14 @@ def _design_model() -> type:
             if "File list" in value:
                 value["Data structures and interfaces"] = "classDiagram\n" + "".join(
                     f"    class {_class(f)} {{\n        +run(x: int) int\n    }}\n" for f in self.files)
+            if "Program call flow" in value:       # one participant and its calls per file
+                value["Program call flow"] = "sequenceDiagram\n" + "".join(
+                    f"    participant {_class(f)}\n" for f in self.files) + "".join(
+                    f"    {_class(f)}->>{_class(g)}: run(x)\n"
+                    for i, f in enumerate(self.files) for g in _imports(self.files, i))
             if "Interfaces per file" in value:     # (a design without the field: the diagram only)
-                value["Interfaces per file"] = [[f, f"class {_class(f)}: run(x: int) -> int"]
-                                                for f in self.files]
+                value["Interfaces per file"] = [[f, f"class {_class(f)}: run(x: int) -> int",
+                                                 _calls(self.files, i)] for i, f in enumerate(self.files)]
             if "Logic Analysis" in value:
                 value["Logic Analysis"] = [[f, f"part {i} of the program", *_imports(self.files, i)]
                                            for i, f in enumerate(self.files)]
@@ -76,6 +83,11 @@ def _design_model() -> type:
 
 def _class(path: str) -> str:
     return path.removesuffix(".py").title().replace("_", "")
+
+
+def _calls(files: list[str], i: int) -> str:
+    """A file's part of the call flow: the run() of each file it imports."""
+    return "; ".join(f"calls {_class(g)}.run(x)" for g in _imports(files, i)) or "called by its importers"
 
 
 def _imports(files: list[str], i: int) -> list[str]:

@@ -43,6 +43,7 @@ GOLDEN = Path(__file__).parent / "golden_sops"
 SHIPPED = sorted([*ROOT.glob("sops/*.sop.yaml"), *ROOT.glob("examples/*.sop.yaml")])
 COMPANY = ROOT / "sops" / "software_company.sop.yaml"
 WITH_TESTS = ROOT / "examples" / "software_company_with_tests.sop.yaml"
+REVIEW_LOOP = ROOT / "examples" / "software_company_review_loop.sop.yaml"
 REGEN = os.environ.get("SOPCTL_REGEN") == "1"
 IDEAS = {
     "debate": "Cities should ban cars from their centres",
@@ -333,7 +334,9 @@ def _four_files(spec: CallSpec, attempt: int) -> str:
     if spec.action == "WriteDesign":
         value["File list"] = _FILES
         value["Data structures and interfaces"] = "classDiagram WHOLE_DIAGRAM"
-        value["Interfaces per file"] = [[f, f"API_OF_{f[:-3].upper()}"] for f in _FILES]
+        value["Program call flow"] = "sequenceDiagram WHOLE_FLOW"
+        value["Interfaces per file"] = [[f, f"API_OF_{f[:-3].upper()}", f"FLOW_OF_{f[:-3].upper()}"]
+                                        for f in _FILES]
     if spec.action == "WriteTasks":
         value["Task list"] = _FILES
         value["Logic Analysis"] = [[f, f"TASK_OF_{f[:-3].upper()}", *_IMPORTS[f]] for f in _FILES]
@@ -345,11 +348,13 @@ def _prompts_by_file(model: ScriptedModel, action: str) -> dict[str, str]:
     return {f: next(p for p in prompts if f"`{f}`" in p) for f in _FILES}
 
 
+@pytest.mark.parametrize("sop", [COMPANY, REVIEW_LOOP], ids=["company", "review_loop"])
 @pytest.mark.parametrize("action", ["WriteCode", "WriteCodeReview"])
-def test_each_file_prompt_carries_its_task_and_the_interfaces_it_uses_only(tmp_path: Path, action: str):
+def test_each_file_prompt_carries_its_task_and_the_interfaces_it_uses_only(tmp_path: Path, action: str,
+                                                                          sop: Path):
     model = ScriptedModel(_four_files)
     with use_model(model):
-        result = _run(COMPANY, tmp_path / "ws")
+        result = _run(sop, tmp_path / "ws")
     assert result.status == "idle", result.error
     prompts = _prompts_by_file(model, action)
     ui = prompts["ui.py"]
@@ -361,11 +366,14 @@ def test_each_file_prompt_carries_its_task_and_the_interfaces_it_uses_only(tmp_p
     if action == "WriteCode":
         assert "TASK_OF_UI" in ui and "board.py" in ui
         assert not any(f"TASK_OF_{f[:-3].upper()}" in ui for f in _FILES if f != "ui.py")
+        assert "FLOW_OF_UI" in ui, "its own part of the call flow"
+        assert not any(f"FLOW_OF_{f[:-3].upper()}" in ui for f in _FILES if f != "ui.py")
+        assert "WHOLE_FLOW" not in ui, "the whole call flow stays in the design document"
 
 
 @pytest.mark.parametrize("left_out", ["null", "absent"])
-def test_a_design_without_interfaces_per_file_gives_each_file_the_class_diagram(tmp_path: Path,
-                                                                               left_out: str):
+def test_a_design_without_rows_per_file_gives_each_file_the_class_diagram_and_call_flow(
+        tmp_path: Path, left_out: str):
     """An optional key a model leaves out (as `local` may) reads null, in prompts and artifacts."""
     def no_rows(spec: CallSpec, attempt: int) -> str:
         value = json.loads(_four_files(spec, attempt)) if spec.kind == "json" else None
@@ -383,6 +391,25 @@ def test_a_design_without_interfaces_per_file_gives_each_file_the_class_diagram(
     design = next(m for m in result.messages if m.cause_by == "WriteDesign").out
     assert design["Interfaces per file"] is None and "WHOLE_DIAGRAM" in design["Data structures and interfaces"]
     assert all("WHOLE_DIAGRAM" in p for p in _prompts_by_file(model, "WriteCode").values())
+    if left_out == "null":      # no rows of its own: each file gets the whole call flow
+        assert all("WHOLE_FLOW" in p for p in _prompts_by_file(model, "WriteCode").values())
+
+
+def test_a_file_row_without_its_calls_gives_that_file_the_whole_call_flow(tmp_path: Path):
+    """A design whose rows stop at the interface (as a terse model may answer them)."""
+    def two_columns(spec: CallSpec, attempt: int) -> str:
+        if spec.action != "WriteDesign":
+            return _four_files(spec, attempt)
+        value = json.loads(_four_files(spec, attempt))
+        value["Interfaces per file"] = [row[:2] for row in value["Interfaces per file"]]
+        return json.dumps(value)
+
+    model = ScriptedModel(two_columns)
+    with use_model(model):
+        assert _run(COMPANY, tmp_path / "ws").status == "idle"
+    prompts = _prompts_by_file(model, "WriteCode")
+    assert all("WHOLE_FLOW" in p and "WHOLE_DIAGRAM" not in p for p in prompts.values())
+    assert "API_OF_BOARD" in prompts["ui.py"]
 
 
 def test_on_plain_fake_the_code_prompt_finds_its_task_entry_and_interfaces(
@@ -395,6 +422,7 @@ def test_on_plain_fake_the_code_prompt_finds_its_task_entry_and_interfaces(
     shown = capsys.readouterr().out
     assert "## What this file does (from the task list)\nExample contents\n" in shown
     assert "(from the design)\n- main.py: Example interface\n" in shown
+    assert "## Its part of the program call flow (from the design)\nExample calls\n" in shown
 
 
 # --------------------------------------------------------------------------- the fix loop
