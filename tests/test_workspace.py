@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import stat
 import sys
@@ -97,6 +98,14 @@ def test_a_folder_in_the_way_is_a_clear_error(ws: Workspace) -> None:
     (ws.root / "docs").mkdir()
     with pytest.raises(WorkspaceError, match="folder"):
         ws.write("docs", "x")
+    for root in (".", "./."):
+        with pytest.raises(WorkspaceError, match=f"artifact path '{re.escape(root)}' is a folder"):
+            ws.write(root, "x")
+
+
+def test_dot_names_resolve_as_before(ws: Workspace) -> None:
+    assert ws.write("a/.", "x").path == "a"
+    assert not ws.write("./a", "x").changed
 
 
 def test_workspace_that_is_a_file_is_refused(tmp_path: Path) -> None:

@@ -87,6 +87,8 @@ class Workspace:
         """Write atomically; unchanged content is not rewritten (same mtime, same inode)."""
         path = _check_syntax(rel)
         data = content.encode("utf-8")
+        if not path.parts:   # `.`: the root itself
+            raise WorkspaceError(f"artifact path '{rel}' is a folder")
         try:   # every OSError here (a name too long, a permission) is the workspace's refusal
             if _DIR_FDS:
                 changed = self._write_at(rel, path.parts, data)
