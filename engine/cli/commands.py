@@ -514,18 +514,22 @@ def _building() -> Iterator[None]:
     the terminal's width (see `_Formatter`) and, when there is no message catalogue for
     gettext to find, gettext's search for one on disk (it searches on every call, several
     paths per language, to find each of argparse's texts untranslated)."""
-    domain = gettext.textdomain()
-    no_catalogue = gettext.find(domain, gettext.bindtextdomain(domain)) is None
-    translate = getattr(argparse, "_")
-    _Formatter.width = shutil.get_terminal_size().columns
-    if no_catalogue:
-        setattr(argparse, "_", _untranslated)
-    try:
-        yield
-    finally:
-        _Formatter.width = None
+    with _BUILDING:   # one build at a time: each puts back what it found
+        domain = gettext.textdomain()
+        no_catalogue = gettext.find(domain, gettext.bindtextdomain(domain)) is None
+        translate = getattr(argparse, "_")
+        _Formatter.width = shutil.get_terminal_size().columns
         if no_catalogue:
-            setattr(argparse, "_", translate)
+            setattr(argparse, "_", _untranslated)
+        try:
+            yield
+        finally:
+            _Formatter.width = None
+            if no_catalogue:
+                setattr(argparse, "_", translate)
+
+
+_BUILDING = threading.Lock()
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
