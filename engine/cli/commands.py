@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import gettext
 import json
 import math
 import os
 import re
+import shutil
 import signal
 import sys
 import threading
@@ -480,11 +482,66 @@ def _add_include_flag(p: argparse.ArgumentParser) -> None:
                         "(repeatable; a resume uses the run's again)")
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's, with the terminal's width asked once per parser build: argparse makes a
+    formatter for every option it adds (only to check its metavar), and each one asks the
+    terminal (an ioctl and two environment lookups). Help printed later asks afresh."""
+
+    width: int | None = None   # set while a parser is built (`_building`)
+
+    def __init__(self, prog: str, indent_increment: int = 2, max_help_position: int = 24,
+                 width: int | None = None) -> None:
+        super().__init__(prog, indent_increment, max_help_position,
+                         width if width is not None else _Formatter.width)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose formatter is `_Formatter`; its subparsers are `_Parser`s too
+    (add_subparsers makes them of the parser's own class)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Formatter)
+        super().__init__(*args, **kwargs)
+
+
+def _untranslated(text: str) -> str:
+    return text
+
+
+@contextlib.contextmanager
+def _building() -> Iterator[None]:
+    """Spares what argparse repeats for every parser and option while the parser is built:
+    the terminal's width (see `_Formatter`) and, when there is no message catalogue for
+    gettext to find, gettext's search for one on disk (it searches on every call, several
+    paths per language, to find each of argparse's texts untranslated)."""
+    with _BUILDING:   # one build at a time: each puts back what it found
+        domain = gettext.textdomain()
+        no_catalogue = gettext.find(domain, gettext.bindtextdomain(domain)) is None
+        translate = getattr(argparse, "_")
+        _Formatter.width = shutil.get_terminal_size().columns
+        if no_catalogue:
+            setattr(argparse, "_", _untranslated)
+        try:
+            yield
+        finally:
+            _Formatter.width = None
+            if no_catalogue:
+                setattr(argparse, "_", translate)
+
+
+_BUILDING = threading.Lock()
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The `sopctl` parser; with `only` (one of COMMANDS), with that command's subparser
     alone: it parses that command's arguments as the whole parser does, and costs a tenth
     to build (a run pays it: argparse formats and translates every option as it is added)."""
-    parser = argparse.ArgumentParser(prog="sopctl", description="Declarative multi-agent SOP pipelines: "
+    with _building():
+        return _build_parser(only)
+
+
+def _build_parser(only: str | None) -> argparse.ArgumentParser:
+    parser = _Parser(prog="sopctl", description="Declarative multi-agent SOP pipelines: "
                      "validate, inspect and run SOP files (MetaGPT semantics).")
     parser.add_argument("--version", action="version", version=f"sopctl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
