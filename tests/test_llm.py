@@ -531,3 +531,35 @@ def test_importing_the_engine_and_gateway_never_imports_litellm():
     code = ("import sys, engine, engine.models.gateway, engine.models.hosted, engine.models.answers, engine.models.fake, engine.models.local, engine.testing;"
             "assert 'litellm' not in sys.modules, 'litellm imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _fan_out_of_identical_requests(gateway: Gateway, n: int) -> list:
+    async def fan_out():
+        return await asyncio.gather(*(gateway.call(spec()) for _ in range(n)), return_exceptions=True)
+    return asyncio.run(fan_out())
+
+
+def test_identical_requests_in_flight_at_once_pay_for_one_answer():
+    model = ScriptedModel(lambda s, a: json.dumps(VALID))   # it yields before answering: all overlap
+    gateway = Gateway(providers={"scripted": model}, store=MemoryAnswerStore(), sleep=_no_sleep)
+    results = _fan_out_of_identical_requests(gateway, 5)
+    assert [r.value for r in results] == [VALID] * 5
+    assert model.calls == 1
+    assert (gateway.usage.llm_calls, gateway.usage.reused_calls) == (1, 4)
+
+
+def test_when_the_shared_ask_fails_the_waiting_requests_ask_themselves():
+    model = ScriptedModel([TransientModelError("overloaded")] + [json.dumps(VALID)] * 5)
+    gateway = Gateway(providers={"scripted": model}, store=MemoryAnswerStore(), sleep=_no_sleep,
+                      transient_retries=0)
+    results = _fan_out_of_identical_requests(gateway, 3)
+    assert isinstance(results[0], LLMError)
+    assert [r.value for r in results[1:]] == [VALID, VALID]
+    assert model.calls == 2          # the failed ask, then one for both waiters
+
+
+def test_without_a_store_identical_requests_are_not_held_back():
+    model = ScriptedModel(lambda s, a: json.dumps(VALID))
+    gateway = Gateway(providers={"scripted": model}, sleep=_no_sleep)
+    assert [r.value for r in _fan_out_of_identical_requests(gateway, 3)] == [VALID] * 3
+    assert model.calls == 3

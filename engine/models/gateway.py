@@ -10,7 +10,9 @@
 3. Each model request (the first ask and every re-ask) gets a `request_hash`: sha256 of the
    canonical JSON of everything that determines the answer (model, messages, schema and
    response_format, temperature, max_tokens, kind) and never an API key. A hash found in
-   `store` is **reused**: no model call, counted in `usage.reused_calls`. Missing under
+   `store` is **reused**: no model call, counted in `usage.reused_calls`; a request identical
+   to one still being asked waits for that answer and reuses it (a fan-out whose items
+   render the same prompt pays once, whichever item comes first). Missing under
    `replay=True` it is a `ReplayDivergence`. Otherwise the model is called and the answer
    is recorded in `store` at once, before it is parsed, so a crash never loses a paid answer;
    with it what was sent (`StoredAnswer.exchange`: the rendered messages), which the journal
@@ -140,6 +142,8 @@ class Gateway:
     _max_call_cost: float | None = field(default=None, repr=False)
     _recorded: set[str] = field(default_factory=set, repr=False)
     """Requests this gateway journaled (an identical request later in the run reuses them)."""
+    _asking: dict[str, asyncio.Future[None]] = field(default_factory=dict, repr=False)
+    """Requests being asked now, by hash: done when the ask ends, however it ends."""
 
     def provider(self, model: str) -> Provider:
         """The provider that answers `model` for this gateway."""
@@ -220,7 +224,7 @@ class Gateway:
         """The answer text, and whether an earlier invocation journaled it: from the journal,
         or from the model (then journaled at once)."""
         key = request.hash()
-        stored = self.store.lookup(key) if self.store is not None else None
+        stored = await self._stored(key)
         if stored is not None:
             self._report(_answered(request, key, stored.prompt_tokens, stored.completion_tokens,
                                   stored.cost_usd, stored.seconds, reused=True), result)
@@ -230,6 +234,28 @@ class Gateway:
                 f"replay diverged at action {request.spec.action} (role {request.spec.role}, "
                 f"attempt {request.attempt}): request {key[:12]} is not in the journal",
                 hint="the SOP, its inputs or the engine changed since the run was recorded")
+        if self.store is None:   # nothing is journaled, so nothing is shared
+            return await self._ask(provider, request, result, key), False
+        asking = self._asking[key] = asyncio.get_running_loop().create_future()
+        try:
+            return await self._ask(provider, request, result, key), False
+        finally:
+            del self._asking[key]
+            asking.set_result(None)
+
+    async def _stored(self, key: str) -> StoredAnswer | None:
+        """The journaled answer to request `key`, if any. An identical request already being
+        asked (a fan-out whose items render the same prompt) is waited for first, so both
+        get the one paid answer; if that ask failed, this one asks the model itself.
+        Without a store nothing is reused, so nothing waits."""
+        if self.store is None:
+            return None
+        while (asking := self._asking.get(key)) is not None:
+            await asyncio.shield(asking)   # a cancelled waiter must not cancel the others' wait
+        return self.store.lookup(key)
+
+    async def _ask(self, provider: Provider, request: ModelRequest, result: CallResult, key: str) -> str:
+        """Ask the model (its answer journaled at once, before it is reported or parsed)."""
         async with self._admit(provider, request):
             answer, seconds = await self._complete(provider, request, result)
             event = _answered(request, key, answer.prompt_tokens, answer.completion_tokens,
@@ -243,7 +269,7 @@ class Gateway:
                 model=request.spec.model, seconds=event.seconds, exchange=request.sent()))
             self._recorded.add(key)
         self._send(event)
-        return answer.text, False
+        return answer.text
 
     async def _complete(self, provider: Provider, request: ModelRequest,
                         result: CallResult) -> tuple[ModelAnswer, float]:
