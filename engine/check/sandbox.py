@@ -264,6 +264,7 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     # to pass first (cheaper than `functools.wraps`, for 54 filters in every new process)
     bounded.__dict__.update(getattr(func, "__dict__", {}))
     bounded.__name__ = bounded.__qualname__ = getattr(func, "__name__", name)
+    bounded.__wrapped__ = func  # type: ignore[attr-defined]
     return bounded
 
 
