@@ -537,14 +537,21 @@ def _read_bundle(key: str, items: list[tuple[str, str]]) -> dict[tuple[str, str]
         records = marshal.loads(payload)
     except (ValueError, EOFError, TypeError):
         return None
+    if not isinstance(records, tuple):
+        return None
     wanted, codes = set(items), {}
-    for record in records if isinstance(records, tuple) else [None]:
-        if not (isinstance(record, tuple) and len(record) == 3 and isinstance(record[0], str)
-                and isinstance(record[1], str) and (record[0], record[1]) in wanted
-                and _is_template_code(record[2])):
+    for record in records:
+        if not _is_record(record, wanted):
             return None
         codes[(record[0], record[1])] = record[2]
     return codes
+
+
+def _is_record(record: Any, wanted: set[tuple[str, str]]) -> bool:
+    """A (kind, text, code) record of one of the `wanted` (kind, text), with our code."""
+    return (isinstance(record, tuple) and len(record) == 3 and isinstance(record[0], str)
+            and isinstance(record[1], str) and (record[0], record[1]) in wanted
+            and _is_template_code(record[2]))
 
 
 def _compile_each(items: list[tuple[str, str]]) -> dict[tuple[str, str], types.CodeType]:

@@ -511,11 +511,12 @@ WARM_UP_WAIT_S = 2.0
 
 
 def warm_up(compiled: CompiledSop, after: threading.Event | None = None) -> threading.Thread:
-    """Pay a run's one-time costs in a daemon thread: the JSON Schema validator of every
-    output (the first one imports jsonschema) and every prompt, system and artifact template
-    compiled. Started before the run, it overlaps the run's start and its first model call
-    instead of delaying the first step that needs them; whatever it has not done yet is
-    done on first use, as without it. With `after` (a run on a hosted model: the event
+    """Pay a run's one-time costs in a daemon thread: every prompt, system, artifact and
+    `join` template and every `for_each`/`when` expression compiled (their code read from
+    one bundle entry of the on-disk cache), then the JSON Schema validator of every output
+    (the first one imports jsonschema). Started before the run, it overlaps the run's start
+    and its first model call instead of delaying the first step that needs them; whatever it
+    has not done yet is done on first use, as without it. With `after` (a run on a hosted model: the event
     engine.models.hosted.REQUEST_SENT) it starts once the first request is sent, at most
     WARM_UP_WAIT_S later: its CPU would otherwise slow the way to that request (threads
     share one interpreter lock), while the wait for the answer leaves the CPU idle."""
