@@ -297,3 +297,127 @@ def test_a_full_folder_drops_its_oldest_entries(cache: Path, monkeypatch: pytest
     diskcache.write("template", "newest", b"payload")
     assert [p.name for p in _entries(cache, "template")] == ["key3", "key4", "newest"]
     assert diskcache.read("template", "newest") == b"payload"
+
+
+# --------------------------------------------------------------------------- bundles
+# A run's warm-up reads all its SOP's template and expression code from one entry.
+
+BUNDLED_TEMPLATES = ["Hello {{ name }}", "{% for i in items %}{{ i }},{% endfor %}", "{{ 'x' * 10**9 }}"]
+BUNDLED_EXPRESSIONS = ["items | length > 1", "items[1:]"]
+
+
+def _new_process() -> None:
+    """What a new process has in memory: no template or expression compiled yet."""
+    sandbox._template.cache_clear()
+    compile_expression.cache_clear()
+
+
+def _no_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here on, code can only come from the cache."""
+    def refuse(source: str) -> object:
+        raise AssertionError(f"compiled {source!r}")
+    monkeypatch.setitem(sandbox._COMPILERS, "template", refuse)
+    monkeypatch.setitem(sandbox._COMPILERS, "expression", refuse)
+    monkeypatch.setattr(sandbox, "_compile_template", refuse)
+    monkeypatch.setattr(sandbox, "_expression_code", refuse)
+
+
+def _bundle(cache: Path) -> Path:
+    _new_process()
+    sandbox.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
+    [entry] = _entries(cache, "bundle")
+    return entry
+
+
+def test_a_bundle_holds_the_code_of_a_whole_sop_and_is_read_in_one_go(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _bundle(cache)
+    for kind in ("template", "expression"):                  # its own entries are not needed
+        for entry in _entries(cache, kind):
+            entry.unlink()
+    _new_process()
+    _no_compiling(monkeypatch)
+    reads: list[str] = []
+    read = diskcache.read
+    monkeypatch.setattr(diskcache, "read", lambda kind, key: reads.append(kind) or read(kind, key))
+    sandbox.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
+    assert reads == ["bundle"]
+    assert render_template(BUNDLED_TEMPLATES[0], {"name": "a"}) == "Hello a"
+    assert render_template(BUNDLED_TEMPLATES[1], {"items": [1, 2]}) == "1,2,"
+    assert compile_expression(BUNDLED_EXPRESSIONS[0])(items=[1, 2, 3]) is True
+    assert compile_expression(BUNDLED_EXPRESSIONS[1])(items=[1, 2, 3]) == [2, 3]
+    assert sandbox._BUNDLED == {}                            # nothing kept beyond the warm-up
+
+
+def test_a_template_bomb_whose_code_comes_from_a_bundle_is_still_refused(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _bundle(cache)
+    for entry in _entries(cache, "template"):
+        entry.unlink()
+    _new_process()
+    _no_compiling(monkeypatch)
+    sandbox.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
+    with pytest.raises(TemplateFailure, match="refused by the sandbox"):
+        render_template(BUNDLED_TEMPLATES[2], {})
+
+
+def _foreign_records() -> bytes:
+    import marshal
+
+    code = sandbox._compile_template("{{ 1 }}")
+    return marshal.dumps((("template", "not one of this SOP's templates", code),))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "not code", "other texts"])
+def test_a_corrupt_or_foreign_bundle_is_a_miss_and_rewritten(cache: Path, damage: str) -> None:
+    import marshal
+
+    entry = _bundle(cache)
+    blob = entry.read_bytes()
+    if damage in ("not code", "other texts"):                # checksummed, but not what was asked
+        payload = marshal.dumps((("template", BUNDLED_TEMPLATES[0], "print('x')"),)) \
+            if damage == "not code" else _foreign_records()
+        diskcache.write("bundle", entry.name, payload)
+    else:
+        entry.write_bytes({"truncated": blob[: len(blob) // 2],
+                           "flipped": blob[:-10] + bytes(b ^ 0xFF for b in blob[-10:]),
+                           "empty": b""}[damage])
+    items = sorted({("template", s) for s in BUNDLED_TEMPLATES} | {("expression", e) for e in BUNDLED_EXPRESSIONS})
+    assert sandbox._read_bundle(entry.name, items) is None
+    _new_process()
+    sandbox.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
+    assert render_template(BUNDLED_TEMPLATES[0], {"name": "b"}) == "Hello b"
+    assert set(sandbox._read_bundle(entry.name, items) or ()) == set(items)   # rewritten whole
+    with pytest.raises(TemplateFailure, match="refused by the sandbox"):
+        render_template(BUNDLED_TEMPLATES[2], {})
+
+
+def test_a_template_that_does_not_compile_is_left_out_of_the_bundle_and_still_reported(cache: Path) -> None:
+    _new_process()
+    sandbox.precompile_all(["fine {{ x }}", "broken {{ x "], ["items items"])
+    [entry] = _entries(cache, "bundle")
+    assert b"broken" not in entry.read_bytes() and b"items items" not in entry.read_bytes()
+    _new_process()
+    sandbox.precompile_all(["fine {{ x }}", "broken {{ x "], ["items items"])
+    assert render_template("fine {{ x }}", {"x": 1}) == "fine 1"
+    with pytest.raises(Exception, match="unexpected end of template"):
+        render_template("broken {{ x ", {"x": 1})
+    with pytest.raises(Exception, match="chunk after expression|unexpected"):
+        compile_expression("items items")
+
+
+def test_a_run_warm_up_stores_its_sop_as_one_bundle(cache: Path, tmp_path: Path) -> None:
+    from engine.run import actions
+
+    compiled = _fresh_check(_sop(tmp_path)).compiled
+    _new_process()
+    actions._warm(compiled)
+    [entry] = _entries(cache, "bundle")
+    assert b"Write about {{ inputs.idea }}" in entry.read_bytes()
+
+
+def test_plain_text_renders_as_itself_within_the_limit(cache: Path) -> None:
+    assert render_template("docs/prd.md", {}) == "docs/prd.md"
+    assert render_template("a\r\nb", {}) == "a\nb"              # jinja's newlines, as before
+    with pytest.raises(TemplateFailure, match="exceeds the limit of 4 characters"):
+        render_template("plain", {}, limit=4)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import json
 import marshal
 import os
@@ -33,7 +32,7 @@ import time
 import types
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, TypeVar
 
 from jinja2 import StrictUndefined, Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
@@ -44,7 +43,8 @@ if TYPE_CHECKING:   # not imported at run time: `sopctl validate` never needs as
     import asyncio
 
 __all__ = ["MAX_RENDERED_CHARS", "MAX_RENDER_CPU_S", "MAX_RENDER_MEMORY", "TemplateFailure",
-           "environment", "parse", "render_template", "compile_expression", "stop_renders_on_cancel"]
+           "environment", "parse", "render_template", "compile_expression", "precompile", "precompile_all",
+           "stop_renders_on_cancel"]
 
 
 MAX_RENDERED_CHARS = 1_000_000
@@ -76,9 +76,17 @@ def _too_large() -> SecurityError:
 
 def _check_size(value: Any) -> Any:
     """Refuse a value past the output limit the moment a template builds one."""
-    if _weight(value) > MAX_RENDERED_CHARS:
+    kind = type(value)
+    if kind is str:     # most results (a filter's text): their weight is their length
+        if len(value) > MAX_RENDERED_CHARS:
+            raise _too_large()
+    elif kind not in _ATOMS and _weight(value) > MAX_RENDERED_CHARS:
         raise _too_large()
     return value
+
+
+_ATOMS = frozenset({int, float, bool, type(None)})
+"""Types whose weight is 1 whatever their value (no need to walk them)."""
 
 
 def _weight(value: Any, limit: int = MAX_RENDERED_CHARS) -> int:
@@ -207,9 +215,15 @@ def _check_format(template: str | bytes, args: tuple[Any, ...]) -> None:
 
 
 def _check_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    numbers = [a for a in (*args, *kwargs.values()) if _is_int(a)]
-    if any(abs(n) > MAX_RENDERED_CHARS for n in numbers):
-        raise SecurityError(f"'{name}' called with a size beyond the output limit")
+    """Refuse an integer argument past the output limit (`center(10**9)`). A bool is an int
+    within the limit, so `isinstance` alone is enough; no list is built (this runs for every
+    filter and method call)."""
+    for value in args:
+        if isinstance(value, int) and not -MAX_RENDERED_CHARS <= value <= MAX_RENDERED_CHARS:
+            raise SecurityError(f"'{name}' called with a size beyond the output limit")
+    for value in kwargs.values():
+        if isinstance(value, int) and not -MAX_RENDERED_CHARS <= value <= MAX_RENDERED_CHARS:
+            raise SecurityError(f"'{name}' called with a size beyond the output limit")
 
 
 def _check_method(owner: str | bytes, name: str, args: tuple[Any, ...]) -> None:
@@ -240,13 +254,17 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     grows = _FILTER_GROWTH.get(name)
     skip = 0 if _PassArg.from_obj(func) is None else 1   # jinja's context/environment comes first
 
-    @functools.wraps(func)  # keeps jinja's pass_context/pass_eval_ctx marks
     def bounded(*args: Any, **kwargs: Any) -> Any:
         _check_arguments(name, args, kwargs)
         if grows is not None:
             grows(list(args[skip:]), kwargs)
         return _check_size(func(*args, **kwargs))
 
+    # jinja's pass_context/pass_eval_ctx marks are attributes: copied, they tell jinja what
+    # to pass first (cheaper than `functools.wraps`, for 54 filters in every new process)
+    bounded.__dict__.update(getattr(func, "__dict__", {}))
+    bounded.__name__ = bounded.__qualname__ = getattr(func, "__name__", name)
+    bounded.__wrapped__ = func  # type: ignore[attr-defined]
     return bounded
 
 
@@ -289,9 +307,15 @@ _FILTER_GROWTH: dict[str, Callable[[list[Any], dict[str, Any]], None]] = {
 }
 
 
+_NOT_SLUG = re.compile(r"[^a-z0-9]+")
+# A run of characters that has one not allowed in a file name, with the dots next to it.
+_NOT_FILE_NAME = re.compile(r"[^\w-]*[^\w.-][^\w-]*", re.ASCII)
+_EXTENSION = re.compile(r"\.[A-Za-z0-9]{1,10}$")
+
+
 def _slug(value: Any, length: int = 60) -> str:
     """`{{ name | slug }}`: a lowercase identifier (a package or folder name from model text)."""
-    text = re.sub(r"[^a-z0-9]+", "_", str(value).lower()).strip("_")[:length].strip("_")
+    text = _NOT_SLUG.sub("_", str(value).lower()).strip("_")[:length].strip("_")
     return text or "x"
 
 
@@ -299,9 +323,9 @@ def _file_name(value: Any, extension: str = "", length: int = 120) -> str:
     """`{{ item | file_name('.py') }}`: model text made a safe relative path inside the
     workspace (no spaces, no `..`, no leading `/`), with `extension` added when it has none."""
     # dots next to a space go with it ("vs. x" -> "vs_x"): only a last ".alnum" is an extension
-    parts = [re.sub(r"[^\w-]*[^\w.-][^\w-]*", "_", part, flags=re.ASCII).strip("_.") for part in str(value).strip().split("/")]
+    parts = [_NOT_FILE_NAME.sub("_", part).strip("_.") for part in str(value).strip().split("/")]
     path = "/".join(p for p in parts if p)[:length] or "file"
-    if extension and not re.search(r"\.[A-Za-z0-9]{1,10}$", path.rsplit("/", 1)[-1]):
+    if extension and not _EXTENSION.search(path.rsplit("/", 1)[-1]):
         path += extension
     return path
 
@@ -369,12 +393,24 @@ def parse(source: str) -> nodes.Template:
 @lru_cache(maxsize=1024)
 def _template(source: str) -> Template:
     # Compiling is most of a render's cost (a 20-item fan-out renders 60 templates).
+    return _from_code(_code(source))
+
+
+def _from_code(code: types.CodeType) -> Template:
+    """A template of this environment running `code`. Its globals are a plain dict, not
+    jinja's ChainMap over the environment's: every render copies them into its context, and
+    copying a ChainMap costs a fourth of a short render (the environment's globals are set
+    once, in `environment()`, so a copy sees the same names)."""
     env = environment()
-    return env.template_class.from_code(env, _code(source), env.make_globals(None), None)
+    return env.template_class.from_code(env, code, dict(env.globals), None)
 
 
 def _code(source: str) -> types.CodeType:
-    return _cached("template", source, lambda text: environment().compile(text))  # as `from_string`
+    return _cached("template", source, _compile_template)
+
+
+def _compile_template(source: str) -> types.CodeType:
+    return environment().compile(source)   # as `from_string`
 
 
 def _cached(kind: str, source: str, compile_source: Callable[[str], types.CodeType]) -> types.CodeType:
@@ -388,12 +424,15 @@ def _cached(kind: str, source: str, compile_source: Callable[[str], types.CodeTy
 
     from engine.check import diskcache
 
+    bundled = _BUNDLED.get((kind, source))
+    if bundled is not None:
+        return bundled
     key = diskcache.entry_key(kind, jinja2.__version__, source) if diskcache.cache_dir() else ""
     stored = diskcache.read(kind, key) if key else None
     if stored is not None:
         with contextlib.suppress(ValueError, EOFError, TypeError):
             code = marshal.loads(stored)
-            if isinstance(code, types.CodeType) and code.co_filename == "<template>":
+            if _is_template_code(code):
                 return code
     code = compile_source(source)
     if key:
@@ -419,13 +458,109 @@ def _expression_code(source: str) -> types.CodeType:
     return env.compile(nodes.Template(body, lineno=1))
 
 
+def _is_template_code(code: Any) -> bool:
+    """Code this module's compiler generated (what a cache entry must hold)."""
+    return isinstance(code, types.CodeType) and code.co_filename == "<template>"
+
+
+_COMPILE_ERRORS = (TemplateError, SecurityError, RecursionError, MemoryError)
+
+
 def precompile(source: str) -> None:
     """Compile a template ahead of its first render (a run's warm-up, off its path); a
     template that does not compile is left for its render to report, located."""
-    try:
+    with contextlib.suppress(*_COMPILE_ERRORS):
         _template(source)
-    except (TemplateError, SecurityError, RecursionError, MemoryError):
-        pass
+
+
+_COMPILERS: dict[str, Callable[[str], types.CodeType]] = {
+    "template": _compile_template, "expression": _expression_code,
+}
+
+_BUNDLED: dict[tuple[str, str], types.CodeType] = {}
+"""Code read from a bundle by `precompile_all`, for `_cached`, while that call builds its
+templates and expressions (then dropped: the lru caches above hold what was built)."""
+
+
+def precompile_all(templates: Iterable[str], expressions: Iterable[str] = ()) -> None:
+    """Compile all the templates and expressions of a SOP ahead of their first use (a run's
+    warm-up). Their code comes from one cache entry for the whole set (`bundle/`): a new
+    process reads one file instead of one per template. On a miss each is compiled (or read
+    from its own entry) and the set that compiled is stored as one bundle for the next
+    process; one that does not compile is left for its use to report, located."""
+    from engine.check import diskcache
+
+    items = sorted({("template", s) for s in templates} | {("expression", e) for e in expressions})
+    key = _bundle_key(items) if items and diskcache.cache_dir() else ""
+    codes = _read_bundle(key, items) if key else None
+    missed = codes is None
+    if codes is None:
+        codes = _compile_each(items)
+    _BUNDLED.update(codes)
+    try:
+        for kind, source in items:
+            if kind == "template":
+                precompile(source)
+            else:
+                with contextlib.suppress(*_COMPILE_ERRORS):
+                    compile_expression(source)
+    finally:
+        for item in codes:
+            _BUNDLED.pop(item, None)
+    if missed and key and codes:
+        records = tuple((kind, source, code) for (kind, source), code in codes.items())
+        diskcache.write(_BUNDLE, key, marshal.dumps(records))
+
+
+_BUNDLE = "bundle"
+
+
+def _bundle_key(items: list[tuple[str, str]]) -> str:
+    """The key of a bundle: every (kind, text) of it, in order, and jinja's version (each
+    part is length-prefixed by `entry_key`, so no two sets share a key)."""
+    import jinja2
+
+    from engine.check import diskcache
+
+    return diskcache.entry_key(_BUNDLE, jinja2.__version__, *(part for item in items for part in item))
+
+
+def _read_bundle(key: str, items: list[tuple[str, str]]) -> dict[tuple[str, str], types.CodeType] | None:
+    """The code of each item from the bundle under `key`; None (a miss) when there is none,
+    or it does not read back as a tuple of (kind, text, code) records of these items."""
+    from engine.check import diskcache
+
+    payload = diskcache.read(_BUNDLE, key)
+    if payload is None:
+        return None
+    try:
+        records = marshal.loads(payload)
+    except (ValueError, EOFError, TypeError):
+        return None
+    if not isinstance(records, tuple):
+        return None
+    wanted, codes = set(items), {}
+    for record in records:
+        if not _is_record(record, wanted):
+            return None
+        codes[(record[0], record[1])] = record[2]
+    return codes
+
+
+def _is_record(record: Any, wanted: set[tuple[str, str]]) -> bool:
+    """A (kind, text, code) record of one of the `wanted` (kind, text), with our code."""
+    return (isinstance(record, tuple) and len(record) == 3 and isinstance(record[0], str)
+            and isinstance(record[1], str) and (record[0], record[1]) in wanted
+            and _is_template_code(record[2]))
+
+
+def _compile_each(items: list[tuple[str, str]]) -> dict[tuple[str, str], types.CodeType]:
+    """The code of each item that compiles (from its own cache entry, or compiled)."""
+    codes = {}
+    for kind, source in items:
+        with contextlib.suppress(*_COMPILE_ERRORS):
+            codes[(kind, source)] = _cached(kind, source, _COMPILERS[kind])
+    return codes
 
 
 @lru_cache(maxsize=256)
@@ -434,9 +569,7 @@ def compile_expression(source: str) -> Callable[..., Any]:
     it evaluates under the same limits as a render (TemplateFailure past them)."""
     from jinja2.environment import TemplateExpression
 
-    env = environment()
-    template = env.template_class.from_code(env, _cached("expression", source, _expression_code),
-                                            env.make_globals(None), None)
+    template = _from_code(_cached("expression", source, _expression_code))
     expression = TemplateExpression(template, undefined_to_none=False)
 
     def evaluate(**variables: Any) -> Any:
@@ -447,6 +580,15 @@ def compile_expression(source: str) -> Callable[..., Any]:
 
 def render_template(source: str, variables: dict[str, Any], limit: int = MAX_RENDERED_CHARS) -> str:
     """Render with the sandbox and its limits; every failure is a TemplateFailure."""
+    if "{" not in source and "\r" not in source:
+        # Plain text (a fixed path, a prompt without variables) renders as itself: without
+        # `{` there is no tag, variable or comment, and without `\r` no newline that jinja
+        # would rewrite to `\n`. Only the output limit applies, and a cancelled run's stop.
+        if _cancelling(_RUN_TASK.get()):
+            raise _cancelled()
+        if len(source) > limit:
+            raise TemplateFailure(f"rendered text exceeds the limit of {limit:,} characters")
+        return source
     template = _template(source)
     return _within_limits(lambda: _generate(template, variables, limit))
 
@@ -535,10 +677,12 @@ class _Render:
 class _Watchdog:
     """One daemon thread for the whole process that looks at the renders in progress every
     TICK seconds and stops one past its CPU time or memory. Watching a render costs a dict
-    insert; the thread ticks while renders come, and sleeps after a quiet second."""
+    insert; the thread ticks while renders come, and sleeps after a quiet tenth of a second
+    (a tick costs some CPU whether or not a render is in progress: ticking for a whole second
+    after each burst of renders cost a run more CPU per model call than its renders did)."""
 
     TICK = 0.01
-    QUIET_TICKS = 100   # a second without a render: the thread sleeps until the next one
+    QUIET_TICKS = 10    # 0.1 s without a render in progress: the thread sleeps until the next one
     _renders: dict[int, _Render] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _wake: threading.Event = field(default_factory=threading.Event)

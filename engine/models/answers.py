@@ -57,6 +57,10 @@ _OPEN_BLOCK = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*)\Z", re.S)
 _INTEGER = re.compile(r"-?\d+")
 
 
+_CONTENT = re.compile(r"\[CONTENT\](.*?)(\[/CONTENT\]|$)", re.S)
+"""MetaGPT's `[CONTENT]...[/CONTENT]` wrapper (the closing line may be missing)."""
+
+
 _HEADING = re.compile(r"^[ \t]{0,3}#{1,4}[ \t]+(.+?)[ \t]*:?[ \t]*#*[ \t]*$", re.M)
 
 
@@ -326,7 +330,7 @@ def _json_type(value: Any) -> str:
 
 
 def _unwrap(text: str) -> str:
-    content = re.search(r"\[CONTENT\](.*?)(\[/CONTENT\]|$)", text, re.S)
+    content = _CONTENT.search(text)
     if content:
         text = content.group(1)
     for match in _CODE_BLOCK.finditer(text):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Sequence
@@ -21,7 +20,7 @@ from engine.check.sandbox import (
     MAX_RENDERED_CHARS,
     TemplateFailure,
     compile_expression,
-    precompile,
+    precompile_all,
     render_template,
 )
 from engine.errors import ActionFailed, BudgetExceeded, LLMError
@@ -277,16 +276,20 @@ def action_applies(action_id: str, action: ActionSpec, variables: dict[str, Any]
 
 def _evaluate(action_id: str, field: str, source: str, variables: dict[str, Any]) -> Any:
     """A `{{ expression }}` (braces optional) evaluated in the sandbox."""
-    match = re.fullmatch(r"\{\{(.*)\}\}", source.strip(), re.S)
-    expression = match.group(1) if match else source
     try:
-        value = compile_expression(expression)(**variables)
+        value = compile_expression(_expression_text(source))(**variables)
         if isinstance(value, Undefined):
             bool(value)   # a refused attribute comes back as a StrictUndefined: its use raises
         return value
     except Exception as exc:  # noqa: BLE001 - any jinja/sandbox failure is the action's
         raise ActionFailed(action_id, f"{field} expression failed: {type(exc).__name__}: {exc}",
                            code="SOP504", pointer=join_pointer("/actions", action_id, field)) from None
+
+
+def _expression_text(source: str) -> str:
+    """The expression of a `for_each` or `when`: inside its `{{ }}`, if it has them."""
+    text = source.strip()
+    return text[2:-2] if len(text) >= 4 and text.startswith("{{") and text.endswith("}}") else source
 
 
 async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
@@ -508,11 +511,12 @@ WARM_UP_WAIT_S = 2.0
 
 
 def warm_up(compiled: CompiledSop, after: threading.Event | None = None) -> threading.Thread:
-    """Pay a run's one-time costs in a daemon thread: the JSON Schema validator of every
-    output (the first one imports jsonschema) and every prompt, system and artifact template
-    compiled. Started before the run, it overlaps the run's start and its first model call
-    instead of delaying the first step that needs them; whatever it has not done yet is
-    done on first use, as without it. With `after` (a run on a hosted model: the event
+    """Pay a run's one-time costs in a daemon thread: every prompt, system, artifact and
+    `join` template and every `for_each`/`when` expression compiled (their code read from
+    one bundle entry of the on-disk cache), then the JSON Schema validator of every output
+    (the first one imports jsonschema). Started before the run, it overlaps the run's start
+    and its first model call instead of delaying the first step that needs them; whatever it
+    has not done yet is done on first use, as without it. With `after` (a run on a hosted model: the event
     engine.models.hosted.REQUEST_SENT) it starts once the first request is sent, at most
     WARM_UP_WAIT_S later: its CPU would otherwise slow the way to that request (threads
     share one interpreter lock), while the wait for the answer leaves the CPU idle."""
@@ -525,13 +529,15 @@ def warm_up(compiled: CompiledSop, after: threading.Event | None = None) -> thre
 def _warm(compiled: CompiledSop, after: threading.Event | None = None) -> None:
     if after is not None:
         after.wait(WARM_UP_WAIT_S)
+    templates, expressions = [], []
+    for action in compiled.spec.actions.values():
+        joined = [action.join.path or "", action.join.content or ""] if action.join else []
+        templates += [source for source in (action.prompt or "", action.system or "", *joined,
+                                            *(text for a in action.artifacts for text in (a.path, a.content)))
+                      if "{" in source]
+        expressions += [_expression_text(e) for e in (action.for_each, action.when) if e]
+    precompile_all(templates, expressions)   # first: the first call needs its prompt
     for schema in compiled.output_schemas.values():
         if schema is not None:
             prepare_validator(json.dumps(schema, sort_keys=True))
-    for action in compiled.spec.actions.values():
-        joined = [action.join.path or "", action.join.content or ""] if action.join else []
-        for source in (action.prompt or "", action.system or "", *joined,
-                       *(text for a in action.artifacts for text in (a.path, a.content))):
-            if "{" in source:
-                precompile(source)
 
