@@ -663,6 +663,10 @@ class Journal:
         self._syncer = _Syncer(path)
         self._pending: list[tuple[float, str, str | None, str]] = []
         """Events handed over since the last commit (group commit: see the module docstring)."""
+        self._known: set[str] | None = None
+        """The request hashes of the answers table, while this process is its only writer
+        (loaded at the first lookup): a miss, every call of a new run, then costs no query."""
+        self._sole_writer = False
         """Set for a writable journal: `completed` then checks the action's artifacts there."""
 
     # opening ---------------------------------------------------------------------------
@@ -723,14 +727,20 @@ class Journal:
                include_dirs: tuple[str, ...] = ()) -> None:
         self.workspace = self.path.parent.parent
         try:
-            self._init_schema()
-            self._check_meta(sop_hash=sop_hash, force=force)
-            self._lock = _take_writer_lock(self.path)
-            self._write_meta(sop_name=sop_name, sop_hash=sop_hash, sop_path=sop_path,
-                             include_dirs=include_dirs)
+            self._init_schema()      # opens the transaction the meta rows commit
+            try:
+                self._check_meta(sop_hash=sop_hash, force=force)
+                self._lock = _take_writer_lock(self.path)
+                self._write_meta(sop_name=sop_name, sop_hash=sop_hash, sop_path=sop_path,
+                                 include_dirs=include_dirs)
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
         except BaseException:
             self.close()
             raise
+        self._sole_writer = True     # under the writer lock: no other process adds answers
 
     @classmethod
     def open_to_answer(cls, workspace: str | Path) -> Journal:
@@ -771,6 +781,7 @@ class Journal:
                 self._conn.execute("ROLLBACK")
                 raise
             self._syncer.committed(fsynced=True, answer=True)
+            self._knows(key)
         return taken is None
 
     @classmethod
@@ -796,9 +807,11 @@ class Journal:
         return journal
 
     def _init_schema(self) -> None:
+        """Begin the journal's first transaction with its tables: the checks read in it, and
+        `_write_meta` commits it, fsynced (one commit for a new journal, not two)."""
         with _guard(self.path, "initialise"):
-            self._sync(full=False)   # fsynced with the meta rows, written next
-            self._conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+            self._sync(full=True)
+            self._conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA)   # left open
 
     def _check_meta(self, *, sop_hash: str | None, force: bool) -> None:
         meta = self.meta()
@@ -821,17 +834,11 @@ class Journal:
             rows["include_dirs"] = json.dumps(list(include_dirs))
         rows |= {"schema_version": str(SCHEMA_VERSION), "sop_name": sop_name,
                 "sop_hash": sop_hash, "engine_version": __version__}
-        with _guard(self.path, "write"):
-            self._sync(full=True)
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_at', ?)",
-                                   (repr(time.time()),))
-                self._conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows.items())
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+        with _guard(self.path, "write"):    # in `_init_schema`'s transaction
+            self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_at', ?)",
+                               (repr(time.time()),))
+            self._conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows.items())
+            self._conn.execute("COMMIT")
             self._syncer.committed(fsynced=True, answer=False)
 
     def close(self) -> None:
@@ -1034,6 +1041,8 @@ class Journal:
     # AnswerStore -------------------------------------------------------------------------
 
     def lookup(self, request_hash: str) -> StoredAnswer | None:
+        if not self._may_hold(request_hash):
+            return None
         with _guard(self.path, "read"):
             row = self._conn.execute(
                 "SELECT text, prompt_tokens, completion_tokens, cost_usd, model, seconds "
@@ -1044,9 +1053,25 @@ class Journal:
         return StoredAnswer(text, prompt_tokens, completion_tokens, cost, model=model, seconds=seconds)
 
     def holds(self, request_hash: str) -> bool:
+        if not self._may_hold(request_hash):
+            return False
         with _guard(self.path, "read"):
             return self._conn.execute("SELECT 1 FROM answers WHERE request_hash = ?",
                                       (request_hash,)).fetchone() is not None
+
+    def _may_hold(self, request_hash: str) -> bool:
+        """False when the answers table certainly lacks this hash (the journal's writer knows
+        every hash in it); True when a query must tell (a reader: another process may write)."""
+        if not self._sole_writer:
+            return True
+        if self._known is None:
+            with _guard(self.path, "read"):
+                self._known = {r[0] for r in self._conn.execute("SELECT request_hash FROM answers")}
+        return request_hash in self._known
+
+    def _knows(self, request_hash: str) -> None:
+        if self._known is not None:
+            self._known.add(request_hash)
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         """Store a model answer (the first answer for a request wins), committed before this
@@ -1068,6 +1093,7 @@ class Journal:
             request_hash, action, text, int(answer.prompt_tokens), int(answer.completion_tokens),
             float(answer.cost_usd), str(getattr(answer, "model", "")),
             float(getattr(answer, "seconds", 0.0)), origin), exchange=getattr(answer, "exchange", None))
+        self._knows(request_hash)
         if self._answers_inline:
             self._syncer.sync_now()
         self._answers_written += 1
