@@ -168,9 +168,20 @@ _FSYNCED_EVENTS = frozenset({"RunEnded"})
 """Events fsynced before `on_event` returns (answers: by the syncer, see the module docstring)."""
 
 
-_STEP_EVENTS = frozenset({"RunStarted", "ActionStarted", "ActionCompleted", "QuestionAsked"})
-"""Events committed (without an fsync) before `on_event` returns: the run's start, a step's
-start and end, and a question the run waits on a person for."""
+_STEP_EVENTS = frozenset({"RunStarted", "QuestionAsked"})
+"""Events committed (without an fsync) before `on_event` returns: the run's start, and a
+question the run waits on a person for."""
+
+
+_SOON_EVENTS = frozenset({"ActionStarted", "ActionCompleted"})
+"""Events committed with the next commit (most often the step's answer), and at the latest
+STEP_COMMIT_S after they happened: a step that waits (a slow model, a command) shows in
+`sopctl show` at once, a fast one costs no commit of its own. Without a running event loop
+(a worker thread, a synchronous caller) they are committed before `on_event` returns."""
+
+
+STEP_COMMIT_S = 0.1
+"""How long a step's start or end may wait in memory for the next commit."""
 
 
 _INSERT_EVENT = "INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)"
@@ -667,6 +678,8 @@ class Journal:
         """The request hashes of the answers table, while this process is its only writer
         (loaded at the first lookup): a miss, every call of a new run, then costs no query."""
         self._sole_writer = False
+        self._timer: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None
+        """The pending commit of step events (`_SOON_EVENTS`), on the loop that set it."""
         """Set for a writable journal: `completed` then checks the action's artifacts there."""
 
     # opening ---------------------------------------------------------------------------
@@ -844,6 +857,7 @@ class Journal:
     def close(self) -> None:
         """Commit what is buffered, fsync every commit, close the database and drop the
         writer lock (idempotent)."""
+        self._cancel_timer()
         try:
             self.flush()
         except (JournalError, sqlite3.Error):
@@ -960,6 +974,8 @@ class Journal:
             self._commit(full=True)
         elif kind in _STEP_EVENTS:
             self._commit(full=False)
+        elif kind in _SOON_EVENTS:
+            self._commit_soon()
         if isinstance(event, ActionCompleted) and self._completed is not None:
             self._completed.setdefault(event.key, event)
         self._events_written += 1
@@ -993,6 +1009,30 @@ class Journal:
             self._syncer.committed(fsynced=self._full,
                                    answer=answer is not None and not self._answers_inline)
         self._pending.clear()
+
+    def _commit_soon(self) -> None:
+        """Commit the buffered events within STEP_COMMIT_S, unless a commit comes first (at
+        once without a running event loop in this thread)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._commit(full=False)
+            return
+        if self._timer is not None and self._timer[0] is loop:
+            return                   # one timer at a time: it commits whatever is buffered then
+        self._timer = (loop, loop.call_later(STEP_COMMIT_S, self._timed_flush))
+
+    def _timed_flush(self) -> None:
+        self._timer = None
+        try:
+            self.flush()
+        except (JournalError, sqlite3.Error):
+            pass        # still buffered: the next commit (an answer, the run's end) raises it
+
+    def _cancel_timer(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer[1].cancel()
 
     def flush(self) -> None:
         """Commit the buffered events now (without an fsync unless every write is fsynced)."""
