@@ -124,7 +124,7 @@ from engine import __version__
 from engine.errors import JournalError
 from engine.load.secrets import scrub, secret_values
 from engine.load.spec import ENGINE_DIR
-from engine.models.types import StoredAnswer
+from engine.models.types import StoredAnswer, event_json
 from engine.run.people import PERSON
 from engine.run.toolloop import TOOL
 from engine.run import events as _events
@@ -774,7 +774,7 @@ class Journal:
         self._require_writable()
         self.flush()
         text = scrub(answer.text, self._secrets)
-        payload = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
+        payload = scrub(event_json(event), self._secrets)
         with self._mutex, _guard(self.path, "write an answer to"):
             self._sync(full=True)     # the process exits next: on disk before it says so
             self._conn.execute("BEGIN IMMEDIATE")
@@ -966,7 +966,7 @@ class Journal:
         if isinstance(event, RunStarted):
             self._check_same_run(event.run_id)
         key = getattr(event, "key", None)
-        text = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
+        text = scrub(event_json(event), self._secrets)
         kind = event_type(event)
         self._pending.append((time.time(), kind, key, text))
         if self._fsync_all or kind in _FSYNCED_EVENTS:
