@@ -24,18 +24,26 @@ Events are buffered in memory and written in one transaction at the step's commi
 
 - a model answer (`record`; a person's answer, a tool's result too): the buffered events and
   the answer, committed before `record` returns, without an fsync (`synchronous=NORMAL`);
-- `RunStarted`, `ActionStarted`, `ActionCompleted` and `QuestionAsked`: committed without
-  an fsync (`sopctl show` follows a live run step by step, and sees the question a run
-  waits on);
+- `RunStarted` and `QuestionAsked`: committed without an fsync before `on_event` returns
+  (`sopctl show` sees the run, and the question it waits on);
+- `ActionStarted` and `ActionCompleted`: with the next commit, most often the step's answer,
+  and at the latest STEP_COMMIT_S (0.1 s) after they happened, by a timer on the run's event
+  loop (`sopctl show` follows a live run step by step: a step that waits on a slow model or
+  a command shows within that time; a fast one costs no commit of its own). Outside a
+  running event loop they are committed before `on_event` returns;
 - `RunEnded`: committed and fsynced (`synchronous=FULL`), as is everything at `close`.
+
+A new journal's tables and meta rows are one transaction, fsynced. A writer (it holds the
+writer lock) keeps the set of its answers' hashes, so a lookup of a request never answered,
+every call of a new run, costs no query.
 
 What survives what:
 
 - kill -9 (a crash, Ctrl-C, `os._exit`): every commit. A commit in WAL mode has written its
   frames to the WAL file before it returns, and the operating system keeps them whatever
   happens to the process. A process killed between two commit points loses only the events
-  buffered since the last one (a round start, a reused answer's event, a published
-  message); `resume` re-creates them by re-executing with the journaled answers, at no cost,
+  buffered since the last one (a step's start or end, a round start, a reused answer's
+  event, a published message); `resume` re-creates them by re-executing with the journaled answers, at no cost,
   so the kill -9 sweep of tests/test_faults.py still repeats at most the one call that was
   in flight.
 - a power cut (the OS dies too): what an fsync covered. `_Syncer`, a thread per writable
