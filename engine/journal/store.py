@@ -1153,7 +1153,7 @@ class Journal:
         text = scrub(json.dumps(exchange, ensure_ascii=False), self._secrets)
         data: str | bytes = text
         if len(text) > EXCHANGE_COMPRESS_AT:
-            data = zlib.compress(text.encode("utf-8"), 1)   # level 1: most of the saving, a third of the CPU
+            data = _compress(text.encode("utf-8"))
         self._conn.execute("INSERT OR IGNORE INTO exchanges VALUES (?, ?)", (request_hash, data))
 
     def exchanges(self) -> dict[str, dict[str, Any]]:
@@ -1430,6 +1430,14 @@ def _open_uri(uri: str) -> sqlite3.Connection:
     conn.execute("PRAGMA query_only = ON")
     conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     return conn
+
+
+def _compress(data: bytes) -> bytes:
+    """A zlib stream (`zlib.decompress` reads it) at level 1: most of level 6's saving for a
+    third of its CPU. memLevel 6, not 8: a quarter of the hash table to clear for every
+    exchange (a sixth less CPU in all), for the same size on prompts of a few KiB."""
+    packer = zlib.compressobj(1, zlib.DEFLATED, 15, 6)
+    return packer.compress(data) + packer.flush()
 
 
 def _exchange_of(request_hash: str, data: str | bytes) -> dict[str, Any]:
