@@ -24,13 +24,15 @@ Events are buffered in memory and written in one transaction at the step's commi
 
 - a model answer (`record`; a person's answer, a tool's result too): the buffered events and
   the answer, committed before `record` returns, without an fsync (`synchronous=NORMAL`);
-- `RunStarted` and `QuestionAsked`: committed without an fsync before `on_event` returns
-  (`sopctl show` sees the run, and the question it waits on);
-- `ActionStarted` and `ActionCompleted`: with the next commit, most often the step's answer,
-  and at the latest STEP_COMMIT_S (0.1 s) after they happened, by a timer on the run's event
-  loop (`sopctl show` follows a live run step by step: a step that waits on a slow model or
-  a command shows within that time; a fast one costs no commit of its own). Outside a
-  running event loop they are committed before `on_event` returns;
+- `RunStarted`, `ActionCompleted` and `QuestionAsked`: committed without an fsync before
+  `on_event` returns (`sopctl show` sees the run, each finished step, and the question it
+  waits on; a finished step is not run again after a kill, which for an exec step would
+  run its command twice);
+- `ActionStarted`: with the next commit, most often the step's answer, and at the latest
+  STEP_COMMIT_S (0.1 s) after it happened, by a timer on the run's event loop (`sopctl
+  show` follows a live run step by step: a step that waits on a slow model or a command
+  shows within that time; a fast one costs no commit of its own). Outside a running event
+  loop it is committed before `on_event` returns;
 - `RunEnded`: committed and fsynced (`synchronous=FULL`), as is everything at `close`.
 
 A new journal's tables and meta rows are one transaction, fsynced. A writer (it holds the
@@ -42,7 +44,7 @@ What survives what:
 - kill -9 (a crash, Ctrl-C, `os._exit`): every commit. A commit in WAL mode has written its
   frames to the WAL file before it returns, and the operating system keeps them whatever
   happens to the process. A process killed between two commit points loses only the events
-  buffered since the last one (a step's start or end, a round start, a reused answer's
+  buffered since the last one (a step's start, a round start, a reused answer's
   event, a published message); `resume` re-creates them by re-executing with the journaled answers, at no cost,
   so the kill -9 sweep of tests/test_faults.py still repeats at most the one call that was
   in flight.
@@ -176,20 +178,22 @@ _FSYNCED_EVENTS = frozenset({"RunEnded"})
 """Events fsynced before `on_event` returns (answers: by the syncer, see the module docstring)."""
 
 
-_STEP_EVENTS = frozenset({"RunStarted", "QuestionAsked"})
-"""Events committed (without an fsync) before `on_event` returns: the run's start, and a
-question the run waits on a person for."""
+_STEP_EVENTS = frozenset({"RunStarted", "ActionCompleted", "QuestionAsked"})
+"""Events committed (without an fsync) before `on_event` returns: the run's start, a step's
+end (a finished step is never run again after a kill: an exec step's command would be),
+and a question the run waits on a person for."""
 
 
-_SOON_EVENTS = frozenset({"ActionStarted", "ActionCompleted"})
+_SOON_EVENTS = frozenset({"ActionStarted"})
 """Events committed with the next commit (most often the step's answer), and at the latest
 STEP_COMMIT_S after they happened: a step that waits (a slow model, a command) shows in
-`sopctl show` at once, a fast one costs no commit of its own. Without a running event loop
-(a worker thread, a synchronous caller) they are committed before `on_event` returns."""
+`sopctl show` within that time, a fast one costs no commit of its own. Without a running
+event loop (a worker thread, a synchronous caller) they are committed before `on_event`
+returns."""
 
 
 STEP_COMMIT_S = 0.1
-"""How long a step's start or end may wait in memory for the next commit."""
+"""How long a step's start may wait in memory for the next commit."""
 
 
 _INSERT_EVENT = "INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)"
