@@ -24,18 +24,28 @@ Events are buffered in memory and written in one transaction at the step's commi
 
 - a model answer (`record`; a person's answer, a tool's result too): the buffered events and
   the answer, committed before `record` returns, without an fsync (`synchronous=NORMAL`);
-- `RunStarted`, `ActionStarted`, `ActionCompleted` and `QuestionAsked`: committed without
-  an fsync (`sopctl show` follows a live run step by step, and sees the question a run
-  waits on);
+- `RunStarted`, `ActionCompleted` and `QuestionAsked`: committed without an fsync before
+  `on_event` returns (`sopctl show` sees the run, each finished step, and the question it
+  waits on; a finished step is not run again after a kill, which for an exec step would
+  run its command twice);
+- `ActionStarted`: with the next commit, most often the step's answer, and at the latest
+  STEP_COMMIT_S (0.1 s) after it happened, by a timer on the run's event loop (`sopctl
+  show` follows a live run step by step: a step that waits on a slow model or a command
+  shows within that time; a fast one costs no commit of its own). Outside a running event
+  loop it is committed before `on_event` returns;
 - `RunEnded`: committed and fsynced (`synchronous=FULL`), as is everything at `close`.
+
+A new journal's tables and meta rows are one transaction, fsynced. A writer (it holds the
+writer lock) keeps the set of its answers' hashes, so a lookup of a request never answered,
+every call of a new run, costs no query.
 
 What survives what:
 
 - kill -9 (a crash, Ctrl-C, `os._exit`): every commit. A commit in WAL mode has written its
   frames to the WAL file before it returns, and the operating system keeps them whatever
   happens to the process. A process killed between two commit points loses only the events
-  buffered since the last one (a round start, a reused answer's event, a published
-  message); `resume` re-creates them by re-executing with the journaled answers, at no cost,
+  buffered since the last one (a step's start, a round start, a reused answer's
+  event, a published message); `resume` re-creates them by re-executing with the journaled answers, at no cost,
   so the kill -9 sweep of tests/test_faults.py still repeats at most the one call that was
   in flight.
 - a power cut (the OS dies too): what an fsync covered. `_Syncer`, a thread per writable
@@ -124,7 +134,7 @@ from engine import __version__
 from engine.errors import JournalError
 from engine.load.secrets import scrub, secret_values
 from engine.load.spec import ENGINE_DIR
-from engine.models.types import StoredAnswer
+from engine.models.types import StoredAnswer, event_json
 from engine.run.people import PERSON
 from engine.run.toolloop import TOOL
 from engine.run import events as _events
@@ -168,9 +178,22 @@ _FSYNCED_EVENTS = frozenset({"RunEnded"})
 """Events fsynced before `on_event` returns (answers: by the syncer, see the module docstring)."""
 
 
-_STEP_EVENTS = frozenset({"RunStarted", "ActionStarted", "ActionCompleted", "QuestionAsked"})
+_STEP_EVENTS = frozenset({"RunStarted", "ActionCompleted", "QuestionAsked"})
 """Events committed (without an fsync) before `on_event` returns: the run's start, a step's
-start and end, and a question the run waits on a person for."""
+end (a finished step is never run again after a kill: an exec step's command would be),
+and a question the run waits on a person for."""
+
+
+_SOON_EVENTS = frozenset({"ActionStarted"})
+"""Events committed with the next commit (most often the step's answer), and at the latest
+STEP_COMMIT_S after they happened: a step that waits (a slow model, a command) shows in
+`sopctl show` within that time, a fast one costs no commit of its own. Without a running
+event loop (a worker thread, a synchronous caller) they are committed before `on_event`
+returns."""
+
+
+STEP_COMMIT_S = 0.1
+"""How long a step's start may wait in memory for the next commit."""
 
 
 _INSERT_EVENT = "INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)"
@@ -663,6 +686,12 @@ class Journal:
         self._syncer = _Syncer(path)
         self._pending: list[tuple[float, str, str | None, str]] = []
         """Events handed over since the last commit (group commit: see the module docstring)."""
+        self._known: set[str] | None = None
+        """The request hashes of the answers table, while this process is its only writer
+        (loaded at the first lookup): a miss, every call of a new run, then costs no query."""
+        self._sole_writer = False
+        self._timer: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None
+        """The pending commit of step events (`_SOON_EVENTS`), on the loop that set it."""
         """Set for a writable journal: `completed` then checks the action's artifacts there."""
 
     # opening ---------------------------------------------------------------------------
@@ -723,14 +752,20 @@ class Journal:
                include_dirs: tuple[str, ...] = ()) -> None:
         self.workspace = self.path.parent.parent
         try:
-            self._init_schema()
-            self._check_meta(sop_hash=sop_hash, force=force)
-            self._lock = _take_writer_lock(self.path)
-            self._write_meta(sop_name=sop_name, sop_hash=sop_hash, sop_path=sop_path,
-                             include_dirs=include_dirs)
+            self._init_schema()      # opens the transaction the meta rows commit
+            try:
+                self._check_meta(sop_hash=sop_hash, force=force)
+                self._lock = _take_writer_lock(self.path)
+                self._write_meta(sop_name=sop_name, sop_hash=sop_hash, sop_path=sop_path,
+                                 include_dirs=include_dirs)
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
         except BaseException:
             self.close()
             raise
+        self._sole_writer = True     # under the writer lock: no other process adds answers
 
     @classmethod
     def open_to_answer(cls, workspace: str | Path) -> Journal:
@@ -751,7 +786,7 @@ class Journal:
         self._require_writable()
         self.flush()
         text = scrub(answer.text, self._secrets)
-        payload = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
+        payload = scrub(event_json(event), self._secrets)
         with self._mutex, _guard(self.path, "write an answer to"):
             self._sync(full=True)     # the process exits next: on disk before it says so
             self._conn.execute("BEGIN IMMEDIATE")
@@ -771,6 +806,7 @@ class Journal:
                 self._conn.execute("ROLLBACK")
                 raise
             self._syncer.committed(fsynced=True, answer=True)
+            self._knows(key)
         return taken is None
 
     @classmethod
@@ -796,9 +832,11 @@ class Journal:
         return journal
 
     def _init_schema(self) -> None:
+        """Begin the journal's first transaction with its tables: the checks read in it, and
+        `_write_meta` commits it, fsynced (one commit for a new journal, not two)."""
         with _guard(self.path, "initialise"):
-            self._sync(full=False)   # fsynced with the meta rows, written next
-            self._conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA + "COMMIT;")
+            self._sync(full=True)
+            self._conn.executescript("BEGIN IMMEDIATE;" + _SCHEMA)   # left open
 
     def _check_meta(self, *, sop_hash: str | None, force: bool) -> None:
         meta = self.meta()
@@ -821,22 +859,17 @@ class Journal:
             rows["include_dirs"] = json.dumps(list(include_dirs))
         rows |= {"schema_version": str(SCHEMA_VERSION), "sop_name": sop_name,
                 "sop_hash": sop_hash, "engine_version": __version__}
-        with _guard(self.path, "write"):
-            self._sync(full=True)
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_at', ?)",
-                                   (repr(time.time()),))
-                self._conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows.items())
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
+        with _guard(self.path, "write"):    # in `_init_schema`'s transaction
+            self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_at', ?)",
+                               (repr(time.time()),))
+            self._conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", rows.items())
+            self._conn.execute("COMMIT")
             self._syncer.committed(fsynced=True, answer=False)
 
     def close(self) -> None:
         """Commit what is buffered, fsync every commit, close the database and drop the
         writer lock (idempotent)."""
+        self._cancel_timer()
         try:
             self.flush()
         except (JournalError, sqlite3.Error):
@@ -945,7 +978,7 @@ class Journal:
         if isinstance(event, RunStarted):
             self._check_same_run(event.run_id)
         key = getattr(event, "key", None)
-        text = scrub(json.dumps(event.to_json(), ensure_ascii=False, sort_keys=True), self._secrets)
+        text = scrub(event_json(event), self._secrets)
         kind = event_type(event)
         self._pending.append((time.time(), kind, key, text))
         if self._fsync_all or kind in _FSYNCED_EVENTS:
@@ -953,6 +986,8 @@ class Journal:
             self._commit(full=True)
         elif kind in _STEP_EVENTS:
             self._commit(full=False)
+        elif kind in _SOON_EVENTS:
+            self._commit_soon()
         if isinstance(event, ActionCompleted) and self._completed is not None:
             self._completed.setdefault(event.key, event)
         self._events_written += 1
@@ -986,6 +1021,30 @@ class Journal:
             self._syncer.committed(fsynced=self._full,
                                    answer=answer is not None and not self._answers_inline)
         self._pending.clear()
+
+    def _commit_soon(self) -> None:
+        """Commit the buffered events within STEP_COMMIT_S, unless a commit comes first (at
+        once without a running event loop in this thread)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._commit(full=False)
+            return
+        if self._timer is not None and self._timer[0] is loop:
+            return                   # one timer at a time: it commits whatever is buffered then
+        self._timer = (loop, loop.call_later(STEP_COMMIT_S, self._timed_flush))
+
+    def _timed_flush(self) -> None:
+        self._timer = None
+        try:
+            self.flush()
+        except (JournalError, sqlite3.Error):
+            pass        # still buffered: the next commit (an answer, the run's end) raises it
+
+    def _cancel_timer(self) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer[1].cancel()
 
     def flush(self) -> None:
         """Commit the buffered events now (without an fsync unless every write is fsynced)."""
@@ -1034,6 +1093,8 @@ class Journal:
     # AnswerStore -------------------------------------------------------------------------
 
     def lookup(self, request_hash: str) -> StoredAnswer | None:
+        if not self._may_hold(request_hash):
+            return None
         with _guard(self.path, "read"):
             row = self._conn.execute(
                 "SELECT text, prompt_tokens, completion_tokens, cost_usd, model, seconds "
@@ -1044,9 +1105,25 @@ class Journal:
         return StoredAnswer(text, prompt_tokens, completion_tokens, cost, model=model, seconds=seconds)
 
     def holds(self, request_hash: str) -> bool:
+        if not self._may_hold(request_hash):
+            return False
         with _guard(self.path, "read"):
             return self._conn.execute("SELECT 1 FROM answers WHERE request_hash = ?",
                                       (request_hash,)).fetchone() is not None
+
+    def _may_hold(self, request_hash: str) -> bool:
+        """False when the answers table certainly lacks this hash (the journal's writer knows
+        every hash in it); True when a query must tell (a reader: another process may write)."""
+        if not self._sole_writer:
+            return True
+        if self._known is None:
+            with _guard(self.path, "read"):
+                self._known = {r[0] for r in self._conn.execute("SELECT request_hash FROM answers")}
+        return request_hash in self._known
+
+    def _knows(self, request_hash: str) -> None:
+        if self._known is not None:
+            self._known.add(request_hash)
 
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         """Store a model answer (the first answer for a request wins), committed before this
@@ -1068,6 +1145,7 @@ class Journal:
             request_hash, action, text, int(answer.prompt_tokens), int(answer.completion_tokens),
             float(answer.cost_usd), str(getattr(answer, "model", "")),
             float(getattr(answer, "seconds", 0.0)), origin), exchange=getattr(answer, "exchange", None))
+        self._knows(request_hash)
         if self._answers_inline:
             self._syncer.sync_now()
         self._answers_written += 1
@@ -1079,7 +1157,7 @@ class Journal:
         text = scrub(json.dumps(exchange, ensure_ascii=False), self._secrets)
         data: str | bytes = text
         if len(text) > EXCHANGE_COMPRESS_AT:
-            data = zlib.compress(text.encode("utf-8"), 1)   # level 1: most of the saving, a third of the CPU
+            data = _compress(text.encode("utf-8"))
         self._conn.execute("INSERT OR IGNORE INTO exchanges VALUES (?, ?)", (request_hash, data))
 
     def exchanges(self) -> dict[str, dict[str, Any]]:
@@ -1356,6 +1434,14 @@ def _open_uri(uri: str) -> sqlite3.Connection:
     conn.execute("PRAGMA query_only = ON")
     conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
     return conn
+
+
+def _compress(data: bytes) -> bytes:
+    """A zlib stream (`zlib.decompress` reads it) at level 1: most of level 6's saving for a
+    third of its CPU. memLevel 6, not 8: a quarter of the hash table to clear for every
+    exchange (a sixth less CPU in all), for the same size on prompts of a few KiB."""
+    packer = zlib.compressobj(1, zlib.DEFLATED, 15, 6)
+    return packer.compress(data) + packer.flush()
 
 
 def _exchange_of(request_hash: str, data: str | bytes) -> dict[str, Any]:
