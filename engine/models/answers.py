@@ -441,7 +441,7 @@ def _validator(schema_json: str) -> Any:
         from referencing import Registry
 
         schema = json.loads(schema_json)
-        validator_class, formats = _linear_time_validator()
+        validator_class, formats = _linear_time_validator(with_pattern='"pattern' in schema_json)
         key = _checked_key(schema_json)
         if not key or diskcache.read("schema", key) != b"valid":
             validator_class.check_schema(schema, format_checker=formats)
@@ -464,11 +464,16 @@ def _checked_key(schema_json: str) -> str:
     return diskcache.entry_key("schema", stamp, schema_json)
 
 
-@lru_cache(maxsize=1)
-def _linear_time_validator() -> tuple[Any, Any]:
+@lru_cache(maxsize=2)
+def _linear_time_validator(with_pattern: bool = True) -> tuple[Any, Any]:
     """Draft 2020-12 with `pattern` matched by RE2 (`engine.load.patterns`), not Python's
     backtracking `re`: a pattern from a shared file, an answer of the model's choosing, and
-    `(a|a)+$` would otherwise hang the run. The schema check's `regex` format is RE2's too."""
+    `(a|a)+$` would otherwise hang the run. The schema check's `regex` format is RE2's too.
+
+    Not `with_pattern` (a schema whose JSON has no `"pattern` key, so no `pattern` nor
+    `patternProperties`): jsonschema's own Draft 2020-12 class, which then validates exactly
+    alike; extending it builds a class (attrs generates and compiles its code), about a
+    millisecond of every new process's first answer."""
     from jsonschema import Draft202012Validator, FormatChecker, ValidationError, validators  # type: ignore[import-untyped]
 
     def pattern(validator: Any, pattern: str, instance: Any, schema: Any) -> Any:
@@ -480,6 +485,8 @@ def _linear_time_validator() -> tuple[Any, Any]:
 
     formats = FormatChecker()
     formats.checks("regex", raises=patterns.PatternError)(regex)
+    if not with_pattern:
+        return Draft202012Validator, formats
     return validators.extend(Draft202012Validator, {"pattern": pattern}), formats
 
 
