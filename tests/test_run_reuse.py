@@ -105,34 +105,3 @@ def test_errors_and_help_read_as_with_the_whole_parser(capsys) -> None:
             outputs.append((stop.value.code, capsys.readouterr()))
         assert outputs[0] == outputs[1], argv
 
-
-def _mo_file(path: Any, translations: dict[str, str]) -> None:
-    """A gettext catalogue: a header, a table of (length, offset) for the originals, one for
-    the translations, then the NUL-terminated strings."""
-    import struct
-
-    keys = sorted(translations)
-    strings = [k.encode() for k in keys] + [translations[k].encode() for k in keys]
-    at, rows = 28 + 8 * len(strings), []
-    for text in strings:
-        rows.append(struct.pack("<2I", len(text), at))
-        at += len(text) + 1
-    head = struct.pack("<7I", 0x950412DE, 0, len(keys), 28, 28 + 8 * len(keys), 0, 0)
-    path.parent.mkdir(parents=True)
-    path.write_bytes(head + b"".join(rows) + b"".join(text + b"\0" for text in strings))
-
-
-def test_argparse_texts_are_still_translated_where_a_catalogue_exists(tmp_path: Any, monkeypatch: Any) -> None:
-    """The parser skips gettext's disk search only when there is nothing to find."""
-    import argparse
-    import gettext
-
-    _mo_file(tmp_path / "xx" / "LC_MESSAGES" / "messages.mo", {"options": "OPTIONEN"})
-    monkeypatch.setitem(gettext._localedirs, "messages", str(tmp_path))   # type: ignore[attr-defined]
-    monkeypatch.setenv("LANGUAGE", "xx")
-    assert "OPTIONEN:" in commands.build_parser("run").format_help()
-    monkeypatch.delenv("LANGUAGE")
-    monkeypatch.setenv("LC_ALL", "C")
-    translate = getattr(argparse, "_")
-    assert "\noptions:" in commands.build_parser("run").format_help()
-    assert getattr(argparse, "_") is translate   # put back after the build

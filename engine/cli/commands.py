@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import gettext
 import json
 import math
 import os
@@ -504,29 +503,15 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
-def _untranslated(text: str) -> str:
-    return text
-
-
 @contextlib.contextmanager
 def _building() -> Iterator[None]:
-    """Spares what argparse repeats for every parser and option while the parser is built:
-    the terminal's width (see `_Formatter`) and, when there is no message catalogue for
-    gettext to find, gettext's search for one on disk (it searches on every call, several
-    paths per language, to find each of argparse's texts untranslated)."""
-    with _BUILDING:   # one build at a time: each puts back what it found
-        domain = gettext.textdomain()
-        no_catalogue = gettext.find(domain, gettext.bindtextdomain(domain)) is None
-        translate = getattr(argparse, "_")
+    """The terminal's width asked once while the parser is built (see `_Formatter`)."""
+    with _BUILDING:   # one build at a time: each sets the width, then clears it
         _Formatter.width = shutil.get_terminal_size().columns
-        if no_catalogue:
-            setattr(argparse, "_", _untranslated)
         try:
             yield
         finally:
             _Formatter.width = None
-            if no_catalogue:
-                setattr(argparse, "_", translate)
 
 
 _BUILDING = threading.Lock()
