@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import itertools
 import json
 import marshal
 import os
@@ -218,10 +219,7 @@ def _check_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     """Refuse an integer argument past the output limit (`center(10**9)`). A bool is an int
     within the limit, so `isinstance` alone is enough; no list is built (this runs for every
     filter and method call)."""
-    for value in args:
-        if isinstance(value, int) and not -MAX_RENDERED_CHARS <= value <= MAX_RENDERED_CHARS:
-            raise SecurityError(f"'{name}' called with a size beyond the output limit")
-    for value in kwargs.values():
+    for value in itertools.chain(args, kwargs.values()):
         if isinstance(value, int) and not -MAX_RENDERED_CHARS <= value <= MAX_RENDERED_CHARS:
             raise SecurityError(f"'{name}' called with a size beyond the output limit")
 

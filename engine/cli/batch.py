@@ -133,7 +133,6 @@ def _suite_name(args: argparse.Namespace) -> str:
     return Path(args.file).name if args.file else f"replay {args.replay}"
 
 
-
 def _replay(args: argparse.Namespace) -> int:
     import asyncio
 

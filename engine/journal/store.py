@@ -677,6 +677,7 @@ class Journal:
         self._completed: dict[str, ActionCompleted] | None = None
         self._final_hashes: dict[str, str] = {}
         self.workspace: Path | None = None
+        """Set for a writable journal: `completed` then checks the action's artifacts there."""
         self._lock: tuple[int, ...] = ()        # the writer lock's descriptors
         self._mutex = threading.RLock()       # writers may be called from worker threads
         mode = os.environ.get(SYNC_ENV, "").strip().lower()
@@ -692,7 +693,6 @@ class Journal:
         self._sole_writer = False
         self._timer: tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle] | None = None
         """The pending commit of step events (`_SOON_EVENTS`), on the loop that set it."""
-        """Set for a writable journal: `completed` then checks the action's artifacts there."""
 
     # opening ---------------------------------------------------------------------------
 
@@ -982,7 +982,7 @@ class Journal:
         kind = event_type(event)
         self._pending.append((time.time(), kind, key, text))
         if self._fsync_all or kind in _FSYNCED_EVENTS:
-            self._syncer._raise_if_failed()   # the run's end: a failed fsync is not hidden
+            self.require_durable()   # the run's end: a failed fsync is not hidden
             self._commit(full=True)
         elif kind in _STEP_EVENTS:
             self._commit(full=False)
