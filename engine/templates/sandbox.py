@@ -707,10 +707,10 @@ class _Watchdog:
         return render
 
     def forget(self, render: _Render) -> None:
-        with self._lock:
+        with self._lock:    # once it is held, no stop is being raised into this render
             self._renders.pop(id(render), None)
-            if render.stopped:  # a stop raised but not yet delivered must not land elsewhere
-                _raise_in_thread(render.thread, None)
+        if render.stopped:  # a stop raised but not yet delivered must not land elsewhere
+            _take_delivery()
 
     def _run(self) -> None:
         while True:
@@ -777,12 +777,21 @@ except (ValueError, OSError, AttributeError):
     pass
 
 
-def _raise_in_thread(thread: int, reason: type[_Stopped] | None) -> None:
-    """Raise `reason` in `thread` at its next bytecode (None: take back one not raised yet)."""
+def _raise_in_thread(thread: int, reason: type[_Stopped]) -> None:
+    """Raise `reason` in `thread` at its next backward jump or call."""
     import ctypes
 
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread),
-                                               ctypes.py_object(reason) if reason else None)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread), ctypes.py_object(reason))
+
+
+def _take_delivery() -> None:
+    """Let a stop raised into this thread land here, now, where `_within_limits` catches it.
+
+    It is never taken back with PyThreadState_SetAsyncExc(thread, NULL): on CPython 3.11 that
+    leaves the thread's eval breaker set with nothing to handle, and from then on any profiler
+    or tracer in the process (cProfile, coverage, a debugger) hangs."""
+    for _ in range(2):  # a backward jump: where a pending asynchronous exception is raised
+        pass
 
 
 _WATCHDOG = _Watchdog()

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib.util
 import json
 from pathlib import Path
@@ -200,11 +202,30 @@ def test_a_complex_fill_asks_each_key_concurrently_and_merges_in_order(tmp_path:
     assert out.messages[-1].out["Count"] == 0
 
 
+class _WaitsForOthers(ScriptedModel):
+    """Answers only once `parts` requests are in flight together (or after a generous bound, so
+    that parts asked one after another end the test with max_in_flight 1, not a hang): how many
+    overlap then depends on the engine, not on how quickly a loaded machine schedules them."""
+
+    parts = 3
+
+    async def complete(self, request: Any) -> Any:
+        async def all_in_flight() -> None:
+            while self.in_flight < self.parts:
+                await asyncio.sleep(0.005)
+
+        self.in_flight += 1
+        with contextlib.suppress(asyncio.TimeoutError):  # one class from 3.11 on, two on 3.10
+            await asyncio.wait_for(all_in_flight(), timeout=10)
+        self.in_flight -= 1
+        return await super().complete(request)
+
+
 def test_complex_parts_run_concurrently(tmp_path: Path) -> None:
     def part(spec: CallSpec, attempt: int) -> str:
         key = spec.prompt.split('Fill only the field "')[1].split('"')[0]
         return json.dumps({"Guests": {"Guests": ["Ann"]}, "Count": {"Count": 1}, "Menu": {"Menu": "tea"}}[key])
-    model = ScriptedModel(part)
+    model = _WaitsForOthers(part)
     result = _run(_sop(tmp_path, text=COMPLEX.format(fmt="json")), tmp_path / "ws", model)
     assert result.messages[-1].out == {"Guests": ["Ann"], "Count": 1, "Menu": "tea"}
     assert model.max_in_flight == 3

@@ -6,6 +6,9 @@ check alone would only see it after the memory was spent.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from engine.templates import sandbox
@@ -102,6 +105,26 @@ def test_a_long_loop_stops_at_the_cpu_bound_with_its_line(monkeypatch):
     with pytest.raises(TemplateFailure, match="CPU time") as failure:
         render_template(template, {})
     assert failure.value.line == 2
+
+
+def test_a_profiler_still_runs_after_a_render_was_stopped(tmp_path):
+    """A stop must leave no trace in the thread it stopped: CPython 3.11 hangs any profiler
+    or tracer (cProfile, coverage) once an asynchronous exception was taken back with NULL."""
+    script = tmp_path / "after_stop.py"
+    script.write_text(
+        "import cProfile\n"
+        "from engine.templates import sandbox\n"
+        "sandbox.MAX_RENDER_CPU_S = 0.2\n"
+        "try:\n"
+        "    sandbox.render_template('{% for i in range(100000) %}{% for j in range(100000) %}"
+        "{% endfor %}{% endfor %}', {})\n"
+        "except sandbox.TemplateFailure as exc:\n"
+        "    print('stopped:', exc)\n"
+        "print('profiled:', cProfile.Profile().runcall(sum, range(100000)))\n")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "stopped: template used more than" in proc.stdout
+    assert "profiled: 4999950000" in proc.stdout
 
 
 def test_a_slow_accumulation_stops_at_the_memory_bound(monkeypatch):
