@@ -19,7 +19,7 @@ from engine.check.compiler import check_path
 from engine.cli import html_report
 from engine.cli.commands import main
 from engine.journal.history import read_run
-from engine.journal.store import journal_path
+from engine.journal.run_folder import journal_path
 
 ROOT = Path(__file__).parent.parent
 COMPANY = ROOT / "sops" / "software_company.sop.yaml"

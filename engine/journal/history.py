@@ -28,24 +28,17 @@ to a person with the person's answer, in the order they were journaled.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from engine.errors import JournalError, UsageError
-from engine.journal.store import (
-    JOURNAL_DIR,
-    JOURNAL_FILE,
-    AnswerRow,
-    EventRow,
-    Journal,
-    decode_event,
-    naming,
-    writer_active,
-)
+from engine.journal.codec import AnswerRow, EventRow, decode_event
+from engine.journal.run_folder import JOURNAL_DIR, JOURNAL_FILE, writer_active
+from engine.journal.sqlite_errors import naming
+from engine.journal.store import Journal
 from engine.models.types import Usage
-from engine.run.people import PERSON
-from engine.run.toolloop import TOOL
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
@@ -62,6 +55,8 @@ from engine.run.events import (
     RunStarted,
     RunStatus,
 )
+from engine.run.people import PERSON
+from engine.run.toolloop import TOOL
 
 __all__ = ["ActionStats", "ActionRecord", "RunState", "Exchange", "read_run", "rebuild",
            "find_runs", "list_runs", "read_exchanges", "exchanges_of"]
@@ -272,17 +267,8 @@ def _apply_row(state: RunState, row: EventRow, invocation: _Invocation,
     elif isinstance(event, (QuestionAsked, PersonAnswered, PersonTold)):
         _on_person_event(state, event)
     elif isinstance(event, RunEnded):
-        state.status, state.rounds, state.error = _status(event, row), event.rounds, event.error
+        state.status, state.rounds, state.error = event.status, event.rounds, event.error
         state.ended_at = row.ts
-
-
-def _status(event: RunEnded, row: EventRow) -> RunStatus:
-    try:
-        return RunStatus(event.status)
-    except ValueError:
-        raise JournalError(f"journal event {row.seq} ends the run with an unknown status "
-                           f"{event.status!r}", "the journal was written by a newer sopctl; "
-                           "upgrade sopctl") from None
 
 
 def _on_started(state: RunState, event: RunStarted, ts: float) -> None:
