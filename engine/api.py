@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.check.compiler import CompiledSop, compile_path
+from engine.compile.compiler import CompiledSop, compile_path
 from engine.errors import UsageError
-from engine.journal.people import answer_question
+from engine.journal.inbox import answer_question
 from engine.journal.replay import ReplayStore
 from engine.journal.resume import (
     RunFolder,

@@ -41,7 +41,7 @@ from engine.batch.results import (
     skipped_line,
 )
 from engine.batch.rows import Row, read_rows
-from engine.check.compiler import CompiledSop
+from engine.compile.compiler import CompiledSop
 from engine.errors import SopError, UsageError
 from engine.journal.database import never_started
 from engine.journal.history import RunState, read_run

@@ -94,7 +94,7 @@ from engine.run.people import PERSON
 from engine.run.toolloop import TOOL
 
 if TYPE_CHECKING:
-    from engine.check.compiler import CompiledSop
+    from engine.compile.compiler import CompiledSop
 
 __all__ = ["CRASH_AFTER_EVENT_ENV", "CRASH_AFTER_ANSWER_ENV", "SYNC_ENV", "STEP_COMMIT_S", "Journal"]
 

@@ -7,7 +7,7 @@ What survives what:
   happens to the process. A process killed between two commit points loses only the events
   buffered since the last one (a step's start, a round start, a reused answer's
   event, a published message); `resume` re-creates them by re-executing with the journaled answers, at no cost,
-  so the kill -9 sweep of tests/test_faults.py still repeats at most the one call that was
+  so the kill -9 sweep of tests/journal/test_faults.py still repeats at most the one call that was
   in flight.
 - a power cut (the OS dies too): what an fsync covered. `Syncer`, a thread per writable
   journal, fsyncs the WAL (and the `.sopctl` folder, once) whenever an answer was committed
