@@ -1,9 +1,20 @@
 """The journal's SQLite file: its tables, and how a connection to it is opened.
 
-Four tables (see engine/journal/store.py for what each holds): `meta`, `events` (append-only:
-triggers refuse UPDATE and DELETE), `answers` and `exchanges`. Every connection is in
-autocommit mode; a writer's is in WAL mode and starts at `synchronous=FULL`; a reader's is
-read-only, or `immutable` on a read-only medium.
+A journal (`<workspace>/.sopctl/journal.sqlite`) has four tables:
+
+- `meta`: schema version, the SOP's name and hash, engine version, creation time;
+- `events`: every run event of `engine.run.events`, in order (seq, ts, type, key, json);
+  append-only (triggers refuse UPDATE and DELETE);
+- `answers`: every model answer by the hash of its canonical request, so that `resume`
+  never pays for the same request twice and `replay` never calls a model at all;
+- `exchanges`: what was sent for each model answer (the rendered messages, system and user,
+  every re-ask's conversation), by the same hash, written in the answer's transaction;
+  JSON, zlib-compressed when longer than EXCHANGE_COMPRESS_AT characters (codec.py).
+  Journals from before it have no such table and read as having no prompts
+  (`JournalReader.exchanges`).
+
+Every connection is in autocommit mode; a writer's is in WAL mode and starts at
+`synchronous=FULL`; a reader's is read-only, or `immutable` on a read-only medium.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ from engine.errors import JournalError, UsageError
 from engine.journal.codec import AnswerRow, EventRow, decode_event
 from engine.journal.run_folder import JOURNAL_DIR, JOURNAL_FILE, writer_active
 from engine.journal.sqlite_errors import naming
-from engine.journal.store import Journal
+from engine.journal.reader import JournalReader
 from engine.models.types import Usage
 from engine.run.events import (
     ActionCompleted,
@@ -146,7 +146,7 @@ class RunState:
 
 def read_run(run_dir: str | Path) -> RunState:
     """Open a run folder's journal read-only and rebuild its state (JournalError if unusable)."""
-    with Journal.open(run_dir) as journal, naming(journal.path):
+    with JournalReader.open(run_dir) as journal, naming(journal.path):
         state = rebuild(journal.events(), run_dir=str(run_dir), answers=journal.answers())
         _add_meta(state, journal.meta())
         _mark_live(state, run_dir)
@@ -442,7 +442,7 @@ class Exchange:
 def read_exchanges(run_dir: str | Path, action: str | None = None) -> list[Exchange]:
     """Every exchange of a run, in journal order; `action` keeps one action's (its id, or
     `Role.action`), and a name the run never asked for is a UsageError listing those it did."""
-    with Journal.open(run_dir) as journal, naming(journal.path):
+    with JournalReader.open(run_dir) as journal, naming(journal.path):
         found = exchanges_of(journal)
     if action is None:
         return found
@@ -454,7 +454,7 @@ def read_exchanges(run_dir: str | Path, action: str | None = None) -> list[Excha
     return chosen
 
 
-def exchanges_of(journal: Journal) -> list[Exchange]:
+def exchanges_of(journal: JournalReader) -> list[Exchange]:
     """The exchanges of an open journal (see `read_exchanges`)."""
     sent = journal.exchanges()
     asked = _where_asked(journal.events())

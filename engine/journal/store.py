@@ -3,17 +3,8 @@
 Why SQLite: one file per run, atomic commits (WAL), and readable by `sopctl show` while
 the run is still going or after its process was killed.
 
-A journal lives at `<workspace>/.sopctl/journal.sqlite` and has four tables:
-
-- `meta`: schema version, the SOP's name and hash, engine version, creation time;
-- `events`: every run event of `engine.run.events`, in order (seq, ts, type, key, json);
-  append-only (triggers refuse UPDATE and DELETE);
-- `answers`: every model answer by the hash of its canonical request, so that `resume`
-  never pays for the same request twice and `replay` never calls a model at all;
-- `exchanges`: what was sent for each model answer (the rendered messages, system and user,
-  every re-ask's conversation), by the same hash, written in the answer's transaction;
-  JSON, zlib-compressed when longer than EXCHANGE_COMPRESS_AT characters. Journals from
-  before it have no such table and read as having no prompts (`Journal.exchanges`).
+A journal lives at `<workspace>/.sopctl/journal.sqlite`; its four tables (meta, events,
+answers, exchanges) are described in engine/journal/database.py.
 
 `Journal` implements the three interfaces the interpreter talks to: `RunObserver`
 (`on_event`), `CompletedActions` (`completed`) and the gateway's `AnswerStore`
@@ -69,23 +60,11 @@ from typing import TYPE_CHECKING, Any
 
 from engine import __version__
 from engine.errors import JournalError
-from engine.journal.codec import (
-    AnswerRow,
-    EventRow,
-    decode_event,
-    loads,
-    pack_exchange,
-    unpack_exchange,
-)
+from engine.journal.codec import EventRow, decode_event, loads, pack_exchange
 from engine.journal.database import SCHEMA, SCHEMA_VERSION, connect
-from engine.journal.run_folder import (
-    JOURNAL_DIR,
-    JOURNAL_FILE,
-    journal_path,
-    refuse_planted,
-    take_writer_lock,
-)
-from engine.journal.sqlite_errors import PROBLEMS, guard
+from engine.journal.reader import JournalReader
+from engine.journal.run_folder import journal_path, refuse_planted, take_writer_lock
+from engine.journal.sqlite_errors import guard
 from engine.journal.syncer import Syncer
 from engine.load.secrets import scrub, secret_values
 from engine.models.types import StoredAnswer, event_json
@@ -141,17 +120,17 @@ def _crash_point(name: str) -> int:
     return int(raw) if raw.isdigit() else 0
 
 
-class Journal:
+class Journal(JournalReader):
     """A run's durable record: observer, completed-actions lookup and answer store in one.
 
-    Open it with `Journal.create` (a run or a resume writes to it) or `Journal.open`
-    (`show`, `runs`, `replay` read it). Use it as a context manager or call `close()`.
+    Open it with `Journal.for_run` or `Journal.create` (a run writes to it), or `Journal.open`
+    (a resume or a replay reads it; a resume then `begin`s to write). Reading it is
+    `JournalReader`'s, which `show` and `runs` open alone. Use it as a context manager or call
+    `close()`.
     """
 
     def __init__(self, path: Path, conn: sqlite3.Connection, *, writable: bool) -> None:
-        self.path = path
-        self._conn = conn
-        self._writable = writable
+        super().__init__(path, conn, writable=writable)
         self._secrets = secret_values()
         self._events_written = 0
         self._answers_written = 0
@@ -277,9 +256,7 @@ class Journal:
                 taken = self._conn.execute("SELECT 1 FROM answers WHERE request_hash = ?",
                                            (key,)).fetchone()
                 if taken is None:
-                    self._conn.execute(
-                        "INSERT INTO events (ts, type, key, json) VALUES (?, ?, ?, ?)",
-                        (time.time(), event_type(event), key, payload))
+                    self._conn.execute(_INSERT_EVENT, (time.time(), event_type(event), key, payload))
                     self._conn.execute(
                         "INSERT INTO answers VALUES (?, ?, ?, 0, 0, 0.0, ?, 0.0, ?, "
                         "(SELECT COALESCE(MAX(seq), 0) FROM events))",
@@ -292,48 +269,12 @@ class Journal:
             self._knows(key)
         return taken is None
 
-    @classmethod
-    def open(cls, workspace: str | Path, *, writable: bool = False) -> Journal:
-        """Open an existing journal (read-only by default); a missing one is a JournalError."""
-        path = journal_path(workspace)
-        if not Path(workspace).is_dir():
-            what = "is not a folder" if Path(workspace).exists() else "does not exist"
-            raise JournalError(f"run folder {workspace} {what}",
-                               "give the workspace of a run (`sopctl runs` lists them)")
-        refuse_planted(path, writing=writable)
-        if not path.is_file():
-            raise JournalError(f"{workspace} has no journal ({JOURNAL_DIR}/{JOURNAL_FILE})",
-                               "give the workspace of a run made by `sopctl run`")
-        with guard(path, "open"):
-            conn = connect(path, readonly=not writable)
-        journal = cls(path, conn, writable=writable)
-        try:
-            journal._check_meta(sop_hash=None, force=False)
-        except BaseException:
-            journal.close()
-            raise
-        return journal
-
     def _init_schema(self) -> None:
         """Begin the journal's first transaction with its tables: the checks read in it, and
         `_write_meta` commits it, fsynced (one commit for a new journal, not two)."""
         with guard(self.path, "initialise"):
             self._sync(full=True)
             self._conn.executescript("BEGIN IMMEDIATE;" + SCHEMA)   # left open
-
-    def _check_meta(self, *, sop_hash: str | None, force: bool) -> None:
-        meta = self.meta()
-        version = int(meta.get("schema_version", SCHEMA_VERSION))
-        if version > SCHEMA_VERSION:
-            raise JournalError(f"journal {self.path} has schema version {version}; this sopctl "
-                               f"reads up to {SCHEMA_VERSION}", "upgrade sopctl to read it")
-        old_hash = meta.get("sop_hash")
-        if sop_hash and old_hash and old_hash != sop_hash and not force:
-            raise JournalError(
-                f"journal {self.path} belongs to another SOP "
-                f"({meta.get('sop_name', '?')}, sha256 {old_hash[:12]}) than this one "
-                f"(sha256 {sop_hash[:12]})",
-                "use a fresh workspace (--out), or --force to continue with the changed file")
 
     def _write_meta(self, *, sop_name: str, sop_hash: str, sop_path: str,
                     include_dirs: tuple[str, ...] = ()) -> None:
@@ -358,61 +299,15 @@ class Journal:
         except (JournalError, sqlite3.Error):
             pass            # as if killed here: resume re-creates the buffered events
         self._syncer.close()   # its last fsync (a failure was raised at the last barrier)
-        try:
-            self._conn.close()
-        except sqlite3.Error:
-            pass
+        super().close()
         for handle in self._lock:
             os.close(handle)             # closing the descriptors releases the flock
         self._lock = ()
 
-    def __enter__(self) -> Journal:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    # reading ---------------------------------------------------------------------------
-
-    def _flush_if_writing(self) -> None:
+    def _before_read(self) -> None:
         """A writer reads its own buffered events too."""
         if self._writable:
             self.flush()
-
-    def check_intact(self) -> None:
-        """SQLite's structural check of every page: a resume or replay reads the answers
-        table lazily, so damage there would otherwise surface mid-run, as a failed run."""
-        with guard(self.path, "read"):
-            verdict = self._conn.execute("PRAGMA quick_check(1)").fetchone()
-        if verdict != ("ok",):
-            what, hint = PROBLEMS["corrupt"]
-            raise JournalError(f"cannot read journal {self.path}: {what} (SQLite's page check fails)", hint)
-
-    def meta(self) -> dict[str, str]:
-        """The meta rows; a file without them was never initialised (a JournalError)."""
-        with guard(self.path, "read"):
-            tables = {r[0] for r in self._conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table'").fetchall()}
-            if "meta" not in tables:
-                raise JournalError(f"journal {self.path} is empty or not a sopctl journal",
-                                   "the run died while creating it; start the run again")
-            return dict(self._conn.execute("SELECT key, value FROM meta").fetchall())
-
-    def events(self) -> list[EventRow]:
-        """Every event in order, payloads decoded from JSON."""
-        self._flush_if_writing()
-        with guard(self.path, "read"):
-            rows = self._conn.execute("SELECT seq, ts, type, json FROM events ORDER BY seq").fetchall()
-        return [EventRow(seq, ts, typ, text) for seq, ts, typ, text in rows]
-
-    def answers(self) -> list[AnswerRow]:
-        """Every journaled model answer, in the order they were recorded."""
-        with guard(self.path, "read"):
-            rows = self._conn.execute(
-                "SELECT request_hash, action, text, prompt_tokens, completion_tokens, cost_usd, "
-                "model, seconds, origin, seq FROM answers ORDER BY rowid").fetchall()
-        return [AnswerRow(h, a, StoredAnswer(t, pt, ct, c, model=m, seconds=sec), o, s)
-                for h, a, t, pt, ct, c, m, sec, o, s in rows]
 
     # CompletedActions --------------------------------------------------------------------
 
@@ -436,7 +331,7 @@ class Journal:
         return record if intact else None
 
     def _load_completed(self) -> dict[str, ActionCompleted]:
-        self._flush_if_writing()
+        self._before_read()
         with guard(self.path, "read"):
             rows = self._conn.execute("SELECT seq, ts, type, json FROM events WHERE type = "
                                       "'ActionCompleted' ORDER BY seq").fetchall()
@@ -636,28 +531,6 @@ class Journal:
         text = scrub(json.dumps(exchange, ensure_ascii=False), self._secrets)
         self._conn.execute("INSERT OR IGNORE INTO exchanges VALUES (?, ?)",
                            (request_hash, pack_exchange(text)))
-
-    def exchanges(self) -> dict[str, dict[str, Any]]:
-        """What was sent for each answer, by request hash (empty for a journal from before
-        prompts were kept, which has no `exchanges` table)."""
-        with guard(self.path, "read"):
-            if not self._has_table("exchanges"):
-                return {}
-            rows = self._conn.execute("SELECT request_hash, data FROM exchanges").fetchall()
-        return {key: unpack_exchange(key, data) for key, data in rows}
-
-    def exchange(self, request_hash: str) -> dict[str, Any] | None:
-        """What was sent for one answer, or None when the journal did not keep it."""
-        with guard(self.path, "read"):
-            if not self._has_table("exchanges"):
-                return None
-            row = self._conn.execute("SELECT data FROM exchanges WHERE request_hash = ?",
-                                     (request_hash,)).fetchone()
-        return unpack_exchange(request_hash, row[0]) if row else None
-
-    def _has_table(self, name: str) -> bool:
-        return self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
-                                  (name,)).fetchone() is not None
 
     def _require_writable(self) -> None:
         if not self._writable:
