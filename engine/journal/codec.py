@@ -84,12 +84,12 @@ _STRICT = ConfigDict(strict=True, extra="forbid")
 
 @cache
 def _rows() -> TypeAdapter[tuple[str, RunEvent]]:
-    """(type name, JSON text) -> (type name, event), each type against its own dataclass.
-    Built once, at the first row decoded (tens of ms: a command that reads no journal never
-    pays it)."""
-    members = tuple(Annotated[tuple[str, Json[cls]], Tag(name)]  # type: ignore[valid-type]
+    """(type name, JSON text) -> (type name, event), each type against its own dataclass, in
+    one tagged union (the tag: the row's type column). Built once, at the first row decoded
+    (about 20 ms: a command that reads no journal never pays it)."""
+    members = tuple(Annotated[tuple[str, Json[cls]], Tag(name)]  # type: ignore[valid-type]  # a type per name
                     for name, cls in _EVENT_TYPES.items())
-    row: Any = Annotated[Union[members], Discriminator(_type_name)]  # noqa: UP007 - built at run time
+    row: Any = Annotated[Union[members], Discriminator(_type_name)]  # noqa: UP007 - a union of a tuple built here
     return TypeAdapter(row, config=_STRICT)
 
 

@@ -118,6 +118,13 @@ class JournalReader:
         return [AnswerRow(h, a, StoredAnswer(t, pt, ct, c, model=m, seconds=sec), o, s)
                 for h, a, t, pt, ct, c, m, sec, o, s in rows]
 
+    def action_of(self, request_hash: str) -> str | None:
+        """The action whose answer to this request the journal holds, if it holds one."""
+        with guard(self.path, "read"):
+            row = self._conn.execute("SELECT action FROM answers WHERE request_hash = ?",
+                                     (request_hash,)).fetchone()
+        return row[0] if row else None
+
     def exchanges(self) -> dict[str, dict[str, Any]]:
         """What was sent for each answer, by request hash (empty for a journal from before
         prompts were kept, which has no `exchanges` table)."""

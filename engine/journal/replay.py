@@ -7,7 +7,6 @@ import dataclasses
 from typing import Any
 
 from engine.errors import JournalError
-from engine.journal.sqlite_errors import guard
 from engine.journal.store import Journal
 from engine.models.types import StoredAnswer
 
@@ -34,7 +33,7 @@ class ReplayStore:
         if answer is None:
             self.misses.append(request_hash)
         else:
-            action = self._action_of(request_hash)
+            action = self.source.action_of(request_hash) or "?"
             answer = dataclasses.replace(answer, exchange=self._exchange_of(request_hash))
             self.target.record_as(request_hash, action, answer, origin="replay")
         return answer
@@ -55,9 +54,3 @@ class ReplayStore:
             return self.source.exchange(request_hash)
         except JournalError:
             return None
-
-    def _action_of(self, request_hash: str) -> str:
-        with guard(self.source.path, "read"):
-            row = self.source._conn.execute("SELECT action FROM answers WHERE request_hash = ?",
-                                            (request_hash,)).fetchone()
-        return row[0] if row else "?"
