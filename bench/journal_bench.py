@@ -76,15 +76,15 @@ class _Disk:
     """The syncer's fsync, counted, or made a no-op (the `nofsync` variant)."""
 
     def __init__(self, delay_ms: float = 0.0) -> None:
-        from engine.journal import store
+        from engine.journal import store, syncer
 
-        self.store, self.real_sync = store, store._datasync
+        self.store, self.syncer, self.real_sync = store, syncer, syncer.datasync
         self.real_durable = store.Journal.durable
         self.fsyncs = 0
         self.delay_s = delay_ms / 1000
 
     def set(self, variant: str) -> None:
-        self.store._datasync = self._no_sync if variant == "nofsync" else self._counted
+        self.syncer.datasync = self._no_sync if variant == "nofsync" else self._counted
         self.store.Journal.durable = ((lambda journal: None) if variant == "nofsync"  # type: ignore[method-assign]
                                      else self.real_durable)
 
@@ -98,7 +98,7 @@ class _Disk:
         pass
 
     def restore(self) -> None:
-        self.store._datasync, self.store.Journal.durable = self.real_sync, self.real_durable  # type: ignore[method-assign]
+        self.syncer.datasync, self.store.Journal.durable = self.real_sync, self.real_durable  # type: ignore[method-assign]
 
 
 def _one_run(compiled: Any, variant: str, root: Path, disk: _Disk) -> tuple[float, int, float]:

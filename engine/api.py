@@ -16,13 +16,15 @@ benchmarks call these functions and hold no copy of them.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from collections.abc import AsyncIterator, Mapping
 
 from engine.compile.compiler import CompiledSop, compile_path
 from engine.errors import UsageError
+from engine.journal.inbox import answer_question
+from engine.journal.replay import ReplayStore
 from engine.journal.resume import (
     RunFolder,
     open_for_replay,
@@ -31,8 +33,7 @@ from engine.journal.resume import (
     replay_options,
     resume_options,
 )
-from engine.journal.inbox import answer_question
-from engine.journal.store import Journal, ReplayStore
+from engine.journal.store import Journal
 from engine.models.types import Price
 from engine.run.events import RunEnded, RunEvent
 from engine.run.experience import ExperiencePool

@@ -164,7 +164,7 @@ def test_make_display_picks_plain_when_not_a_terminal() -> None:
 
 def test_run_is_journaled_by_default_and_show_reads_it(tmp_path: Path) -> None:
     from engine.journal.history import read_run
-    from engine.journal.store import journal_path
+    from engine.journal.run_folder import journal_path
 
     compiled = api.load(SOPS / "pipeline.sop.yaml")
     result = api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "a")
@@ -210,7 +210,7 @@ def test_replay_from_the_api_calls_no_model_and_says_whether_it_diverged(tmp_pat
 
 def test_a_refused_resume_leaves_the_journal_untouched(tmp_path: Path) -> None:
     from engine.errors import JournalError
-    from engine.journal.store import journal_path
+    from engine.journal.run_folder import journal_path
 
     sop = tmp_path / "p.sop.yaml"
     sop.write_text((SOPS / "pipeline.sop.yaml").read_text())

@@ -25,10 +25,10 @@ from __future__ import annotations
 import asyncio
 import functools
 import shutil
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
-from collections.abc import Awaitable, Callable, Iterable
 
 from engine import api
 from engine.batch.evaluate import Golden, check_expectations, conformance, trajectory
@@ -43,8 +43,9 @@ from engine.batch.results import (
 from engine.batch.rows import Row, read_rows
 from engine.compile.compiler import CompiledSop
 from engine.errors import SopError, UsageError
+from engine.journal.database import never_started
 from engine.journal.history import RunState, read_run
-from engine.journal.store import JOURNAL_DIR, journal_path, never_started
+from engine.journal.run_folder import JOURNAL_DIR, journal_path
 from engine.models.types import Price
 from engine.run.events import RunStatus
 

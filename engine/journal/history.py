@@ -28,25 +28,17 @@ to a person with the person's answer, in the order they were journaled.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Sequence
 
 from engine.errors import JournalError, UsageError
-from engine.journal.store import (
-    JOURNAL_DIR,
-    JOURNAL_FILE,
-    AnswerRow,
-    EventRow,
-    Journal,
-    decode_event,
-    naming,
-    writer_active,
-)
+from engine.journal.codec import AnswerRow, EventRow, decode_event
+from engine.journal.run_folder import JOURNAL_DIR, JOURNAL_FILE, writer_active
+from engine.journal.sqlite_errors import naming
+from engine.journal.reader import JournalReader
 from engine.models.types import Usage
-from engine.run.people import PERSON
-from engine.run.toolloop import TOOL
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
@@ -63,6 +55,8 @@ from engine.run.events import (
     RunStarted,
     RunStatus,
 )
+from engine.run.people import PERSON
+from engine.run.toolloop import TOOL
 
 __all__ = ["ActionStats", "ActionRecord", "RunState", "Exchange", "read_run", "rebuild",
            "find_runs", "list_runs", "read_exchanges", "exchanges_of"]
@@ -152,7 +146,7 @@ class RunState:
 
 def read_run(run_dir: str | Path) -> RunState:
     """Open a run folder's journal read-only and rebuild its state (JournalError if unusable)."""
-    with Journal.open(run_dir) as journal, naming(journal.path):
+    with JournalReader.open(run_dir) as journal, naming(journal.path):
         state = rebuild(journal.events(), run_dir=str(run_dir), answers=journal.answers())
         _add_meta(state, journal.meta())
         _mark_live(state, run_dir)
@@ -273,17 +267,8 @@ def _apply_row(state: RunState, row: EventRow, invocation: _Invocation,
     elif isinstance(event, (QuestionAsked, PersonAnswered, PersonTold)):
         _on_person_event(state, event)
     elif isinstance(event, RunEnded):
-        state.status, state.rounds, state.error = _status(event, row), event.rounds, event.error
+        state.status, state.rounds, state.error = event.status, event.rounds, event.error
         state.ended_at = row.ts
-
-
-def _status(event: RunEnded, row: EventRow) -> RunStatus:
-    try:
-        return RunStatus(event.status)
-    except ValueError:
-        raise JournalError(f"journal event {row.seq} ends the run with an unknown status "
-                           f"{event.status!r}", "the journal was written by a newer sopctl; "
-                           "upgrade sopctl") from None
 
 
 def _on_started(state: RunState, event: RunStarted, ts: float) -> None:
@@ -457,7 +442,7 @@ class Exchange:
 def read_exchanges(run_dir: str | Path, action: str | None = None) -> list[Exchange]:
     """Every exchange of a run, in journal order; `action` keeps one action's (its id, or
     `Role.action`), and a name the run never asked for is a UsageError listing those it did."""
-    with Journal.open(run_dir) as journal, naming(journal.path):
+    with JournalReader.open(run_dir) as journal, naming(journal.path):
         found = exchanges_of(journal)
     if action is None:
         return found
@@ -469,7 +454,7 @@ def read_exchanges(run_dir: str | Path, action: str | None = None) -> list[Excha
     return chosen
 
 
-def exchanges_of(journal: Journal) -> list[Exchange]:
+def exchanges_of(journal: JournalReader) -> list[Exchange]:
     """The exchanges of an open journal (see `read_exchanges`)."""
     sent = journal.exchanges()
     asked = _where_asked(journal.events())

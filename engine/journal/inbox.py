@@ -15,7 +15,8 @@ from pathlib import Path
 
 from engine.errors import UsageError
 from engine.journal.history import rebuild
-from engine.journal.store import Journal, naming
+from engine.journal.sqlite_errors import naming
+from engine.journal.store import Journal
 from engine.models.types import StoredAnswer
 from engine.run.events import PersonAnswered, RunStatus
 from engine.run.people import PERSON, PersonAnswer, Question, accept

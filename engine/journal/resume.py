@@ -18,14 +18,11 @@ from typing import Any
 
 from engine.compile.compiler import CompiledSop, compile_path
 from engine.errors import CompileError, JournalError, LoadError, UsageError
+from engine.journal.codec import decode_event
 from engine.journal.history import rebuild
-from engine.journal.store import (
-    JOURNAL_DIR,
-    JOURNAL_FILE,
-    Journal,
-    decode_event,
-    naming,
-)
+from engine.journal.run_folder import JOURNAL_DIR, JOURNAL_FILE
+from engine.journal.sqlite_errors import naming
+from engine.journal.store import Journal
 from engine.models.registry import default_model
 from engine.run.events import RunStarted, RunStatus
 

@@ -371,10 +371,10 @@ def test_a_row_killed_while_its_journal_was_created_starts_afresh(tmp_path: Path
     (out / "rows/000001/.sopctl/journal.sqlite").write_bytes(b"")
     import sqlite3
 
-    from engine.journal.store import _SCHEMA  # the journal's own tables, made in one go
+    from engine.journal.database import SCHEMA  # the journal's own tables, made in one go
 
     with sqlite3.connect(out / "rows/000002/.sopctl/journal.sqlite") as conn:
-        conn.executescript(_SCHEMA)
+        conn.executescript(SCHEMA)
     assert _batch(str(PIPELINE), "--inputs", str(rows), "--model", "fake", "--out", str(out)) == 0
     assert [(line["status"], line["calls"]) for line in _lines(out)] == [("idle", 3), ("idle", 3)]
 

@@ -12,14 +12,15 @@ import sqlite3
 import subprocess
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from run_helpers import ROOT, TESTS, sopctl_env, sopctl_in_process
 
 from engine.cli.commands import main
-from engine.journal.store import Journal, journal_path
+from engine.journal.run_folder import journal_path
+from engine.journal.store import Journal
 
 SOP = TESTS / "sops" / "journal_small.sop.yaml"
 
@@ -174,7 +175,7 @@ _DAMAGES = {
                                        WHERE seq = (SELECT MAX(seq) FROM events WHERE type = 'MessagePublished')"""),
                               "message = 5, which is not an object"),
     "artifact not an object": (_tamper("""UPDATE events SET json = replace(json, '"artifacts": [', '"artifacts": [7, ')
-                                        WHERE json LIKE '%"artifacts": [{%'"""), "artifacts = [7"),
+                                        WHERE json LIKE '%"artifacts": [{%'"""), "artifacts[0] = 7, which is not an object"),
     "from a newer sopctl": (_tamper("UPDATE meta SET value = '99' WHERE key = 'schema_version'"),
                             "schema version 99; this sopctl reads up to"),
     "an event of a newer sopctl": (_tamper("INSERT INTO events (ts, type, key, json) VALUES (1, 'ToolCalled', NULL, '{}')"),

@@ -19,7 +19,7 @@ from engine.compile.compiler import check_path
 from engine.cli import html_report
 from engine.cli.commands import main
 from engine.journal.history import read_run
-from engine.journal.store import journal_path
+from engine.journal.run_folder import journal_path
 
 from run_helpers import ROOT
 

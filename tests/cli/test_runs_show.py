@@ -14,7 +14,8 @@ from run_helpers import ROOT, TESTS, ForkedSopctl
 
 from engine.cli.commands import main
 from engine.journal.history import RunState, read_run
-from engine.journal.store import Journal, journal_path
+from engine.journal.run_folder import journal_path
+from engine.journal.store import Journal
 from engine.models.types import TransientModelError, Usage
 from engine.testing import ScriptedModel, use_model
 

@@ -15,7 +15,8 @@ from engine.compile.compiler import compile_path, compile_text
 from engine.cli.commands import main
 from engine.errors import UsageError
 from engine.journal.history import read_exchanges, read_run
-from engine.journal.store import EXCHANGE_COMPRESS_AT, journal_path
+from engine.journal.codec import EXCHANGE_COMPRESS_AT
+from engine.journal.run_folder import journal_path
 from engine.load.secrets import REDACTED
 from engine.testing import ScriptedModel, ScriptedPerson, use_model
 

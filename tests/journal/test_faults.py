@@ -21,16 +21,16 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from collections.abc import Callable
 
 import pytest
 from run_helpers import ROOT, TESTS, ForkedSopctl, here, sopctl_env
 
 from engine.cli.commands import main
 from engine.journal.history import read_run
-from engine.journal.store import journal_path
+from engine.journal.run_folder import journal_path
 
 SOP = TESTS / "sops" / "journal_small.sop.yaml"
 
@@ -260,7 +260,7 @@ def _crippled_connect(kind: str) -> Any:
     """A journal connection that cannot write: read-only, or a disk with no page left."""
     import engine.journal.store as journal_module
 
-    real = journal_module._connect
+    real = journal_module.connect
 
     def connect(path: Path, *, readonly: bool) -> sqlite3.Connection:
         conn = real(path, readonly=readonly)
@@ -282,7 +282,7 @@ def test_unwritable_journal_then_resume(baseline: dict[str, Any], tmp_path: Path
     """The resume cannot write: a clear error; once fixed, a resume completes the run."""
     ws = tmp_path / "run"
     assert forked_sopctl(*run_args(ws), env={"SOPCTL_CRASH_AFTER_EVENT": "14"}).returncode == 137
-    monkeypatch.setattr("engine.journal.store._connect", _crippled_connect(kind))
+    monkeypatch.setattr("engine.journal.store.connect", _crippled_connect(kind))
     code = main(["resume", str(ws), "--format", "json"])
     captured = capsys.readouterr()
     assert code in (1, 2) and words in captured.err + captured.out

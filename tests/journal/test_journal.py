@@ -14,7 +14,9 @@ import pytest
 from engine.cli.report import result_object
 from engine.errors import JournalError
 from engine.journal.history import read_run, rebuild
-from engine.journal.store import Journal, ReplayStore, journal_path
+from engine.journal.replay import ReplayStore
+from engine.journal.run_folder import journal_path
+from engine.journal.store import Journal
 from engine.models.types import StoredAnswer
 from engine.run.events import (
     ActionCompleted,
@@ -102,19 +104,28 @@ def test_journal_settings_are_durable(tmp_path: Path) -> None:
 
 
 def test_durability_tiers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`full` fsyncs every event; by default only the run's end (and every answer) is."""
+    """`full` commits and fsyncs every event on its own; by default only the run's end is
+    committed with an fsync (SQLite's `synchronous=FULL`; answers: by the syncer)."""
     events = full_run()
+
+    def levels(journal: Journal) -> dict[str, int]:
+        """Each event's name -> the synchronous level of the commit after it (2 = FULL)."""
+        seen = {}
+        for event in events:
+            journal.on_event(event)
+            seen[type(event).__name__] = journal._conn.execute("PRAGMA synchronous").fetchone()[0]
+        return seen
+
     with new_journal(tmp_path) as grouped:
-        tiers = {type(e).__name__: grouped.is_fsynced(e) for e in events}
-    assert tiers == {"RunStarted": False, "MessagePublished": False, "RoundStarted": False,
-                     "ActionStarted": False, "ModelAnswered": False, "ActionCompleted": False,
-                     "RunEnded": True}
+        assert levels(grouped) == {"RunStarted": 1, "MessagePublished": 1, "RoundStarted": 1,
+                                   "ActionStarted": 1, "ModelAnswered": 1, "ActionCompleted": 1,
+                                   "RunEnded": 2}
     monkeypatch.setenv("SOPCTL_JOURNAL_SYNC", "full")
     with new_journal(tmp_path / "full") as strict:
-        assert all(strict.is_fsynced(e) for e in events)
         for event in events:
             strict.on_event(event)
             assert committed_events(tmp_path / "full") == events.index(event) + 1
+            assert strict._conn.execute("PRAGMA synchronous").fetchone()[0] == 2
 
 
 def committed_events(ws: Path) -> int:

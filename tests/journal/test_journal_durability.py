@@ -21,8 +21,8 @@ import pytest
 
 from engine import api
 from engine.errors import JournalError
-from engine.journal import store as journal_store
-from engine.journal.store import Journal
+from engine.journal import syncer as journal_syncer
+from engine.journal.store import SYNC_ENV, Journal
 from engine.models.types import ModelAnswer, ModelRequest, StoredAnswer, durable
 from engine.run.people import PersonAnswer, Question
 from engine.testing import ScriptedModel, ScriptedPerson, use_model
@@ -86,8 +86,8 @@ class Probe:
         self.seen: list[tuple[str, bool]] = []
         self.required: dict[Any, list[tuple[Any, int]]] = {}
         self.fsyncs = 0
-        real_init, real_sync = journal_store._Syncer.__init__, journal_store._datasync
-        real_wait = journal_store._Syncer.wait
+        real_init, real_sync = journal_syncer.Syncer.__init__, journal_syncer.datasync
+        real_wait = journal_syncer.Syncer.wait
 
         def init(syncer: Any, path: Path) -> None:
             real_init(syncer, path)
@@ -104,9 +104,9 @@ class Probe:
             self.required.setdefault(_task(), []).append((syncer, syncer._needed))
             return real_wait(syncer)
 
-        monkeypatch.setattr(journal_store._Syncer, "__init__", init)
-        monkeypatch.setattr(journal_store._Syncer, "wait", wait)
-        monkeypatch.setattr(journal_store, "_datasync", on_demand_sync)
+        monkeypatch.setattr(journal_syncer.Syncer, "__init__", init)
+        monkeypatch.setattr(journal_syncer.Syncer, "wait", wait)
+        monkeypatch.setattr(journal_syncer, "datasync", on_demand_sync)
 
     def _demanded(self) -> bool:
         return any(s._waiters or s._stopping for s in self.syncers)
@@ -209,15 +209,15 @@ def test_the_barrier_waits_only_for_answers_not_yet_synced(tmp_path: Path,
 
 def test_answer_mode_fsyncs_each_answer_before_record_returns(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(journal_store.SYNC_ENV, "answer")
+    monkeypatch.setenv(SYNC_ENV, "answer")
     synced_on: list[str] = []
-    real_sync = journal_store._datasync
+    real_sync = journal_syncer.datasync
 
     def sync(fd: int) -> None:
         synced_on.append(threading.current_thread().name)
         real_sync(fd)
 
-    monkeypatch.setattr(journal_store, "_datasync", sync)
+    monkeypatch.setattr(journal_syncer, "datasync", sync)
     with Journal.create(tmp_path, sop_name="x", sop_hash="h") as journal:
         asyncio.run(durable(journal))
         before = len(synced_on)
@@ -234,7 +234,7 @@ def test_a_failed_fsync_is_a_journal_error_at_the_barrier(
     def broken(fd: int) -> None:
         raise OSError(code, "Input/output error" if code == errno.EIO else "No space left on device")
 
-    monkeypatch.setattr(journal_store, "_datasync", broken)
+    monkeypatch.setattr(journal_syncer, "datasync", broken)
     journal = Journal.create(tmp_path, sop_name="x", sop_hash="h")
     try:
         journal.record("h1", "Write", StoredAnswer("one", 1, 1, 0.0))   # committed: survives kill -9
@@ -253,7 +253,7 @@ def test_a_run_stops_before_paying_when_its_journal_cannot_be_fsynced(
     def broken(fd: int) -> None:
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(journal_store, "_datasync", broken)
+    monkeypatch.setattr(journal_syncer, "datasync", broken)
     model = ScriptedModel(lambda spec, attempt: {"Task list": FILES})
     path = tmp_path / "durable.sop.yaml"
     path.write_text(SOP, encoding="utf-8")
@@ -344,7 +344,7 @@ def test_an_fsync_that_fails_after_the_last_barrier_fails_the_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing waits for the last answer's fsync; the run's end still reports its failure."""
     calls: list[int] = []
-    real_sync = journal_store._datasync
+    real_sync = journal_syncer.datasync
 
     def fails_after_the_first(fd: int) -> None:
         calls.append(fd)
@@ -352,7 +352,7 @@ def test_an_fsync_that_fails_after_the_last_barrier_fails_the_run(
             raise OSError(errno.EIO, "Input/output error")
         real_sync(fd)
 
-    monkeypatch.setattr(journal_store, "_datasync", fails_after_the_first)
+    monkeypatch.setattr(journal_syncer, "datasync", fails_after_the_first)
     path = tmp_path / "one.sop.yaml"
     path.write_text(ONE_CALL, encoding="utf-8")
     with use_model(ScriptedModel(["a text"])), pytest.raises(JournalError) as failed:

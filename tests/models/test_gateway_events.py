@@ -23,7 +23,8 @@ from engine.cli.commands import main
 from engine.cli.live import LiveDisplay, PlainProgress
 from engine.cli.report import format_show, result_object
 from engine.journal.history import read_run
-from engine.journal.store import Journal, journal_path
+from engine.journal.run_folder import journal_path
+from engine.journal.store import Journal
 from engine.models.gateway import Gateway
 from engine.models.types import TransientModelError, Usage
 from engine.run.events import (

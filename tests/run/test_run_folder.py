@@ -15,7 +15,8 @@ import pytest
 from engine.compile.compiler import check_text
 from engine.cli.commands import main
 from engine.errors import JournalError
-from engine.journal.store import Journal, journal_path, writer_active
+from engine.journal.run_folder import journal_path, writer_active
+from engine.journal.store import Journal
 from engine.run.workspace import Workspace, WorkspaceError
 
 from run_helpers import TESTS

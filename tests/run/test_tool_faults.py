@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from run_helpers import ROOT, ForkedSopctl, here
 
-from engine.journal.store import journal_path
+from engine.journal.run_folder import journal_path
 
 SOP = ROOT / "sops" / "mgx_team.sop.yaml"
 
