@@ -233,7 +233,7 @@ def render(entries: list[dict[str, Any]], info: dict[str, str], argv: list[str],
     summary = summary_rows(entries)
     if summary:
         lines += ["## Summary", "", *summary, ""]
-    for (name, _module, title), entry in zip(BENCHES, entries):
+    for (name, _module, title), entry in zip(BENCHES, entries, strict=False):
         lines += [f"## {title}", "", f"`{entry['module']}`" + (f", {entry['seconds']:.0f} s" if "seconds" in entry else ""), ""]
         if entry.get("skipped"):
             lines += ["Not run in this invocation (`--only`).", ""]

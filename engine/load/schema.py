@@ -121,7 +121,7 @@ def _closest(branches: list[list[Any]], instance: Any) -> list[list[Any]]:
                       [errs[0].relative_schema_path[0]].get("properties", {})) & set(instance))
               for errs in branches]
     best = max(scores)
-    chosen = [b for b, score in zip(branches, scores) if score == best]
+    chosen = [b for b, score in zip(branches, scores, strict=False) if score == best]
     return chosen if best > 0 else branches
 
 

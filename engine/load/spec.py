@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import unicodedata
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
@@ -120,7 +120,7 @@ class CodeOutput(_Model):
     code: str = Field(pattern=r"^[a-z][a-z0-9_+-]*$")
 
 
-Output = Union[Literal["text"], CodeOutput, dict[str, OutputNode]]
+Output = Literal["text"] | CodeOutput | dict[str, OutputNode]
 
 
 ENGINE_DIR = ".sopctl"

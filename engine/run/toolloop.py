@@ -39,7 +39,7 @@ from engine.errors import ActionFailed, BudgetExceeded, JournalError, ReplayDive
 from engine.load.outputs import output_kind
 from engine.load.source import join_pointer
 from engine.load.spec import CodeOutput
-from engine.load.tools import END, expand_tools, read_experience, team_targets
+from engine.load.catalog import END, expand_tools, read_experience, team_targets
 from engine.models import answers
 from engine.models.types import CallSpec, StoredAnswer, durable
 from engine.run.actions import RunContext, ToolEffects, call_gateway, gather_or_cancel, model_call
