@@ -143,7 +143,7 @@ def _replace_atomically(path: Path, expected: bytes, data: bytes) -> None:
 
 def _other_problems(file: str, text: str, args: argparse.Namespace) -> int:
     """1 (said) when the migrated file still has errors: they are for `validate` to show."""
-    from engine.check.compiler import check_text
+    from engine.compile.compiler import check_text
     from engine.load.includes import LIBRARY_KEYS
     from engine.load.source import load_text
 
@@ -159,7 +159,7 @@ def _other_problems(file: str, text: str, args: argparse.Namespace) -> int:
 
 
 def _print_diagnostics(diagnostics: list[Diagnostic], file: str) -> None:
-    from engine.check.compiler import source_lines
+    from engine.compile.compiler import source_lines
     from engine.check.diagnostics import format_diagnostic
 
     for diagnostic in diagnostics:

@@ -161,22 +161,25 @@ def migrate(source: Source) -> Source:
 
 
 def _diagnose(file: str, change: Change) -> Diagnostic:
-    m, where = change.migration, dict(file=file, line=change.line, col=change.col, pointer=change.pointer)
+    """The diagnostic of one use, located at the old spelling (the key, or the value)."""
+    return replace(_finding(change), file=file, line=change.line, col=change.col, pointer=change.pointer)
+
+
+def _finding(change: Change) -> Diagnostic:
+    m = change.migration
     if change.conflict is not None:
         line, col = change.conflict
+        note = Related(message=f"`{m.new}` is here", pointer=join_pointer(change.mapping, m.new), line=line, col=col)
         return Diagnostic(code="SOP016", severity="error",
                           message=f"both `{m.old}` (deprecated) and `{m.new}` in one {m.where}",
-                          hint=f"keep only `{m.new}`, {m.meaning}",
-                          related=(Related(message=f"`{m.new}` is here", pointer=join_pointer(change.mapping, m.new),
-                                           line=line, col=col),), **where)
+                          hint=f"keep only `{m.new}`, {m.meaning}", related=(note,))
     if change.blocked:
         return Diagnostic(code="SOP218", severity="error", message=change.blocked,
-                          hint="set `review: human`, or use `revise: auto` for a model's review and revision",
-                          **where)
+                          hint="set `review: human`, or use `revise: auto` for a model's review and revision")
     return Diagnostic(code="SOP015", severity="warning",
                       message=f"`{change.old_text}` is deprecated here: write `{change.new_text}` "
                               "(sopctl migrate FILE rewrites it)",
-                      hint=f"`{m.new}` is {m.meaning}" if not m.value else m.meaning, **where)
+                      hint=f"`{m.new}` is {m.meaning}" if not m.value else m.meaning)
 
 
 def apply_changes(data: dict[str, Any], changes: list[Change]) -> dict[str, Any]:
