@@ -62,13 +62,14 @@ def _migrate_file(file: str, args: argparse.Namespace) -> int:
         print(f"{file}:{change.line}:{change.col}: not rewritten: {_why(change)}", file=sys.stderr)
     if done and not _loads_as_expected(source, text, done, file):
         return 2
+    left = 1 if skipped else 0   # each one said: the file still has that error
     if not done:
         _say(args, f"{file}: {'nothing rewritten' if skipped else 'nothing to migrate'}")
-        return _other_problems(file, text, args)
+        return max(left, _other_problems(file, text, args))
     if args.diff:
         _print_diff(file, source.text, text)
     code = _write(file, source, text, done, args)
-    return code if code == 2 else max(code, _other_problems(file, text, args))
+    return code if code == 2 else max(code, left, _other_problems(file, text, args))
 
 
 def _why(change: Change) -> str:
@@ -96,8 +97,10 @@ def _loads_as_expected(source: Source, text: str, done: list[Change], file: str)
 
 
 def _print_diff(file: str, before: str, after: str) -> None:
+    """A unified diff with git's a/ and b/ prefixes (`git apply` and `patch -p1` take it)."""
+    name = file.lstrip("/")
     sys.stdout.writelines(difflib.unified_diff(before.splitlines(keepends=True), after.splitlines(keepends=True),
-                                               fromfile=f"a/{file}", tofile=f"b/{file}"))
+                                               fromfile=f"a/{name}", tofile=f"b/{name}"))
 
 
 def _write(file: str, source: Source, text: str, done: list[Change], args: argparse.Namespace) -> int:
