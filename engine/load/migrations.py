@@ -39,6 +39,9 @@ class Migration:
     meaning: str
     """What the new spelling means (the warning's hint)."""
     value: str = ""
+    needs: tuple[str, str, str] = ("", "", "")
+    """(key, value, what the old value means): a value rename applies only where that key
+    has that value; elsewhere the old value contradicts its mapping (an error, SOP218)."""
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -52,7 +55,7 @@ MIGRATIONS: tuple[Migration, ...] = (
               "the most runs of a failed task before it is re-planned (count limits all read `max_<what>`)"),
     Migration("revise", "human_review", "auto", "0.2.0",
               "with `review: human`, `revise: auto` is a person's comments revised by the model",
-              value="revise"),
+              value="revise", needs=("review", "human", "means a person writes the review")),
 )
 """Every deprecated spelling (the README's "Deprecated spellings" table is this one)."""
 
@@ -127,17 +130,15 @@ def _change(m: Migration, pointer: str, mapping: dict[str, Any], smap: SourceMap
         if mapping.get(m.value) != m.old:
             return None
         line, col = smap.locate(join_pointer(pointer, m.value))
-        blocked = "" if mapping.get("review") == "human" else _needs_human_review(mapping)
+        key, wanted, meaning = m.needs
+        blocked = "" if not key or mapping.get(key) == wanted else (
+            f"`{m.value}: {m.old}` {meaning}, but `{key}` is '{mapping.get(key, 'auto')}'")
         return Change(m, pointer, line, col, blocked=blocked)
     if m.old not in mapping:
         return None
     line, col = smap.keys.get(join_pointer(pointer, m.old), (1, 1))
     conflict = smap.keys.get(join_pointer(pointer, m.new), (1, 1)) if m.new in mapping else None
     return Change(m, pointer, line, col, conflict=conflict)
-
-
-def _needs_human_review(mapping: dict[str, Any]) -> str:
-    return f"`revise: human_review` means a person writes the review, but `review` is '{mapping.get('review', 'auto')}'"
 
 
 # ----------------------------------------------------------------------------- loading
