@@ -43,6 +43,9 @@ CODES: dict[str, str] = {
     "SOP012": "an `include` that is refused: absolute, a URL, `..`, out of its folder through a symlink, or too many files",
     "SOP013": "an include cycle (the chain of files is named)",
     "SOP014": "an input, action or role defined in two files (the file and a library, or two libraries)",
+    # deprecated spellings (engine/load/migrations.py): rewritten before the schema sees the file
+    "SOP015": "warning: a deprecated spelling (e.g. an exec action's `timeout_s`), still accepted; `sopctl migrate FILE` rewrites it",
+    "SOP016": "a deprecated key and its new spelling both in one mapping (e.g. `retries` and `max_retries`)",
     # structure (engine/load/schema.py, sop.schema.json; the pydantic models agree)
     "SOP101": "unknown key",
     "SOP102": "a value that is not one of the allowed values (enum, apiVersion)",
@@ -62,7 +65,7 @@ CODES: dict[str, str] = {
     "SOP206": "react_mode plan_and_act without a `planner`, or a planner with neither `task_action` nor `task_actions`",
     "SOP207": "a planner action whose output is not a plan (`tasks` with task_id, dependent_task_ids, instruction; and task_type when the planner has `task_actions`)",
     "SOP208": "warning: `planner` on a role whose react_mode is not plan_and_act",
-    "SOP209": "warning: `command` or `env` on an action that is not of kind exec",
+    "SOP209": "warning: `command`, `command_timeout_s` or `env` on an action that is not of kind exec",
     "SOP210": "two roles share an address (id or name)",
     "SOP211": "warning: an action no role runs",
     "SOP212": "an action redefines the built-in UserRequirement",

@@ -1,6 +1,8 @@
 """Checks of the ActionNode keys: `fill: complex` and `revise` (engine/run/node.py).
 
 Part of the references phase (`check.phases`): like its rules, these read only the spec.
+`revise: human_review` without `review: human` (SOP218) is found while the deprecated
+spelling is rewritten (engine/load/migrations.py): the models no longer have that value.
 """
 
 from __future__ import annotations
@@ -36,17 +38,5 @@ def node_keys_need_a_tree(ctx: Context) -> Iterator[Diagnostic]:
                             "lets a person review a model's output)")
 
 
-@rule("SOP218")
-def human_review_needs_a_person(ctx: Context) -> Iterator[Diagnostic]:
-    """MetaGPT's HUMAN_REVIEW revise mode is a person's comments revised by the model."""
-    for aid, action in ctx.spec.actions.items():
-        if action.revise is not None and action.revise.revise == "human_review" \
-                and action.revise.review != "human":
-            yield error("SOP218", f"/actions/{aid}/revise/revise",
-                        "`revise: human_review` means a person writes the review, but `review` is "
-                        f"'{action.revise.review}'",
-                        "set `review: human`, or use `revise: auto` for a model's review and revision")
-
-
-RULES = (node_keys_need_a_tree, human_review_needs_a_person)
+RULES = (node_keys_need_a_tree,)
 """This module's rules, run with the references phase."""

@@ -254,11 +254,12 @@ def _task_type_problem(node: OutputNode | None, planner: Any) -> str:
 
 @rule("SOP209", "SOP214")
 def exec_actions(ctx: Context) -> Iterator[Diagnostic]:
-    """`command` and `env` only mean something for kind exec (whose need of a command the schema
-    checks: SOP104); an `env` name that looks like a key hands the user's secret to the command."""
+    """`command`, `command_timeout_s` and `env` only mean something for kind exec (whose need of
+    a command the schema checks: SOP104); an `env` name that looks like a key hands the user's
+    secret to the command."""
     for aid, action in ctx.spec.actions.items():
-        for key in ("command", "env"):
-            if action.kind != "exec" and getattr(action, key):
+        for key in ("command", "command_timeout_s", "env"):
+            if action.kind != "exec" and key in action.model_fields_set and getattr(action, key):
                 yield warning("SOP209", f"/actions/{aid}/{key}", f"`{key}` is ignored: the action is of kind {action.kind}",
                               "add `kind: exec` to run the command instead of an LLM")
         for index, name in enumerate(action.env):

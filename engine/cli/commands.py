@@ -66,6 +66,12 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from engine.cli.migrate import migrate_files
+
+    return migrate_files(args)
+
+
 def cmd_schema(args: argparse.Namespace) -> int:
     from engine.load.schema import schema_text
 
@@ -551,6 +557,21 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
         p = sub.add_parser("schema", help="print the JSON Schema of SOP files")
         p.set_defaults(handler=cmd_schema)
 
+    if only in (None, "migrate"):
+        p = sub.add_parser("migrate", help="rewrite deprecated spellings in SOP files, in place",
+                           description="Rewrite deprecated spellings (an exec action's `timeout_s`, "
+                           "`retries`, ...: the README's \"Deprecated spellings\") to the new ones, in "
+                           "place. Only those tokens change: comments, key order, quoting and flow "
+                           "style are kept. Exit 0 done, 1 --check found changes or a file has other "
+                           "errors (run validate), 2 a file cannot be read or written.")
+        p.add_argument("files", nargs="+", metavar="FILE")
+        p.add_argument("--check", action="store_true",
+                       help="write nothing; exit 1 if a file would change (for CI)")
+        p.add_argument("--diff", action="store_true",
+                       help="write nothing; print a unified diff of the changes on stdout")
+        _add_include_flag(p)
+        p.set_defaults(handler=cmd_migrate)
+
     if only in (None, "run"):
         p = sub.add_parser("run", help="run an SOP")
         p.add_argument("file", metavar="FILE")
@@ -632,8 +653,8 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
 _SIGTERM_EXIT = 128 + 15
 
 
-COMMANDS = ("validate", "graph", "schema", "run", "resume", "answer", "replay", "batch", "runs",
-            "show", "report", "pool")
+COMMANDS = ("validate", "graph", "schema", "migrate", "run", "resume", "answer", "replay", "batch",
+            "runs", "show", "report", "pool")
 """Every command, in the order `sopctl --help` lists them (a test keeps it in step)."""
 
 

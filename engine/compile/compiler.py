@@ -36,6 +36,7 @@ from engine.errors import (
 )
 from engine.load import schema
 from engine.load.includes import resolve_includes, sources_digest
+from engine.load.migrations import migrate
 from engine.load.outputs import output_schema
 from engine.load.source import (
     MAX_FILE_BYTES,
@@ -118,7 +119,8 @@ def check_path(path: str | Path, include_dirs: IncludeDirs = ()) -> CheckResult:
 
 
 def _with_includes(source: Source, base: Path, include_dirs: IncludeDirs) -> Source:
-    return resolve_includes(source, base, tuple(Path(d) for d in include_dirs))
+    """Deprecated spellings rewritten (each a warning), then the libraries merged in (theirs too)."""
+    return resolve_includes(migrate(source), base, tuple(Path(d) for d in include_dirs))
 
 
 def _load_failure(file: str, exc: LoadError, lines: tuple[str, ...]) -> CheckResult:
@@ -215,7 +217,8 @@ def _compiled(result: CheckResult) -> CompiledSop:
 def _check_source(source: Source, include_dirs: IncludeDirs = ()) -> CheckResult:
     found, compiled, graph = _pipeline(source)
     kept = [d for d in found if not _library_offer(d, source)]
-    located = sorted((_locate(d, source) for d in kept), key=_order)
+    loading = [w for s in (source, *source.included) for w in s.warnings]  # located already
+    located = sorted([*loading, *(_locate(d, source) for d in kept)], key=_order)
     if compiled is not None:
         compiled = replace(compiled, warnings=tuple(d for d in located if not d.is_error),
                            include_dirs=tuple(str(Path(d).resolve()) for d in include_dirs))

@@ -5,8 +5,9 @@ An SOP file may name library files (`include: [lib/common.sop.yaml]`) whose `inp
 path with `/` separators, no `..`, no URL, and it must resolve (symlinks followed) inside the
 including file's folder or inside a folder the user named on the command line
 (`--include-path DIR`); each library is loaded by `source.load_path`, with every limit the
-main file has. Cycles are refused with the chain; a library reached twice (a diamond) is
-merged once. A name defined in two files is an error at the second definition.
+main file has, and its deprecated spellings are rewritten as the main file's are (each a
+warning, located in the library). Cycles are refused with the chain; a library reached
+twice (a diamond) is merged once. A name defined in two files is an error at the second definition.
 
 The result is one `Source` whose data is the merged document and whose `owners` map each
 merged entry (`/actions/Speak`) to the library it came from, so that every later phase keeps
@@ -22,6 +23,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from engine.errors import Diagnostic, LoadError, Related
+from engine.load.migrations import migrate
 from engine.load.source import Source, join_pointer, load_path
 
 __all__ = ["MAX_INCLUDED_FILES", "MERGED_SECTIONS", "LIBRARY_KEYS", "resolve_includes",
@@ -115,7 +117,7 @@ def _include_one(merge: _Merge, source: Source, pointer: str, path: Path, chain:
         _report(merge, source, pointer, "SOP012", f"more than {MAX_INCLUDED_FILES} included files")
         return
     try:
-        library = load_path(_shown(path))
+        library = migrate(load_path(_shown(path)))
     except LoadError as exc:
         note = _note(source, pointer, "included from here")
         merge.diagnostics += [replace(d, related=(*d.related, note)) for d in exc.diagnostics]

@@ -114,6 +114,8 @@ class Source:
     """Merged entries (`/actions/Speak`) that an included library defines, and that library."""
     included: tuple[Source, ...] = ()
     """Every library merged in (`include:`), in the order they were met."""
+    warnings: tuple[Diagnostic, ...] = ()
+    """Located warnings of loading: the deprecated spellings rewritten (engine/load/migrations.py)."""
 
     def owner_of(self, pointer: str) -> Source:
         """The file that defines what `pointer` names: a library, or this file."""

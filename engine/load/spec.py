@@ -164,9 +164,9 @@ class ReviseSpec(_Model):
 
     review: Literal["auto", "human"] = "auto"
     """Who writes the comments: the model (`auto`) or a person (`human`)."""
-    revise: Literal["auto", "human", "human_review"] = "auto"
-    """Who re-fills the commented keys: the model, or a person; `human_review` is MetaGPT's
-    mode of that name (a person comments, the model revises) and needs `review: human`."""
+    revise: Literal["auto", "human"] = "auto"
+    """Who re-fills the commented keys: the model, or a person. MetaGPT's `human_review` (a
+    person comments, the model revises) is `review: human` with `revise: auto`."""
     max_passes: int = Field(default=2, ge=1, le=5)
     """The most revisions; a review still commenting after them is logged, the output kept."""
 
@@ -204,10 +204,10 @@ class ActionSpec(_Model):
     """The `## Context` shows at most the last N messages `context` picks (over the role's)."""
     recall: RecallSpec | None = None
     """With a memory window: older messages brought back by keyword and relevance (over the role's)."""
-    retries: int = Field(default=2, ge=0, le=10)
+    max_retries: int = Field(default=2, ge=0, le=10)
     review: Literal["human"] | None = None
     """`human`: a person approves, edits or rejects (with a comment) the model's output
-    before it is published; a rejection asks the model again, up to `retries` times."""
+    before it is published; a rejection asks the model again, up to `max_retries` times."""
     send_to: list[str] = Field(default_factory=lambda: ["<all>"])
     artifacts: list[ArtifactSpec] = Field(default_factory=list)
     for_each: str | None = None
@@ -221,7 +221,8 @@ class ActionSpec(_Model):
     max_runs: int | None = Field(default=None, ge=1)
     publish: Literal["last", "each"] = "last"
     command: list[str] | None = None
-    timeout_s: float = Field(default=60, gt=0, le=3600)
+    command_timeout_s: float = Field(default=60, gt=0, le=3600)
+    """kind exec: the command's wall-clock limit (a model request's is `llm.timeout_s`)."""
     env: list[EnvName] = Field(default_factory=list)
     """kind exec: names of the user's environment variables the command may see, besides PATH,
     HOME, LANG, LC_*, TMPDIR and TERM. Names only: a shared file never sets a value."""
@@ -263,7 +264,7 @@ class McpServerSpec(_Model):
     """HTTP header -> the name of the environment variable holding its value (e.g. a token)."""
     tools: list[Annotated[str, StringConstraints(min_length=1)]] | None = None
     """The tools the server offers, when known in advance: checked by validate and at start."""
-    timeout_s: float = Field(default=60, gt=0, le=3600)
+    call_timeout_s: float = Field(default=60, gt=0, le=3600)
     """The longest one tool call may take."""
 
     @model_validator(mode="after")
@@ -285,7 +286,7 @@ class PlannerSpec(_Model):
                        ActionId | Annotated[list[ActionId], Field(min_length=1)]] = Field(default_factory=dict)
     """task type -> the action (or actions, run in order) that run a task of that type."""
     max_tasks: int = Field(default=10, ge=1, le=100)
-    task_retries: int = Field(default=2, ge=0, le=10)
+    max_task_retries: int = Field(default=2, ge=0, le=10)
     """A failed task (an exec step exits non-zero, an answer stays invalid) runs again, with
     the error in its prompt, up to this many times; then the planner is asked to re-plan."""
     max_replans: int = Field(default=1, ge=0, le=10)

@@ -198,7 +198,7 @@ class Gateway:
             if not reask:
                 raise ActionFailed(spec.action, f"no valid answer from model '{spec.model}' after "
                                    f"{result.attempts} attempt(s); last error: {error}",
-                                   hint="raise the action's `retries`, simplify its output, or use "
+                                   hint="raise the action's `max_retries`, simplify its output, or use "
                                         "a stronger model (`sopctl resume` asks the model again)")
             attempt += 1
 

@@ -402,7 +402,7 @@ async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: st
     kind = "json" if schema is not None else output_kind(action.output)
     spec = model_call(ctx, role_id, action_id, round_, system=system, prompt=prompt, kind=kind,
                       schema=schema or ctx.compiled.output_schemas.get(action_id),
-                      code_lang=_code_lang(action), format=action.format, retries=action.retries)
+                      code_lang=_code_lang(action), format=action.format, retries=action.max_retries)
     try:
         result = await call_gateway(ctx, spec)
     except ActionFailed as exc:  # the answers never fitted what the action declares
@@ -417,8 +417,8 @@ _REJECTED_NOTE = ("A person reviewed your previous answer and rejected it with t
 async def _reviewed(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
                     round_: int, key: str) -> Any:
     """`review: human`: the model answers, a person approves, edits or rejects; a rejection
-    asks the model again with the comment, up to the action's retries."""
-    attempts = ctx.compiled.spec.actions[action_id].retries + 1
+    asks the model again with the comment, up to the action's `max_retries`."""
+    attempts = ctx.compiled.spec.actions[action_id].max_retries + 1
     comment = ""
     for attempt in range(attempts):
         asked = prompt + ("\n\n## Note\n" + _REJECTED_NOTE.format(comment=comment) if comment else "")
@@ -433,7 +433,7 @@ async def _reviewed(ctx: RunContext, role_id: str, action_id: str, prompt: str, 
         ctx.emit(RunLog(round=round_, level="warning", role=role_id, action=action_id,
                         message=f"a person rejected the output (attempt {attempt + 1}): {comment}"))
     raise ActionFailed(action_id, f"a person rejected the output {attempts} time(s); last comment: "
-                       f"{comment}", hint="raise the action's `retries` to allow more attempts",
+                       f"{comment}", hint="raise the action's `max_retries` to allow more attempts",
                        code="SOP505", pointer=join_pointer("/actions", action_id, "review"))
 
 

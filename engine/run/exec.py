@@ -43,7 +43,7 @@ async def run_command(action_id: str, action: ActionSpec, variables: dict[str, A
     if not allow_exec:  # the run refuses to start before this; a second lock, never a bypass
         raise ActionFailed(action_id, "kind exec needs --allow-exec", code="SOP503", pointer=command)
     argv = _argv(action_id, action, variables, command)
-    return await run_argv(action_id, argv, workspace=workspace, timeout_s=action.timeout_s,
+    return await run_argv(action_id, argv, workspace=workspace, timeout_s=action.command_timeout_s,
                           env_names=action.env, sandbox=sandbox, pointer=command)
 
 

@@ -9,7 +9,7 @@ schemas must be valid JSON Schemas, and every tool the file names must be offere
 run fails before any model call, naming the server. The model sees each tool as
 `<server>.<tool>`.
 
-A tool's error result (`is_error`) and a call that times out (`timeout_s`) go back to the
+A tool's error result (`is_error`) and a call that times out (`call_timeout_s`) go back to the
 model as that command's output. A server that dies mid-run ends the run `failed`, naming
 the server (`McpServerFailed`); the journal keeps every finished tool call, so a resume
 starts the server again and goes on. The SDK is imported only here and only when a run
@@ -37,7 +37,7 @@ __all__ = ["McpServerFailed", "McpServers", "used_servers"]
 
 START_TIMEOUT_S = 120.0
 """How long a server may take to start and list its tools (an interpreter and the SDK to
-import); `timeout_s` bounds each tool call."""
+import); `call_timeout_s` bounds each tool call."""
 
 
 class McpServerFailed(RunError):
@@ -151,9 +151,9 @@ class McpServers:
         spec = self.compiled.spec.mcp[server]
         name = tool.name[len(server) + 1:]
         try:
-            result = await asyncio.wait_for(self._sessions[server].call_tool(name, args), spec.timeout_s)
+            result = await asyncio.wait_for(self._sessions[server].call_tool(name, args), spec.call_timeout_s)
         except asyncio.TimeoutError:
-            return Outcome(f"{tool.name} timed out after {spec.timeout_s:g} s", error=True)
+            return Outcome(f"{tool.name} timed out after {spec.call_timeout_s:g} s", error=True)
         except Exception as exc:  # noqa: BLE001 - the transport broke: the server is gone
             raise McpServerFailed(f"MCP server {server} failed during {tool.name}: {_why(exc)}",
                                   hint="fix or restart the server, then `sopctl resume` the run") from None

@@ -175,7 +175,7 @@ class Role:
             task, error = failed
             if replans >= planner.max_replans:
                 raise ActionFailed(planner.action, f"task {task['task_id']} still failed after "
-                                   f"{planner.task_retries + 1} attempt(s) and {replans} re-plan(s): "
+                                   f"{planner.max_task_retries + 1} attempt(s) and {replans} re-plan(s): "
                                    f"{_gist(error)}", code="SOP505",
                                    pointer=join_pointer("/roles", self.id, "planner"))
             replans += 1
@@ -207,13 +207,13 @@ class Role:
         '' when it succeeded, else the last error."""
         steps = planner.steps_for(task.get("task_type"))
         error = ""
-        for attempt in range(planner.task_retries + 1):
+        for attempt in range(planner.max_task_retries + 1):
             note = _retry_note(error) if error else ""
             error = await self._try_task(steps, task, note, news, made)
             if not error:
                 return ""
             self._log("warning", f"task {task['task_id']} failed (attempt {attempt + 1} of "
-                      f"{planner.task_retries + 1}): {_gist(error)}", steps[-1])
+                      f"{planner.max_task_retries + 1}): {_gist(error)}", steps[-1])
         return error
 
     async def _try_task(self, steps: list[str], task: dict[str, Any], note: str,
@@ -242,7 +242,7 @@ class Role:
                          note: str, salt: str = "") -> list[dict[str, Any]] | None:
         """Ask for a plan until it is valid, up to the action's retries; then the action fails."""
         action_id = planner.action
-        attempts = self.ctx.compiled.spec.actions[action_id].retries + 1
+        attempts = self.ctx.compiled.spec.actions[action_id].max_retries + 1
         problem, asked = "", note
         for attempt in range(attempts):
             message = await self._act(action_id, news, made, note=asked, salt=f"{salt}plan{attempt}")
@@ -384,7 +384,7 @@ def _replan_note(planner: PlannerSpec, task: dict[str, Any], error: str, done: d
     finished = ", ".join(done) or "none"
     return "\n".join(filter(None, [
         f"Task {task['task_id']} ({task.get('instruction', '')}) failed "
-        f"{planner.task_retries + 1} time(s); the last error:", _clip(error),
+        f"{planner.max_task_retries + 1} time(s); the last error:", _clip(error),
         f"Finished tasks (keep their task_id and instruction to keep their results): {finished}.",
         "Write an updated plan that reaches the goal another way.", _types_note(planner)]))
 

@@ -222,7 +222,7 @@ class ToolLoop:
         """RoleZero's quick think: the answer to a QUICK or AMBIGUOUS request, else None."""
         spec = model_call(self.ctx, self.role_id, self.action_id, self.round, system=system,
                           prompt=f"{prompt.rstrip()}\n\n{_QUICK_NOTE}", kind="json",
-                          schema=QUICK_SCHEMA, format="json", retries=self.action.retries)
+                          schema=QUICK_SCHEMA, format="json", retries=self.action.max_retries)
         value = (await call_gateway(self.ctx, spec)).value
         answer = str(value.get("answer") or "").strip()
         if value.get("intent") in ("QUICK", "AMBIGUOUS") and answer:
@@ -281,7 +281,7 @@ class ToolLoop:
         offered = [self.tools[END]] if last else list(self.tools.values())
         spec = model_call(self.ctx, self.role_id, self.action_id, self.round, system=system,
                           prompt=prompt, kind="json", schema=self.last_schema if last else self.schema,
-                          format="json", retries=self.action.retries, tool_step=step - 1,
+                          format="json", retries=self.action.max_retries, tool_step=step - 1,
                           commands=tuple((t.name, t.args) for t in offered))
         result = await call_gateway(self.ctx, spec)
         return dict(result.value)

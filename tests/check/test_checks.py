@@ -201,7 +201,7 @@ def test_compiled_sop_is_immutable() -> None:
     from pydantic import ValidationError
 
     with pytest.raises(ValidationError):
-        sop.spec.actions["A"].retries = 5  # type: ignore[misc]
+        sop.spec.actions["A"].max_retries = 5  # type: ignore[misc]
     assert sop.output_schemas["A"]["properties"]["K"] == {"type": "integer"}
 
 

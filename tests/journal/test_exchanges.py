@@ -30,7 +30,7 @@ actions:
     prompt: "Draft a title for {{ inputs.idea }}."
     output:
       Title: {type: str, instruction: a title}
-    retries: 1
+    max_retries: 1
 roles:
   Writer:
     profile: Writer

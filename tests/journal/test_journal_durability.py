@@ -59,7 +59,7 @@ actions:
   RunCode:
     kind: exec
     command: ["python", "-c", "print('ran')"]
-    timeout_s: 30
+    command_timeout_s: 30
 roles:
   Lead: {actions: [ListFiles], watch: [UserRequirement]}
   Coder: {actions: [WriteFile], watch: [ListFiles]}

@@ -304,7 +304,7 @@ actions:
   Decide:
     prompt: "Decide."
     context: none
-    retries: 2
+    max_retries: 2
     output:
       Choice: {type: str, instruction: the decision}
     artifacts: [{path: choice.txt, content: "{{ out['Choice'] }}"}]

@@ -109,7 +109,7 @@ def test_model_fields_are_schema_keys() -> None:
 
 
 def test_integral_float_is_not_an_integer_for_either() -> None:
-    data = {"apiVersion": "sop/v1", "name": "x", "actions": {"A": {"retries": 2.0}},
+    data = {"apiVersion": "sop/v1", "name": "x", "actions": {"A": {"max_retries": 2.0}},
             "roles": {"R": {"actions": ["A"]}}}
     assert [d.code for d in sop_schema.validate(data)] == ["SOP103"]
     assert not _models_accept(data)

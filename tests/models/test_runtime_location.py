@@ -89,7 +89,7 @@ FOR_EACH_NOT_A_LIST = HEAD + """\
 NEVER_VALID = HEAD + """\
   Write:
     prompt: "Write about {{ inputs.idea }}."
-    retries: 1
+    max_retries: 1
     output:
       Title: {type: str}
     send_to: ["<none>"]
@@ -242,5 +242,5 @@ def test_cli_prints_a_failure_hint_once(tmp_path: Path, capsys: pytest.CaptureFi
         code, out, err = _cli(capsys, "run", str(path), "--idea", "x", "--model", "never",
                               "--out", str(tmp_path / "ws"))
     assert code == 1 and "no valid answer from model 'never'" in out
-    hint = "hint: raise the action's `retries`"
+    hint = "hint: raise the action's `max_retries`"
     assert (out + err).count(hint) == 1, out + err

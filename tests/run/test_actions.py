@@ -292,7 +292,7 @@ apiVersion: sop/v1
 name: cmd
 inputs: {{idea: {{type: str}}}}
 actions:
-  Run: {{kind: exec, command: {command}, timeout_s: {timeout}, send_to: ["<none>"]}}
+  Run: {{kind: exec, command: {command}, command_timeout_s: {timeout}, send_to: ["<none>"]}}
 roles:
   Runner: {{actions: [Run], watch: [UserRequirement]}}
 """)
@@ -371,7 +371,7 @@ def test_malformed_answers_are_retried_then_fail_naming_the_action(tmp_path: Pat
     result = run(sop("pipeline"), gateway, tmp_path, model="garbage")
     assert result.status == "failed"
     assert "WritePRD" in result.error
-    assert provider.calls == 3  # the first ask and retries: 2
+    assert provider.calls == 3  # the first ask and max_retries: 2
     assert result.llm_calls == 3
     assert len(result.messages) == 1  # nothing was published from an invalid answer
 

@@ -32,7 +32,7 @@ apiVersion: sop/v1
 name: cmd
 inputs: {{idea: {{type: str}}}}
 actions:
-  Run: {{kind: exec, command: {command}, timeout_s: {timeout}, send_to: ["<none>"]{extra}}}
+  Run: {{kind: exec, command: {command}, command_timeout_s: {timeout}, send_to: ["<none>"]{extra}}}
 roles:
   Runner: {{actions: [Run], watch: [UserRequirement]}}
 """

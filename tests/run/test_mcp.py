@@ -30,7 +30,7 @@ mcp:
   flaky:
     command: [python, {SERVER}]
     tools: {declared}
-    timeout_s: 2
+    call_timeout_s: 2
 actions:
   Use:
     prompt: "Use the server for {{{{ inputs.idea }}}}"

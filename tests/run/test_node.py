@@ -134,10 +134,10 @@ def test_revise_calls_are_journaled_and_reused_on_replay(tmp_path: Path) -> None
     assert replayed.messages[-1].out == {"Title": "Tea", "Body": "revised 1"}
 
 
-def test_a_person_reviews_and_the_model_revises_human_review(tmp_path: Path) -> None:
+def test_a_person_reviews_and_the_model_revises(tmp_path: Path) -> None:
     person = ScriptedPerson([{"Title": None, "Body": "mention green tea"}, {"Title": None, "Body": None}])
     model = ScriptedModel(_reviewer([]))
-    result = _run(_sop(tmp_path, "{review: human, revise: human_review}"), tmp_path / "ws", model, person)
+    result = _run(_sop(tmp_path, "{review: human}"), tmp_path / "ws", model, person)
     assert result.status == "idle", result.error
     assert result.messages[-1].out == {"Title": "Tea", "Body": "revised 1"}
     assert "mention green tea" in _asked(model, _is_revise)[0]
@@ -154,7 +154,7 @@ def test_a_person_revises_what_the_model_commented(tmp_path: Path) -> None:
 
 
 def test_a_persons_review_waits_and_resume_asks_the_same_question(tmp_path: Path) -> None:
-    path = _sop(tmp_path, "{review: human, revise: human_review}")
+    path = _sop(tmp_path, "{review: human}")
     first = _run(path, tmp_path / "ws", ScriptedModel(_reviewer([])))
     assert first.status == "waiting"
     api.answer(tmp_path / "ws", PersonAnswer("answer", {"Title": None, "Body": None}),

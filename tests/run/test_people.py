@@ -38,7 +38,7 @@ actions:
     output:
       Title: {type: str, instruction: a title}
     review: human
-    retries: 1
+    max_retries: 1
     artifacts: [{path: title.txt, content: "{{ out['Title'] }}"}]
 roles:
   Writer:

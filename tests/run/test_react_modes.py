@@ -145,7 +145,7 @@ def test_plan_still_invalid_after_retries_fails_the_action(tmp_path: Path) -> No
     result = run_sop(sop("plan"), model, tmp_path)
     assert result.status == "failed"
     assert "action WritePlan failed" in result.error and "cycle" in result.error
-    assert model.asked().count("WritePlan") == 3  # retries: 2
+    assert model.asked().count("WritePlan") == 3  # max_retries: 2 (the default)
     assert _task_order(model) == []
 
 

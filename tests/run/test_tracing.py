@@ -44,7 +44,7 @@ actions:
   Plan:
     prompt: "Plan {{{{ inputs.idea }}}}."
     output: text
-    retries: 1
+    max_retries: 1
   Check:
     kind: exec
     command: [{sys.executable!r}, -c, "print('ok')"]
