@@ -22,10 +22,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from engine.compile import cache as compile_cache
 from engine.check.graph import build as build_graph
 from engine.check.phases import PHASES
 from engine.check.rules import Context, run_rules
+from engine.compile import cache as compile_cache
+from engine.compile.plan import RunPlan, build_plan, experience_unchanged
 from engine.errors import (
     ActionFailed,
     CompileError,
@@ -55,7 +56,8 @@ __all__ = ["CheckResult", "CompiledSop", "check_path", "check_text", "compile_pa
 
 @dataclass(frozen=True)
 class CompiledSop:
-    """A checked SOP, ready to run: the spec, its output schemas and its watch graph."""
+    """A checked SOP, ready to run: the spec, its output schemas, its watch graph, and its
+    run plan (the facts a run needs, decided here once: engine.compile.plan)."""
 
     spec: Sop
     file: str                                   # path as given ("<string>" for text)
@@ -68,6 +70,8 @@ class CompiledSop:
     compared: two compilations of the same file are equal whatever object holds the text."""
     include_dirs: tuple[str, ...] = ()
     """The folders named with --include-path when it was compiled (a resume needs them again)."""
+    plan: RunPlan = field(default_factory=RunPlan)
+    """Flags, tools, MCP servers, routes, experience: what the run reads instead of working it out."""
 
 
 @dataclass(frozen=True)
@@ -180,7 +184,8 @@ def _remember(key: tuple[str, str, tuple[str, ...]], result: CheckResult) -> Che
 
 def _same_bytes(compiled: CompiledSop) -> bool:
     """Whether the file and its libraries still hash to what the SOP was compiled from (the
-    hash a run records); a file that cannot be read now counts as changed."""
+    hash a run records), and its experience files read as they did; a file that cannot be
+    read now counts as changed."""
     source = compiled.source
     if source is None:
         return False
@@ -189,7 +194,8 @@ def _same_bytes(compiled: CompiledSop) -> bool:
     except OSError:
         return False
     libraries = tuple(replace(lib, raw=raw) for lib, raw in zip(source.included, raws[1:], strict=False))
-    return sources_digest(raws[0], libraries) == compiled.source_hash
+    return (sources_digest(raws[0], libraries) == compiled.source_hash
+            and experience_unchanged(compiled.plan, compiled.file))
 
 
 def _plain_file_bytes(file: str) -> bytes:
@@ -290,7 +296,8 @@ def _is_branch(part: Any) -> bool:
 def _make(spec: Sop, source: Source, graph: nx.DiGraph | None) -> CompiledSop:
     schemas = {aid: output_schema(action.output) for aid, action in spec.actions.items()}
     return CompiledSop(spec=spec, file=source.file, source_hash=sources_digest(source.raw, source.included),
-                       output_schemas=MappingProxyType(schemas), graph=graph, source=source)
+                       output_schemas=MappingProxyType(schemas), graph=graph, source=source,
+                       plan=build_plan(spec, source.file))
 
 
 def locate_failure(compiled: CompiledSop, failure: SopError) -> Diagnostic | None:
