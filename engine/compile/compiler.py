@@ -46,6 +46,7 @@ from engine.load.source import (
     load_text,
 )
 from engine.load.spec import Sop
+from engine.templates.sandbox import compile_all
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -72,6 +73,9 @@ class CompiledSop:
     """The folders named with --include-path when it was compiled (a resume needs them again)."""
     plan: RunPlan = field(default_factory=RunPlan)
     """Flags, tools, MCP servers, routes, experience: what the run reads instead of working it out."""
+    templates: Mapping[tuple[str, str], bytes] | None = field(default=None, compare=False, repr=False)
+    """The plan's templates and expressions compiled (marshalled code by (kind, text)), what
+    the run renders with; None when only checked (`sopctl validate` does not compile them)."""
 
 
 @dataclass(frozen=True)
@@ -107,18 +111,33 @@ def check_path(path: str | Path, include_dirs: IncludeDirs = ()) -> CheckResult:
 
     A file that compiled is checked once per process while its bytes and its libraries'
     stay the same."""
+    return _checked_path(path, include_dirs, with_templates=False)
+
+
+def _checked_path(path: str | Path, include_dirs: IncludeDirs, with_templates: bool) -> CheckResult:
+    """`check_path`; `with_templates`: its templates compiled too (and kept so, in this
+    process and on disk), as a run needs them."""
     key = (str(path), os.getcwd(), tuple(str(d) for d in include_dirs))
     known = _remembered(key)
-    if known is not None:
-        return known
-    stored = compile_cache.lookup(path, include_dirs)
-    if stored is not None:
-        return _remember(key, stored)
+    if known is None:
+        known = compile_cache.lookup(path, include_dirs)
+        if known is None:
+            return _remember(key, _check_new(path, include_dirs, with_templates))
+        _remember(key, known)
+    compiled = known.compiled
+    if with_templates and compiled is not None and compiled.templates is None:  # only checked so far
+        known = replace(known, compiled=_with_templates(compiled))
+        _CHECKED[key] = compile_cache.store(path, include_dirs, known)
+    return known
+
+
+def _check_new(path: str | Path, include_dirs: IncludeDirs, with_templates: bool) -> CheckResult:
+    """A file neither this process nor the disk cache knows: loaded, checked, and stored."""
     try:
         source = _with_includes(load_path(path), Path(path).parent, include_dirs)
     except LoadError as exc:
         return _load_failure(str(path), exc, source_lines(path))
-    return _remember(key, compile_cache.store(path, include_dirs, _check_source(source, include_dirs)))
+    return compile_cache.store(path, include_dirs, _check_source(source, include_dirs, with_templates))
 
 
 def _with_includes(source: Source, base: Path, include_dirs: IncludeDirs) -> Source:
@@ -156,8 +175,9 @@ def check_text(text: str, file: str = "<string>", include_dirs: IncludeDirs = ()
 
 
 def compile_path(path: str | Path, include_dirs: IncludeDirs = ()) -> CompiledSop:
-    """The compiled SOP of a file, or LoadError/CompileError carrying every diagnostic."""
-    return _compiled(check_path(path, include_dirs))
+    """The compiled SOP of a file (its templates compiled), or LoadError/CompileError
+    carrying every diagnostic."""
+    return _compiled(_checked_path(path, include_dirs, with_templates=True))
 
 
 _CHECKED: dict[tuple[str, str, tuple[str, ...]], CheckResult] = {}
@@ -205,8 +225,11 @@ def _plain_file_bytes(file: str) -> bytes:
 
 
 def compile_text(text: str, file: str = "<string>", include_dirs: IncludeDirs = ()) -> CompiledSop:
-    """The compiled SOP of YAML text, or LoadError/CompileError carrying every diagnostic."""
-    return _compiled(check_text(text, file, include_dirs))
+    """The compiled SOP of YAML text (its templates compiled), or LoadError/CompileError
+    carrying every diagnostic."""
+    result = check_text(text, file, include_dirs)
+    compiled = _compiled(result)
+    return _with_templates(compiled)
 
 
 def _compiled(result: CheckResult) -> CompiledSop:
@@ -218,16 +241,25 @@ def _compiled(result: CheckResult) -> CompiledSop:
     raise CompileError(list(result.diagnostics))
 
 
-def _check_source(source: Source, include_dirs: IncludeDirs = ()) -> CheckResult:
+def _check_source(source: Source, include_dirs: IncludeDirs = (), with_templates: bool = False) -> CheckResult:
     found, compiled, graph = _pipeline(source)
     kept = [d for d in found if not _library_offer(d, source)]
     located = sorted((_locate(d, source) for d in kept), key=_order)
     if compiled is not None:
         compiled = replace(compiled, warnings=tuple(d for d in located if not d.is_error),
                            include_dirs=tuple(str(Path(d).resolve()) for d in include_dirs))
+        if with_templates:
+            compiled = _with_templates(compiled)
     return CheckResult(file=source.file, diagnostics=tuple(located), compiled=compiled,
                        lines=tuple(source.lines), graph=graph,
                        library_lines={lib.file: tuple(lib.lines) for lib in source.included})
+
+
+def _with_templates(compiled: CompiledSop) -> CompiledSop:
+    """`compiled` with every template and expression of its plan compiled (the sandbox's
+    compiler, its code from one bundle of the on-disk cache when it has it)."""
+    plan = compiled.plan
+    return replace(compiled, templates=compile_all(plan.templates, plan.expressions))
 
 
 def _library_offer(diag: Diagnostic, source: Source) -> bool:

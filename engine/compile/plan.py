@@ -23,7 +23,7 @@ from engine.load.catalog import (
     team_targets,
 )
 from engine.load.spec import Sop
-from engine.templates.sandbox import TemplateFailure
+from engine.templates.sandbox import TemplateFailure, expression_text
 
 __all__ = ["Experience", "Route", "RunPlan", "ToolPlan", "build_plan", "experience_unchanged"]
 
@@ -76,11 +76,16 @@ class RunPlan:
     tools: Mapping[str, ToolPlan] = field(default_factory=dict)
     """Tool-using action -> its expanded tools and experience."""
     team_targets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Role -> whom its `team.publish` may address (every other role, by name)."""
+    """Role running a `team` tool -> whom `team.publish` may address (every other role, by name)."""
     routes: Mapping[tuple[str, str], Route] = field(default_factory=dict)
     """(action, role running it) -> the action's `send_to` as that role sends it."""
     idea_addresses: tuple[str, ...] = ()
     """What the idea may be sent to (`team.send_to`, `--send-to`): role ids, names, <all>."""
+    templates: tuple[str, ...] = ()
+    """Every template a run renders (prompts, systems, joins, artifacts, exec commands), each
+    once: what `compile_path` compiles (CompiledSop.templates)."""
+    expressions: tuple[str, ...] = ()
+    """Every `for_each` and `when` expression (inside its braces), each once."""
 
     def idea_address_problem(self, address: str) -> tuple[str, str] | None:
         """(message, hint) when `--send-to` names no address the idea can go to."""
@@ -89,18 +94,33 @@ class RunPlan:
 
 def build_plan(spec: Sop, file: str) -> RunPlan:
     """The RunPlan of a checked spec; `file` (the SOP's path) locates its experience files."""
-    used = [aid for aid in spec.actions if aid in {a for r in spec.roles.values() for a in r.runnable_actions()}]
+    run_by = runners(spec)
+    tools = {aid: _tool_plan(spec, aid, file) for aid, action in spec.actions.items() if action.tools}
     return RunPlan(
-        exec_actions=tuple(aid for aid in used if spec.actions[aid].kind == "exec"),
+        exec_actions=tuple(aid for aid, rids in run_by.items() if rids and spec.actions[aid].kind == "exec"),
         flags=_frozen_flags(flags_needed(spec)),
         replay_flags=_frozen_flags(flags_needed(spec, replay=True)),
         mcp_hosts=mcp_hosts(spec),
         servers=_servers(spec),
-        tools={aid: _tool_plan(spec, aid, file) for aid, action in spec.actions.items() if action.tools},
-        team_targets={rid: tuple(team_targets(spec, rid)) for rid in spec.roles},
-        routes=_routes(spec),
+        tools=tools,
+        team_targets=_team_targets(spec, tools, run_by),
+        routes=_routes(spec, run_by),
         idea_addresses=tuple(idea_addresses(spec)),
+        templates=_templates(spec),
+        expressions=tuple(dict.fromkeys(expression_text(e) for a in spec.actions.values()
+                                        for e in (a.for_each, a.when) if e)),
     )
+
+
+def _templates(spec: Sop) -> tuple[str, ...]:
+    """The texts of the file that are templates (plain text renders as itself: not these)."""
+    found: list[str] = []
+    for action in spec.actions.values():
+        joined = [action.join.path or "", action.join.content or ""] if action.join else []
+        command = (action.command or []) if action.kind == "exec" else []
+        found += [action.prompt or "", action.system or "", *joined, *command,
+                  *(text for a in action.artifacts for text in (a.path, a.content))]
+    return tuple(dict.fromkeys(text for text in found if "{" in text or "\r" in text))
 
 
 def _frozen_flags(needs: dict[str, list[str]]) -> dict[str, tuple[str, ...]]:
@@ -139,9 +159,18 @@ def experience_unchanged(plan: RunPlan, file: str) -> bool:
     return all(_experience(file, e.path) == e for tool in plan.tools.values() for e in tool.experience)
 
 
-def _routes(spec: Sop) -> dict[tuple[str, str], Route]:
+def _team_targets(spec: Sop, tools: dict[str, ToolPlan], run_by: dict[str, list[str]]
+                  ) -> dict[str, tuple[str, ...]]:
+    """Role running a `team` tool -> whom it may address (only those: the list is every
+    other role, quadratic in a big file)."""
+    publishing = [aid for aid, tool in tools.items() if any(c.name == "team.publish" for c in tool.commands)]
+    roles = dict.fromkeys(rid for aid in publishing for rid in run_by.get(aid, []))
+    return {rid: tuple(team_targets(spec, rid)) for rid in spec.roles if rid in roles}
+
+
+def _routes(spec: Sop, run_by: dict[str, list[str]]) -> dict[tuple[str, str], Route]:
     routes: dict[tuple[str, str], Route] = {}
-    for aid, roles in runners(spec).items():
+    for aid, roles in run_by.items():
         for rid in roles:
             try:
                 routes[(aid, rid)] = Route(tuple(send_to_for(spec, aid, rid)))

@@ -315,6 +315,7 @@ def _new_process() -> None:
     """What a new process has in memory: no template or expression compiled yet."""
     sandbox._template.cache_clear()
     compile_expression.cache_clear()
+    sandbox._COMPILED.clear()
 
 
 def _no_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
