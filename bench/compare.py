@@ -207,7 +207,7 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
     t0 = time.perf_counter()
     api.load(sop)  # what compiling costs inside the run (reported apart): from the on-disk
     compile_s = time.perf_counter() - t0  # cache when it holds the file, else in full
-    from engine.check import compiler
+    from engine.compile import compiler
     compiler._CHECKED.clear()  # the run compiles (or reads the disk cache) itself, as the CLI does
 
     names = task_files(files)
