@@ -55,9 +55,11 @@ def load(path: str | Path, include_dirs: tuple[str | Path, ...] = ()) -> Compile
 
 def prepare(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
             **options: Any) -> Team:
-    """A Team ready to run (inputs and limits checked), without a journal: for tools that
-    drive the interpreter themselves. `run`, `iter_run`, `resume` and `replay` use it."""
-    return Team(compiled, resolve_inputs(compiled, inputs or {}), _options(**options))
+    """A Team ready to run (inputs, limits and `Team.check` passed), without a journal: for
+    tools that drive the interpreter themselves. `run`, `iter_run`, `resume` and `replay` use it."""
+    team = Team(compiled, resolve_inputs(compiled, inputs or {}), _options(**options))
+    team.check()
+    return team
 
 
 def _options(**kwargs: Any) -> RunOptions:
@@ -123,7 +125,6 @@ class _Queue:
 
 def _journal_of(team: Team, wanted: bool) -> Journal | None:
     """The run's journal in its workspace, opened after the run's own checks passed."""
-    team.check()
     return Journal.for_run(team.workspace.root, team.compiled) if wanted else None
 
 
@@ -190,7 +191,6 @@ async def resume_async(run: str | Path | RunFolder, *, budget: float | None = No
                        api_base=api_base, price=price, isolate=isolate,
                        allow_network=allow_network, person=person, pool=pool,
                        allow_hosts=allow_hosts, **options)
-        team.check()
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock
         result = await _drive(team, folder.journal)

@@ -87,7 +87,7 @@ def _private_info(info: os.stat_result) -> bool:
 def code_fingerprint() -> str:
     """Python's version and every engine module's (name, size, mtime): a different sopctl
     (upgraded, edited in a checkout) never reads what another one wrote."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parent   # engine/ (this module is at its top): not the checkout or site-packages
     digest = hashlib.sha256(sys.version.encode())
     for folder, _dirs, files in sorted(os.walk(root)):
         for name in sorted(f for f in files if f.endswith((".py", ".json"))):

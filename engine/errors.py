@@ -13,7 +13,7 @@ from typing import Literal
 
 __all__ = ["Severity", "Related", "Diagnostic", "SopError", "LoadError", "CompileError",
            "UsageError", "RunError", "ActionFailed", "LLMError", "BudgetExceeded", "JournalError",
-           "ReplayDivergence", "require_utf8", "PoolError"]
+           "ReplayDivergence", "require_utf8", "PoolError", "diagnostic_header", "format_failure"]
 
 
 Severity = Literal["error", "warning"]
@@ -58,6 +58,19 @@ class Diagnostic:
         # a related place's `file` only when it is another file's, as before includes existed
         data["related"] = [{k: v for k, v in asdict(r).items() if k != "file" or v} for r in self.related]
         return data
+
+
+def diagnostic_header(diagnostic: Diagnostic) -> str:
+    """`file:line:col: severity[code]: message`, the line compilers and editors recognise."""
+    where = f"{diagnostic.file}:{diagnostic.line}:{diagnostic.col}" if diagnostic.line else diagnostic.file
+    return f"{where}: {diagnostic.severity}[{diagnostic.code}]: {diagnostic.message}"
+
+
+def format_failure(diagnostic: Diagnostic) -> str:
+    """A failed run's error: the diagnostic's header line (and its hint, as SopError says it).
+
+    What the journal keeps and `sopctl show` prints; `format_diagnostic` adds the excerpt."""
+    return diagnostic_header(diagnostic) + (f"\n  hint: {diagnostic.hint}" if diagnostic.hint else "")
 
 
 class SopError(Exception):

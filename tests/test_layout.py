@@ -61,3 +61,26 @@ def test_layers_import_only_the_layers_before_them() -> None:
 
 def test_no_import_cycle() -> None:
     assert list(nx.simple_cycles(_graph())) == []
+
+
+_LOAD_FOR_RUN = {"engine.load.spec", "engine.load.catalog", "engine.load.outputs", "engine.load.source"}
+"""What run/ may take from load/: spec types and constants (engine.load.catalog's `END`, the
+built-in command table), and pointer/value helpers; never the facts the compiler works out."""
+
+_COMPILED_FACTS = {"flags_needed", "mcp_hosts", "expand_tools", "read_experience", "team_targets", "team_reach"}
+
+
+def test_the_run_reads_the_compiled_plan_not_the_checker() -> None:
+    """The compiler decides once (engine/compile/plan.py): run/ imports no check/ module, and
+    calls none of load/'s fact-finding functions again."""
+    run = [p for p in ENGINE.rglob("*.py") if _module(p).startswith("engine.run.")]
+    checker = sorted((_module(p), m) for p in run for m in _imports(p) if m.startswith("engine.check"))
+    assert checker == []
+    loaded = sorted((_module(p), m) for p in run for m in _imports(p)
+                    if m.startswith("engine.load") and m not in _LOAD_FOR_RUN)
+    assert loaded == []
+    refound = sorted((_module(p), alias.name) for p in run
+                     for node in ast.walk(ast.parse(p.read_text(encoding="utf-8")))
+                     if isinstance(node, ast.ImportFrom) for alias in node.names
+                     if alias.name in _COMPILED_FACTS)
+    assert refound == []

@@ -19,8 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from engine.errors import Diagnostic
-from engine.load.catalog import flags_needed
+from engine.errors import Diagnostic, diagnostic_header, format_failure
 
 __all__ = ["CODES", "format_json", "format_diagnostic", "format_failure", "format_report",
            "strict", "summary"]
@@ -114,7 +113,7 @@ def strict(diagnostics: Iterable[Diagnostic]) -> tuple[Diagnostic, ...]:
 
 def format_diagnostic(diagnostic: Diagnostic, lines: Sequence[str] = ()) -> str:
     """One diagnostic: header, the offending line with a caret, its pointer, hint and notes."""
-    out = [_header(diagnostic)]
+    out = [diagnostic_header(diagnostic)]
     out += _excerpt(lines, diagnostic.line, diagnostic.col)
     if diagnostic.pointer:
         out.append(f"  at {diagnostic.pointer}")
@@ -124,19 +123,6 @@ def format_diagnostic(diagnostic: Diagnostic, lines: Sequence[str] = ()) -> str:
         place = f"{rel.file or diagnostic.file}:{rel.line}:{rel.col}" if rel.line else rel.pointer
         out.append(f"  note: {rel.message} ({place})")
     return "\n".join(out)
-
-
-def format_failure(diagnostic: Diagnostic) -> str:
-    """A failed run's error: the diagnostic's header line (and its hint, as SopError says it).
-
-    What the journal keeps and `sopctl show` prints; `format_diagnostic` adds the excerpt."""
-    return _header(diagnostic) + (f"\n  hint: {diagnostic.hint}" if diagnostic.hint else "")
-
-
-def _header(diagnostic: Diagnostic) -> str:
-    """`file:line:col: severity[code]: message`, the line compilers and editors recognise."""
-    where = f"{diagnostic.file}:{diagnostic.line}:{diagnostic.col}" if diagnostic.line else diagnostic.file
-    return f"{where}: {diagnostic.severity}[{diagnostic.code}]: {diagnostic.message}"
 
 
 def _excerpt(lines: Sequence[str], line: int, col: int) -> list[str]:
@@ -194,4 +180,4 @@ def needs_lines(file: str, compiled: Any) -> list[str]:
     """What a file's tools need from the command line: `file: needs --allow-exec: terminal (A)`."""
     if compiled is None:
         return []
-    return [f"{file}: needs {flag}: {', '.join(users)}" for flag, users in flags_needed(compiled.spec).items()]
+    return [f"{file}: needs {flag}: {', '.join(users)}" for flag, users in compiled.plan.flags.items()]

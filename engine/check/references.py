@@ -26,7 +26,7 @@ from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, So
 
 # ---------------------------------------------------------------- references
 
-__all__ = ["RULES", "idea_address_problem", "known_addresses"]
+__all__ = ["RULES", "address_problem", "idea_address_problem", "idea_addresses", "known_addresses"]
 
 
 @rule("SOP107", "SOP109")
@@ -128,10 +128,20 @@ IDEA_ADDRESSES = ("<all>",)
 """The special address the idea may have besides role ids and names (no sender: no <self>)."""
 
 
+def idea_addresses(spec: Sop) -> list[str]:
+    """Every address the idea may be sent to: role ids and names, then <all>."""
+    return [*_addresses(spec), *IDEA_ADDRESSES]
+
+
 def idea_address_problem(spec: Sop, address: str) -> tuple[str, str] | None:
     """(message, hint) when `address` is not one the idea can be sent to: a role id or name,
-    or <all>; one rule for the file's `team.send_to` and `sopctl run --send-to`."""
-    known = [*_addresses(spec), *IDEA_ADDRESSES]
+    or <all>; one rule for the file's `team.send_to` and `sopctl run --send-to` (which the
+    compiled RunPlan checks with `address_problem` over the same list)."""
+    return address_problem(idea_addresses(spec), address)
+
+
+def address_problem(known: list[str], address: str) -> tuple[str, str] | None:
+    """(message, hint) when `address` is none of the idea's `known` addresses."""
     if address in known:
         return None
     message, hint = unknown("address", address, known)

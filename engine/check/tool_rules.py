@@ -2,7 +2,7 @@
 
 Part of the references phase (`check.phases`): like its rules, these read only the spec.
 Which command-line flags the tools need (`--allow-exec`, `--allow-host`) is not a problem
-of the file: `sopctl validate` says it after the diagnostics (engine.load.catalog.flags_needed).
+of the file: `sopctl validate` says it after the diagnostics (the compiled RunPlan's `flags`).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ an unchanged file skips loading the YAML and every check.
 An entry is keyed by everything the compiled result depends on: the file's bytes, the path as
 given and the current folder (diagnostics name files that way), the `--include-path`
 folders, and the engine's code and the versions of the libraries whose objects it holds.
+The experience files the run plan read are read again on a hit: any difference is a miss.
 What the file includes is only known once it is loaded, so the entry records each library's
 sha256 and where each `include:` resolves to; a hit re-reads the libraries and re-resolves
 the includes, and any difference (a library edited, added, removed or shadowed by a new file
@@ -22,6 +23,7 @@ from types import MappingProxyType
 from typing import Any
 
 from engine import diskcache
+from engine.compile.plan import experience_unchanged
 from engine.load.source import MAX_FILE_BYTES, Source
 
 __all__ = ["lookup", "store"]
@@ -40,6 +42,8 @@ def lookup(path: str | Path, include_dirs: tuple[str | Path, ...]) -> Any | None
         state, result = pickle.loads(payload)
         compiled = result.compiled
         if compiled is None or compiled.source is None or state != _state(compiled.source, path, include_dirs):
+            return None
+        if not experience_unchanged(compiled.plan, compiled.file):   # read at compile time
             return None
     except Exception:  # noqa: BLE001 - an entry that does not load as ours is a miss
         return None

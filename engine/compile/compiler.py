@@ -22,10 +22,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from engine.compile import cache as compile_cache
 from engine.check.graph import build as build_graph
 from engine.check.phases import PHASES
 from engine.check.rules import Context, run_rules
+from engine.compile import cache as compile_cache
+from engine.compile.plan import RunPlan, build_plan, experience_unchanged
 from engine.errors import (
     ActionFailed,
     CompileError,
@@ -46,6 +47,7 @@ from engine.load.source import (
     load_text,
 )
 from engine.load.spec import Sop
+from engine.templates.sandbox import compile_all
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -56,7 +58,8 @@ __all__ = ["CheckResult", "CompiledSop", "check_path", "check_text", "compile_pa
 
 @dataclass(frozen=True)
 class CompiledSop:
-    """A checked SOP, ready to run: the spec, its output schemas and its watch graph."""
+    """A checked SOP, ready to run: the spec, its output schemas, its watch graph, and its
+    run plan (the facts a run needs, decided here once: engine.compile.plan)."""
 
     spec: Sop
     file: str                                   # path as given ("<string>" for text)
@@ -69,6 +72,11 @@ class CompiledSop:
     compared: two compilations of the same file are equal whatever object holds the text."""
     include_dirs: tuple[str, ...] = ()
     """The folders named with --include-path when it was compiled (a resume needs them again)."""
+    plan: RunPlan = field(default_factory=RunPlan)
+    """Flags, tools, MCP servers, routes, experience: what the run reads instead of working it out."""
+    templates: Mapping[tuple[str, str], bytes] | None = field(default=None, compare=False, repr=False)
+    """The plan's templates and expressions compiled (marshalled code by (kind, text)), what
+    the run renders with; None when only checked (`sopctl validate` does not compile them)."""
 
 
 @dataclass(frozen=True)
@@ -104,18 +112,33 @@ def check_path(path: str | Path, include_dirs: IncludeDirs = ()) -> CheckResult:
 
     A file that compiled is checked once per process while its bytes and its libraries'
     stay the same."""
+    return _checked_path(path, include_dirs, with_templates=False)
+
+
+def _checked_path(path: str | Path, include_dirs: IncludeDirs, with_templates: bool) -> CheckResult:
+    """`check_path`; `with_templates`: its templates compiled too (and kept so, in this
+    process and on disk), as a run needs them."""
     key = (str(path), os.getcwd(), tuple(str(d) for d in include_dirs))
     known = _remembered(key)
-    if known is not None:
-        return known
-    stored = compile_cache.lookup(path, include_dirs)
-    if stored is not None:
-        return _remember(key, stored)
+    if known is None:
+        known = compile_cache.lookup(path, include_dirs)
+        if known is None:
+            return _remember(key, _check_new(path, include_dirs, with_templates))
+        _remember(key, known)
+    compiled = known.compiled
+    if with_templates and compiled is not None and compiled.templates is None:  # only checked so far
+        known = replace(known, compiled=_with_templates(compiled))
+        _CHECKED[key] = compile_cache.store(path, include_dirs, known)
+    return known
+
+
+def _check_new(path: str | Path, include_dirs: IncludeDirs, with_templates: bool) -> CheckResult:
+    """A file neither this process nor the disk cache knows: loaded, checked, and stored."""
     try:
         source = _with_includes(load_path(path), Path(path).parent, include_dirs)
     except LoadError as exc:
         return _load_failure(str(path), exc, source_lines(path))
-    return _remember(key, compile_cache.store(path, include_dirs, _check_source(source, include_dirs)))
+    return compile_cache.store(path, include_dirs, _check_source(source, include_dirs, with_templates))
 
 
 def _with_includes(source: Source, base: Path, include_dirs: IncludeDirs) -> Source:
@@ -154,8 +177,9 @@ def check_text(text: str, file: str = "<string>", include_dirs: IncludeDirs = ()
 
 
 def compile_path(path: str | Path, include_dirs: IncludeDirs = ()) -> CompiledSop:
-    """The compiled SOP of a file, or LoadError/CompileError carrying every diagnostic."""
-    return _compiled(check_path(path, include_dirs))
+    """The compiled SOP of a file (its templates compiled), or LoadError/CompileError
+    carrying every diagnostic."""
+    return _compiled(_checked_path(path, include_dirs, with_templates=True))
 
 
 _CHECKED: dict[tuple[str, str, tuple[str, ...]], CheckResult] = {}
@@ -182,7 +206,8 @@ def _remember(key: tuple[str, str, tuple[str, ...]], result: CheckResult) -> Che
 
 def _same_bytes(compiled: CompiledSop) -> bool:
     """Whether the file and its libraries still hash to what the SOP was compiled from (the
-    hash a run records); a file that cannot be read now counts as changed."""
+    hash a run records), and its experience files read as they did; a file that cannot be
+    read now counts as changed."""
     source = compiled.source
     if source is None:
         return False
@@ -191,7 +216,8 @@ def _same_bytes(compiled: CompiledSop) -> bool:
     except OSError:
         return False
     libraries = tuple(replace(lib, raw=raw) for lib, raw in zip(source.included, raws[1:], strict=False))
-    return sources_digest(raws[0], libraries) == compiled.source_hash
+    return (sources_digest(raws[0], libraries) == compiled.source_hash
+            and experience_unchanged(compiled.plan, compiled.file))
 
 
 def _plain_file_bytes(file: str) -> bytes:
@@ -201,8 +227,11 @@ def _plain_file_bytes(file: str) -> bytes:
 
 
 def compile_text(text: str, file: str = "<string>", include_dirs: IncludeDirs = ()) -> CompiledSop:
-    """The compiled SOP of YAML text, or LoadError/CompileError carrying every diagnostic."""
-    return _compiled(check_text(text, file, include_dirs))
+    """The compiled SOP of YAML text (its templates compiled), or LoadError/CompileError
+    carrying every diagnostic."""
+    result = check_text(text, file, include_dirs)
+    compiled = _compiled(result)
+    return _with_templates(compiled)
 
 
 def _compiled(result: CheckResult) -> CompiledSop:
@@ -214,7 +243,7 @@ def _compiled(result: CheckResult) -> CompiledSop:
     raise CompileError(list(result.diagnostics))
 
 
-def _check_source(source: Source, include_dirs: IncludeDirs = ()) -> CheckResult:
+def _check_source(source: Source, include_dirs: IncludeDirs = (), with_templates: bool = False) -> CheckResult:
     found, compiled, graph = _pipeline(source)
     kept = [d for d in found if not _library_offer(d, source)]
     loading = [w for s in (source, *source.included) for w in s.warnings]  # located already
@@ -222,9 +251,18 @@ def _check_source(source: Source, include_dirs: IncludeDirs = ()) -> CheckResult
     if compiled is not None:
         compiled = replace(compiled, warnings=tuple(d for d in located if not d.is_error),
                            include_dirs=tuple(str(Path(d).resolve()) for d in include_dirs))
+        if with_templates:
+            compiled = _with_templates(compiled)
     return CheckResult(file=source.file, diagnostics=tuple(located), compiled=compiled,
                        lines=tuple(source.lines), graph=graph,
                        library_lines={lib.file: tuple(lib.lines) for lib in source.included})
+
+
+def _with_templates(compiled: CompiledSop) -> CompiledSop:
+    """`compiled` with every template and expression of its plan compiled (the sandbox's
+    compiler, its code from one bundle of the on-disk cache when it has it)."""
+    plan = compiled.plan
+    return replace(compiled, templates=compile_all(plan.templates, plan.expressions))
 
 
 def _library_offer(diag: Diagnostic, source: Source) -> bool:
@@ -293,7 +331,8 @@ def _is_branch(part: Any) -> bool:
 def _make(spec: Sop, source: Source, graph: nx.DiGraph | None) -> CompiledSop:
     schemas = {aid: output_schema(action.output) for aid, action in spec.actions.items()}
     return CompiledSop(spec=spec, file=source.file, source_hash=sources_digest(source.raw, source.included),
-                       output_schemas=MappingProxyType(schemas), graph=graph, source=source)
+                       output_schemas=MappingProxyType(schemas), graph=graph, source=source,
+                       plan=build_plan(spec, source.file))
 
 
 def locate_failure(compiled: CompiledSop, failure: SopError) -> Diagnostic | None:

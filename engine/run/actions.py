@@ -21,8 +21,10 @@ from engine.templates.sandbox import (
     MAX_RENDERED_CHARS,
     TemplateFailure,
     compile_expression,
+    expression_text,
     precompile_all,
     render_template,
+    use_compiled,
 )
 from engine.errors import ActionFailed, BudgetExceeded, LLMError
 from engine.load.outputs import output_kind, with_absent_as_null
@@ -278,19 +280,13 @@ def action_applies(action_id: str, action: ActionSpec, variables: dict[str, Any]
 def _evaluate(action_id: str, field: str, source: str, variables: dict[str, Any]) -> Any:
     """A `{{ expression }}` (braces optional) evaluated in the sandbox."""
     try:
-        value = compile_expression(_expression_text(source))(**variables)
+        value = compile_expression(expression_text(source))(**variables)
         if isinstance(value, Undefined):
             bool(value)   # a refused attribute comes back as a StrictUndefined: its use raises
         return value
     except Exception as exc:  # noqa: BLE001 - any jinja/sandbox failure is the action's
         raise ActionFailed(action_id, f"{field} expression failed: {type(exc).__name__}: {exc}",
                            code="SOP504", pointer=join_pointer("/actions", action_id, field)) from None
-
-
-def _expression_text(source: str) -> str:
-    """The expression of a `for_each` or `when`: inside its `{{ }}`, if it has them."""
-    text = source.strip()
-    return text[2:-2] if len(text) >= 4 and text.startswith("{{") and text.endswith("}}") else source
 
 
 async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
@@ -512,15 +508,18 @@ WARM_UP_WAIT_S = 2.0
 
 
 def warm_up(compiled: CompiledSop, after: threading.Event | None = None) -> threading.Thread:
-    """Pay a run's one-time costs in a daemon thread: every prompt, system, artifact and
-    `join` template and every `for_each`/`when` expression compiled (their code read from
-    one bundle entry of the on-disk cache), then the JSON Schema validator of every output
+    """Render with the code the SOP was compiled to (CompiledSop.templates), and pay a run's
+    other one-time costs in a daemon thread: the template objects of every template and
+    expression of the plan made from that code (a SOP only checked, without code: compiled,
+    from one bundle entry of the on-disk cache), then the JSON Schema validator of every output
     (the first one imports jsonschema). Started before the run, it overlaps the run's start
     and its first model call instead of delaying the first step that needs them; whatever it
     has not done yet is done on first use, as without it. With `after` (a run on a hosted model: the event
     engine.models.hosted.REQUEST_SENT) it starts once the first request is sent, at most
     WARM_UP_WAIT_S later: its CPU would otherwise slow the way to that request (threads
     share one interpreter lock), while the wait for the answer leaves the CPU idle."""
+    if compiled.templates is not None:   # the code compiled with the SOP (a fraction of a ms)
+        use_compiled(compiled.templates)
     thread = threading.Thread(target=_warm, args=(compiled, after), name="sopctl-warm-up",
                               daemon=True)
     thread.start()
@@ -530,14 +529,7 @@ def warm_up(compiled: CompiledSop, after: threading.Event | None = None) -> thre
 def _warm(compiled: CompiledSop, after: threading.Event | None = None) -> None:
     if after is not None:
         after.wait(WARM_UP_WAIT_S)
-    templates, expressions = [], []
-    for action in compiled.spec.actions.values():
-        joined = [action.join.path or "", action.join.content or ""] if action.join else []
-        templates += [source for source in (action.prompt or "", action.system or "", *joined,
-                                            *(text for a in action.artifacts for text in (a.path, a.content)))
-                      if "{" in source]
-        expressions += [_expression_text(e) for e in (action.for_each, action.when) if e]
-    precompile_all(templates, expressions)   # first: the first call needs its prompt
+    precompile_all(compiled.plan.templates, compiled.plan.expressions)   # first: the first call needs its prompt
     for schema in compiled.output_schemas.values():
         if schema is not None:
             prepare_validator(json.dumps(schema, sort_keys=True))

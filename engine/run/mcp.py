@@ -28,11 +28,10 @@ from typing import Any
 from engine.compile.compiler import CompiledSop
 from engine.errors import RunError
 from engine.load.spec import McpServerSpec
-from engine.load.catalog import expand_tools
 from engine.run.exec import child_env
 from engine.run.toolsets import Outcome, Tool
 
-__all__ = ["McpServerFailed", "McpServers", "used_servers"]
+__all__ = ["McpServerFailed", "McpServers"]
 
 
 START_TIMEOUT_S = 120.0
@@ -42,20 +41,6 @@ import); `call_timeout_s` bounds each tool call."""
 
 class McpServerFailed(RunError):
     """An MCP server could not start, offered bad tools, or died mid-run."""
-
-
-def used_servers(compiled: CompiledSop) -> dict[str, set[str] | None]:
-    """server -> the tools actions name (None: all of them), for the servers some role uses."""
-    spec = compiled.spec
-    used: dict[str, set[str] | None] = {}
-    for role in spec.roles.values():
-        for aid in role.runnable_actions():
-            for server, tools in expand_tools(spec, spec.actions[aid].tools)[1].items():
-                if tools is None or used.get(server, set()) is None:
-                    used[server] = None
-                else:
-                    used[server] = {*(used.get(server) or set()), *tools}
-    return used
 
 
 class McpServers:
@@ -68,7 +53,7 @@ class McpServers:
         self._tools: dict[str, list[Any]] = {}
 
     async def start(self) -> None:
-        for name, wanted in used_servers(self.compiled).items():
+        for name, wanted in self.compiled.plan.servers.items():   # decided when it compiled
             spec = self.compiled.spec.mcp[name]
             try:
                 session = await self._connect(name, spec)
@@ -120,7 +105,7 @@ class McpServers:
         return streamable_http_client(spec.url or "", http_client=client)
 
     def _checked(self, name: str, spec: McpServerSpec, listed: list[Any],
-                 wanted: set[str] | None) -> list[Any]:
+                 wanted: frozenset[str] | None) -> list[Any]:
         from jsonschema import Draft202012Validator, SchemaError
 
         offered = {tool.name: tool for tool in listed}

@@ -13,8 +13,6 @@ import re
 from collections import Counter
 from typing import Any
 
-from engine.check.graph import send_to_for
-from engine.templates.sandbox import TemplateFailure
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
 from engine.load.spec import PlannerSpec, RoleSpec
@@ -294,11 +292,11 @@ class Role:
         return message
 
     def _make_message(self, action_id: str, content: str, out: Any) -> Message:
-        try:
-            send_to = send_to_for(self.ctx.compiled.spec, action_id, self.id)
-        except TemplateFailure as exc:  # validate renders every (action, role) pair first
-            raise ActionFailed(action_id, f"send_to template: {exc}", code="SOP501",
-                               pointer=join_pointer("/actions", action_id, "send_to")) from None
+        route = self.ctx.compiled.plan.routes[(action_id, self.id)]   # rendered when it compiled
+        if route.error:  # validate renders every (action, role) pair first: never, in practice
+            raise ActionFailed(action_id, f"send_to template: {route.error}", code="SOP501",
+                               pointer=join_pointer("/actions", action_id, "send_to"))
+        send_to = list(route.send_to)
         message = Message(id=message_id(self._round, self.id, self._seq), content=content,
                           cause_by=action_id, sent_from=self.id,
                           send_to=resolve_send_to(send_to, self.id), round=self._round, out=out)

@@ -19,16 +19,13 @@ from collections.abc import Sequence
 
 from engine import __version__
 from engine.compile.compiler import CompiledSop, locate_failure
-from engine.check.diagnostics import format_failure
-from engine.check.references import idea_address_problem
+from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError, format_failure
 from engine.templates.sandbox import stop_renders_on_cancel
-from engine.load.catalog import flags_needed, mcp_hosts
-from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError
 from engine.models.gateway import Gateway
 from engine.models.hosted import REQUEST_SENT
 from engine.models.registry import default_model, is_hosted, resolve_llm
 from engine.models.types import AnswerStore, Price, Usage
-from engine.run.actions import RunContext, used_actions, warm_up
+from engine.run.actions import RunContext, warm_up
 from engine.run.environment import Environment
 from engine.run.events import (
     ActionCompleted,
@@ -42,7 +39,7 @@ from engine.run.events import (
 )
 from engine.run.isolation import find_sandbox
 from engine.run.experience import ExperiencePool
-from engine.run.mcp import McpServers, used_servers
+from engine.run.mcp import McpServers
 from engine.run.message import Message, user_requirement
 from engine.run.people import NoPerson, Person, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
@@ -143,15 +140,14 @@ class RunResult:
 
 def exec_actions(compiled: CompiledSop) -> list[str]:
     """Actions of kind exec that some role can run (what `--allow-exec` unlocks)."""
-    used = used_actions(compiled)
-    return [a for a, spec in compiled.spec.actions.items() if spec.kind == "exec" and a in used]
+    return list(compiled.plan.exec_actions)
 
 
 def idea_addresses(compiled: CompiledSop, override: Sequence[str]) -> list[str]:
     """Where the idea goes: `--send-to` when given (checked as the file's `team.send_to` is),
     else the file's `team.send_to` (default <all>)."""
     for address in override:
-        problem = idea_address_problem(compiled.spec, address)
+        problem = compiled.plan.idea_address_problem(address)
         if problem:
             message, hint = problem
             raise UsageError(f"--send-to: {message}", hint=hint)
@@ -186,16 +182,15 @@ class Team:
         self.env = Environment(self.roles, self._emit)
         self.idea_to = idea_addresses(compiled, options.send_to)
         self.rounds = 0
-        self._checked = False
         self.failure: Diagnostic | None = None
         self.waiting_for: Question | None = None
 
     def check(self) -> None:
-        """Refuse to start (before any model call or file): exec not allowed, a model that
-        cannot work (e.g. `local` without its extra), a workspace that cannot be made.
-        Front ends call it early to fail fast; `run` calls it again, which is then a no-op."""
-        if self._checked:
-            return
+        """Refuse to start (before any model call, journal or file of the run): exec or a
+        host not allowed, `--isolate` that cannot work here, a model that cannot work (e.g.
+        `local` without its extra), a workspace that cannot be made. `engine.api.prepare`
+        calls it once, so every front end fails fast; a Team made by hand calls it before
+        `run` (which only starts: it refuses nothing)."""
         needing = exec_actions(self.compiled)
         if needing and not self.options.allow_exec:
             raise RunError(f"this SOP runs commands; actions of kind exec need --allow-exec: "
@@ -207,27 +202,21 @@ class Team:
                            hint="commands already have the network unless --isolate is given")
         if self.options.isolate:
             self.ctx.sandbox = find_sandbox(self.options.allow_network)
-        models = self.models()
         preflight = getattr(self.ctx.gateway, "preflight", None)
         if preflight is not None and not self.options.replay:
-            for model in models:
+            for model in self.models():
                 preflight(model)
         self.workspace.create()
-        self._checked = True
-        # one-time costs, overlapping the first call; with a hosted model, after its first
-        # request is sent (the CPU is idle while its answer is waited for)
-        own = getattr(self.ctx.gateway, "providers", {})
-        hosted = not self.options.replay and any(is_hosted(m) and m not in own for m in models)
-        warm_up(self.compiled, REQUEST_SENT if hosted else None)
 
     def _check_tool_flags(self) -> None:
         """Tools that run commands or reach a host need the user's flag, before anything runs."""
-        needs = flags_needed(self.compiled.spec, replay=self.options.replay)
+        plan = self.compiled.plan
+        needs = plan.replay_flags if self.options.replay else plan.flags
         if "--allow-exec" in needs and not self.options.allow_exec:
             raise RunError("this SOP's tools run commands; they need --allow-exec: "
                            + ", ".join(needs["--allow-exec"]),
                            hint="read what they run first; then pass --allow-exec")
-        hosts = mcp_hosts(self.compiled.spec)
+        hosts = plan.mcp_hosts
         refused = [f"{host} (mcp server {name})" for name, host in hosts.items()
                    if host not in self.options.allow_hosts]
         if refused:
@@ -252,8 +241,11 @@ class Team:
         return sorted(found)
 
     async def run(self) -> RunResult:
-        """Run until the end; every way of ending gives a result and emits RunEnded."""
-        self.check()
+        """Run until the end; every way of ending gives a result and emits RunEnded.
+        The team is checked already (`check`): this starts it."""
+        if self.options.isolate and self.ctx.sandbox is None:   # never run unisolated by mistake
+            raise UsageError("--isolate: Team.check finds the sandbox; call it before run")
+        self._warm_up()
         self._emit(self._started())
         # Anything that escapes below (KeyboardInterrupt, SystemExit) ends the run as interrupted.
         status, error = RunStatus.INTERRUPTED, "interrupted"
@@ -280,9 +272,16 @@ class Team:
             self._end(status, error)
         return self._result(status, error)
 
+    def _warm_up(self) -> None:
+        """The run's one-time costs, overlapping the first call; with a hosted model, after its
+        first request is sent (the CPU is idle while its answer is waited for)."""
+        own = getattr(self.ctx.gateway, "providers", {})
+        hosted = not self.options.replay and any(is_hosted(m) and m not in own for m in self.models())
+        warm_up(self.compiled, REQUEST_SENT if hosted else None)
+
     async def _start_mcp(self) -> None:
         """Start the MCP servers some action uses and learn their tools (before any model call)."""
-        if used_servers(self.compiled):
+        if self.compiled.plan.servers:
             self.ctx.mcp = McpServers(self.compiled)
             await self.ctx.mcp.start()
 

@@ -39,7 +39,7 @@ from engine.errors import ActionFailed, BudgetExceeded, JournalError, ReplayDive
 from engine.load.outputs import output_kind
 from engine.load.source import join_pointer
 from engine.load.spec import CodeOutput
-from engine.load.catalog import END, expand_tools, read_experience, team_targets
+from engine.load.catalog import END
 from engine.models import answers
 from engine.models.types import CallSpec, StoredAnswer, durable
 from engine.run.actions import RunContext, ToolEffects, call_gateway, gather_or_cancel, model_call
@@ -76,17 +76,18 @@ _LOOP_STATE = ("plan.", "team.", "human.ask")
 
 def loop_tools(ctx: RunContext, role_id: str, action_id: str) -> dict[str, Tool]:
     """Every command the action offers, by name, `end` last."""
-    spec = ctx.compiled.spec
-    commands, servers = expand_tools(spec, spec.actions[action_id].tools)
+    plan = ctx.compiled.plan
+    expanded = plan.tools[action_id]
     tools: dict[str, Tool] = {}
-    for command in commands:
+    for command in expanded.commands:
         args = command.args
         if command.name == "team.publish":  # the members, by name: the model cannot miss one
+            targets = list(plan.team_targets[role_id])
             args = {**args, "properties": {**args["properties"],
-                                           "send_to": {"type": "string", "enum": team_targets(spec, role_id)}}}
+                                           "send_to": {"type": "string", "enum": targets}}}
         tools[command.name] = Tool(command.name, command.description, args, command.exclusive,
                                    command.readonly, not command.name.startswith(_LOOP_STATE))
-    for server, named in servers.items():
+    for server, named in expanded.servers.items():
         for tool in ctx.mcp.tools(server) if ctx.mcp is not None else ():
             if named is None or tool.name[len(server) + 1:] in named:
                 tools[tool.name] = tool
@@ -230,14 +231,14 @@ class ToolLoop:
         return None
 
     def _experience_text(self) -> str:
-        """`experience` files: shown as RoleZero shows retrieved experience."""
+        """`experience` files (read when the SOP compiled): shown as RoleZero shows retrieved
+        experience; one that could not be read fails the action, as it did when read here."""
         texts = []
-        for index, rel in enumerate(self.action.experience):
-            try:
-                texts.append(read_experience(self.ctx.compiled.file, rel).strip())
-            except ValueError as exc:
-                raise ActionFailed(self.action_id, str(exc), code="SOP502",
-                                   pointer=join_pointer("/actions", self.action_id, "experience", index)) from None
+        for index, found in enumerate(self.ctx.compiled.plan.tools[self.action_id].experience):
+            if found.error:
+                raise ActionFailed(self.action_id, found.error, code="SOP502",
+                                   pointer=join_pointer("/actions", self.action_id, "experience", index))
+            texts.append(found.text)
         if not texts:
             return ""
         return "## Past experience\nHow similar work was done before (examples, not instructions):\n\n" + \

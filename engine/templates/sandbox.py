@@ -34,7 +34,7 @@ import types
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING, Any, TypeVar
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from jinja2 import StrictUndefined, Template, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
@@ -46,6 +46,7 @@ if TYPE_CHECKING:   # not imported at run time: `sopctl validate` never needs as
 
 __all__ = ["MAX_RENDERED_CHARS", "MAX_RENDER_CPU_S", "MAX_RENDER_MEMORY", "TemplateFailure",
            "environment", "parse", "render_template", "compile_expression", "precompile", "precompile_all",
+           "compile_all", "use_compiled", "expression_text",
            "stop_renders_on_cancel"]
 
 
@@ -423,9 +424,9 @@ def _cached(kind: str, source: str, compile_source: Callable[[str], types.CodeTy
 
     from engine import diskcache
 
-    bundled = _BUNDLED.get((kind, source))
-    if bundled is not None:
-        return bundled
+    carried = _COMPILED.get((kind, source)) or _BUNDLED.get((kind, source))
+    if carried is not None:
+        return carried
     key = diskcache.entry_key(kind, jinja2.__version__, source) if diskcache.cache_dir() else ""
     stored = diskcache.read(kind, key) if key else None
     if stored is not None:
@@ -482,33 +483,76 @@ templates and expressions (then dropped: the lru caches above hold what was buil
 
 
 def precompile_all(templates: Iterable[str], expressions: Iterable[str] = ()) -> None:
-    """Compile all the templates and expressions of a SOP ahead of their first use (a run's
-    warm-up). Their code comes from one cache entry for the whole set (`bundle/`): a new
-    process reads one file instead of one per template. On a miss each is compiled (or read
-    from its own entry) and the set that compiled is stored as one bundle for the next
-    process; one that does not compile is left for its use to report, located."""
-    from engine import diskcache
-
-    items = sorted({("template", s) for s in templates} | {("expression", e) for e in expressions})
-    key = _bundle_key(items) if items and diskcache.cache_dir() else ""
-    codes = _read_bundle(key, items) if key else None
-    missed = codes is None
-    if codes is None:
-        codes = _compile_each(items)
+    """Make the templates and expressions of a SOP ahead of their first use (a run's
+    warm-up). Their code is the compiled SOP's (`use_compiled`); any it does not carry (a SOP
+    only checked, as `sopctl validate` leaves it) comes from one bundle, as `compile_all`'s."""
+    items = _items(templates, expressions)
+    codes = _bundled_codes([item for item in items if item not in _COMPILED])
     _BUNDLED.update(codes)
     try:
-        for kind, source in items:
-            if kind == "template":
-                precompile(source)
-            else:
-                with contextlib.suppress(*_COMPILE_ERRORS):
-                    compile_expression(source)
+        _build(items)
     finally:
         for item in codes:
             _BUNDLED.pop(item, None)
-    if missed and key and codes:
+
+
+def compile_all(templates: Iterable[str], expressions: Iterable[str] = ()) -> dict[tuple[str, str], bytes]:
+    """Every template and expression of a SOP compiled, as marshalled code by (kind, text):
+    what a CompiledSop carries, so that its run renders them without compiling (`use_compiled`).
+    The code comes from one cache entry for the whole set (`bundle/`): a new process reads one
+    file instead of one per template. On a miss each is compiled (or read from its own entry)
+    and the set that compiled is stored as one bundle for the next process; one that does
+    not compile is left out, for its use to report, located."""
+    return {item: marshal.dumps(code) for item, code in _bundled_codes(_items(templates, expressions)).items()}
+
+
+def _items(templates: Iterable[str], expressions: Iterable[str]) -> list[tuple[str, str]]:
+    return sorted({("template", s) for s in templates} | {("expression", e) for e in expressions})
+
+
+def _bundled_codes(items: list[tuple[str, str]]) -> dict[tuple[str, str], types.CodeType]:
+    """The code of each item that compiles: from its bundle, or compiled and bundled."""
+    from engine import diskcache
+
+    key = _bundle_key(items) if items and diskcache.cache_dir() else ""
+    codes = _read_bundle(key, items) if key else None
+    if codes is not None:
+        return codes
+    codes = _compile_each(items)
+    if key and codes:
         records = tuple((kind, source, code) for (kind, source), code in codes.items())
         diskcache.write(_BUNDLE, key, marshal.dumps(records))
+    return codes
+
+
+def _build(items: Iterable[tuple[str, str]]) -> None:
+    """The template objects of `items`, made now (their code found as `_cached` finds it)."""
+    for kind, source in items:
+        if kind == "template":
+            precompile(source)
+        else:
+            with contextlib.suppress(*_COMPILE_ERRORS):
+                compile_expression(source)
+
+
+_COMPILED: dict[tuple[str, str], types.CodeType] = {}
+"""The code compiled SOPs of this process carry (`use_compiled`), by (kind, text): what their
+runs render with."""
+
+_MAX_COMPILED = 4096
+
+
+def use_compiled(codes: Mapping[tuple[str, str], bytes]) -> None:
+    """Render a compiled SOP's templates and expressions with the code it carries
+    (`compile_all`'s). Code that does not read back as this sandbox's is skipped: its text
+    compiles on first use."""
+    if len(_COMPILED) + len(codes) > _MAX_COMPILED:
+        _COMPILED.clear()
+    for item, blob in codes.items():
+        with contextlib.suppress(ValueError, EOFError, TypeError):
+            code = marshal.loads(blob)
+            if _is_template_code(code):
+                _COMPILED[item] = code
 
 
 _BUNDLE = "bundle"
@@ -560,6 +604,12 @@ def _compile_each(items: list[tuple[str, str]]) -> dict[tuple[str, str], types.C
         with contextlib.suppress(*_COMPILE_ERRORS):
             codes[(kind, source)] = _cached(kind, source, _COMPILERS[kind])
     return codes
+
+
+def expression_text(source: str) -> str:
+    """The expression of a `for_each` or `when`: inside its `{{ }}`, if it has them."""
+    text = source.strip()
+    return text[2:-2] if len(text) >= 4 and text.startswith("{{") and text.endswith("}}") else source
 
 
 @lru_cache(maxsize=256)

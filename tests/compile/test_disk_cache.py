@@ -315,6 +315,7 @@ def _new_process() -> None:
     """What a new process has in memory: no template or expression compiled yet."""
     sandbox._template.cache_clear()
     compile_expression.cache_clear()
+    sandbox._COMPILED.clear()
 
 
 def _no_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -426,3 +427,20 @@ def test_plain_text_renders_as_itself_within_the_limit(cache: Path) -> None:
     assert render_template("a\r\nb", {}) == "a\nb"              # jinja's newlines, as before
     with pytest.raises(TemplateFailure, match="exceeds the limit of 4 characters"):
         render_template("plain", {}, limit=4)
+
+
+def test_the_engine_s_fingerprint_reads_the_engine_s_own_files_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every key holds the engine's code: its modules' sizes and time stamps, not those of the
+    folder it is installed in (a checkout's .venv, site-packages: tens of thousands of files
+    stat'ed by every `sopctl validate`)."""
+    import engine
+
+    walked: list[str] = []
+    real_walk = os.walk
+    monkeypatch.setattr(os, "walk", lambda top, *a, **k: walked.append(str(top)) or real_walk(top, *a, **k))
+    diskcache.code_fingerprint.cache_clear()
+    try:
+        diskcache.code_fingerprint()
+    finally:
+        diskcache.code_fingerprint.cache_clear()
+    assert walked == [str(Path(engine.__file__).resolve().parent)]
