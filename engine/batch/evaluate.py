@@ -1,7 +1,7 @@
 """A finished row judged: expectations (sandboxed jinja) and conformance to a golden run.
 
 Expectations are jinja expressions, `{{ ... }}` optional, evaluated in the SOP sandbox
-(`engine.templates.sandbox`: no attribute escapes, bounded CPU and memory) over the row:
+(`engine.templates`: no attribute escapes, bounded CPU and memory) over the row:
 
 - `run`: the row's results line (status, rounds, calls, tokens, cost_usd, artifacts, error,
   last_messages, ...) and `run.inputs`;
@@ -32,7 +32,8 @@ from collections.abc import Sequence
 
 from jinja2 import Undefined
 
-from engine.templates.sandbox import TemplateFailure, compile_expression
+from engine.templates.render import compile_expression
+from engine.templates.sandbox import TemplateFailure
 from engine.errors import UsageError
 from engine.journal.history import RunState
 

@@ -22,7 +22,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.templates.sandbox import TemplateFailure, render_template
+from engine.templates.render import render_template
+from engine.templates.sandbox import TemplateFailure
 from engine.load.spec import USER_REQUIREMENT, Sop, is_template
 from engine.load.catalog import team_reach
 

@@ -47,7 +47,7 @@ from engine.load.source import (
     load_text,
 )
 from engine.load.spec import Sop
-from engine.templates.sandbox import compile_all
+from engine.templates.code import compile_all
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -23,7 +23,8 @@ from engine.load.catalog import (
     team_targets,
 )
 from engine.load.spec import Sop
-from engine.templates.sandbox import TemplateFailure, expression_text
+from engine.templates.code import expression_text
+from engine.templates.sandbox import TemplateFailure
 
 __all__ = ["Experience", "Route", "RunPlan", "ToolPlan", "build_plan", "experience_unchanged"]
 

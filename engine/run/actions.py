@@ -17,15 +17,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from jinja2 import Undefined
 
 from engine.compile.compiler import CompiledSop
-from engine.templates.sandbox import (
-    MAX_RENDERED_CHARS,
-    TemplateFailure,
-    compile_expression,
-    expression_text,
-    precompile_all,
-    render_template,
-    use_compiled,
-)
+from engine.templates.code import expression_text, precompile_all, use_compiled
+from engine.templates.render import compile_expression, render_template
+from engine.templates.sandbox import MAX_RENDERED_CHARS, TemplateFailure
 from engine.errors import ActionFailed, BudgetExceeded, LLMError
 from engine.load.outputs import output_kind, with_absent_as_null
 from engine.load.source import join_pointer

@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.templates.sandbox import TemplateFailure, render_template
+from engine.templates.render import render_template
+from engine.templates.sandbox import TemplateFailure
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
 from engine.load.spec import ActionSpec

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from engine import __version__
 from engine.compile.compiler import CompiledSop, locate_failure
 from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError, format_failure
-from engine.templates.sandbox import stop_renders_on_cancel
+from engine.templates.render import stop_renders_on_cancel
 from engine.models.gateway import Gateway
 from engine.models.hosted import REQUEST_SENT
 from engine.models.registry import default_model, is_hosted, resolve_llm

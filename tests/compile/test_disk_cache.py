@@ -15,8 +15,9 @@ from jsonschema.exceptions import SchemaError
 from engine import diskcache
 from engine.compile import cache as compile_cache
 from engine.compile import compiler
-from engine.templates import sandbox
-from engine.templates.sandbox import TemplateFailure, compile_expression, render_template
+from engine.templates import code
+from engine.templates.render import compile_expression, render_template
+from engine.templates.sandbox import TemplateFailure
 from engine.models import answers
 
 from run_helpers import ROOT
@@ -161,7 +162,7 @@ def test_the_cache_can_be_turned_off(cache: Path, tmp_path: Path, monkeypatch: p
     monkeypatch.setenv("SOPCTL_NO_CACHE", "1")
     path = _sop(tmp_path)
     assert _fresh_check(path).ok
-    sandbox._template.cache_clear()
+    code.template.cache_clear()
     assert render_template("off {{ x }}", {"x": 1}) == "off 1"
     assert not cache.exists()
 
@@ -182,10 +183,10 @@ def test_a_file_with_errors_is_never_stored(cache: Path, tmp_path: Path) -> None
 
 def test_a_template_is_compiled_once_and_read_back(cache: Path) -> None:
     source = "Hello {{ name }}{% for i in range(2) %}!{% endfor %}"
-    sandbox._template.cache_clear()
+    code.template.cache_clear()
     assert render_template(source, {"name": "a"}) == "Hello a!!"
     [entry] = _entries(cache, "template")
-    sandbox._template.cache_clear()
+    code.template.cache_clear()
     assert render_template(source, {"name": "b"}) == "Hello b!!"
     assert _entries(cache, "template") == [entry]
 
@@ -200,21 +201,21 @@ BOUNDED_BY_GENERATED_CODE = {
 
 @pytest.mark.parametrize("template", BOUNDED_BY_GENERATED_CODE.values(), ids=BOUNDED_BY_GENERATED_CODE.keys())
 def test_a_template_bomb_loaded_from_the_cache_is_still_refused(cache: Path, template: str) -> None:
-    sandbox._template.cache_clear()
+    code.template.cache_clear()
     with pytest.raises(TemplateFailure, match="refused by the sandbox"):
         render_template(template, {})
     assert len(_entries(cache, "template")) == 1
-    sandbox._template.cache_clear()                          # a new process: code from disk
+    code.template.cache_clear()                          # a new process: code from disk
     with pytest.raises(TemplateFailure, match="refused by the sandbox"):
         render_template(template, {})
 
 
 def test_a_damaged_template_entry_is_compiled_again(cache: Path) -> None:
-    sandbox._template.cache_clear()
+    code.template.cache_clear()
     render_template("T {{ x }}", {"x": 1})
     [entry] = _entries(cache, "template")
     entry.write_bytes(entry.read_bytes()[:-5])
-    sandbox._template.cache_clear()
+    code.template.cache_clear()
     assert render_template("T {{ x }}", {"x": 2}) == "T 2"
 
 
@@ -222,14 +223,17 @@ def test_a_damaged_template_entry_is_compiled_again(cache: Path) -> None:
                                                ("(items|sum) * 2", 12)])
 def test_an_expression_from_the_cache_evaluates_as_compiled(cache: Path, expression: str, value: object) -> None:
     compile_expression.cache_clear()
+    code.expression.cache_clear()
     assert compile_expression(expression)(items=[1, 2, 3]) == value
     assert len(_entries(cache, "expression")) == 1
     compile_expression.cache_clear()
+    code.expression.cache_clear()
     assert compile_expression(expression)(items=[1, 2, 3]) == value
 
 
 def test_an_expression_that_does_not_parse_still_fails_and_is_not_stored(cache: Path) -> None:
     compile_expression.cache_clear()
+    code.expression.cache_clear()
     with pytest.raises(Exception, match="chunk after expression|unexpected"):
         compile_expression("items items")
     assert _entries(cache, "expression") == []
@@ -313,24 +317,25 @@ BUNDLED_EXPRESSIONS = ["items | length > 1", "items[1:]"]
 
 def _new_process() -> None:
     """What a new process has in memory: no template or expression compiled yet."""
-    sandbox._template.cache_clear()
+    code.template.cache_clear()
     compile_expression.cache_clear()
-    sandbox._COMPILED.clear()
+    code.expression.cache_clear()
+    code._COMPILED.clear()
 
 
 def _no_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
     """From here on, code can only come from the cache."""
     def refuse(source: str) -> object:
         raise AssertionError(f"compiled {source!r}")
-    monkeypatch.setitem(sandbox._COMPILERS, "template", refuse)
-    monkeypatch.setitem(sandbox._COMPILERS, "expression", refuse)
-    monkeypatch.setattr(sandbox, "_compile_template", refuse)
-    monkeypatch.setattr(sandbox, "_expression_code", refuse)
+    monkeypatch.setitem(code._COMPILERS, "template", refuse)
+    monkeypatch.setitem(code._COMPILERS, "expression", refuse)
+    monkeypatch.setattr(code, "_compile_template", refuse)
+    monkeypatch.setattr(code, "_expression_code", refuse)
 
 
 def _bundle(cache: Path) -> Path:
     _new_process()
-    sandbox.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
+    code.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
     [entry] = _entries(cache, "bundle")
     return entry
 
@@ -346,13 +351,13 @@ def test_a_bundle_holds_the_code_of_a_whole_sop_and_is_read_in_one_go(
     reads: list[str] = []
     read = diskcache.read
     monkeypatch.setattr(diskcache, "read", lambda kind, key: reads.append(kind) or read(kind, key))
-    sandbox.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
+    code.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
     assert reads == ["bundle"]
     assert render_template(BUNDLED_TEMPLATES[0], {"name": "a"}) == "Hello a"
     assert render_template(BUNDLED_TEMPLATES[1], {"items": [1, 2]}) == "1,2,"
     assert compile_expression(BUNDLED_EXPRESSIONS[0])(items=[1, 2, 3]) is True
     assert compile_expression(BUNDLED_EXPRESSIONS[1])(items=[1, 2, 3]) == [2, 3]
-    assert sandbox._BUNDLED == {}                            # nothing kept beyond the warm-up
+    assert code._BUNDLED == {}                            # nothing kept beyond the warm-up
 
 
 def test_a_template_bomb_whose_code_comes_from_a_bundle_is_still_refused(
@@ -362,7 +367,7 @@ def test_a_template_bomb_whose_code_comes_from_a_bundle_is_still_refused(
         entry.unlink()
     _new_process()
     _no_compiling(monkeypatch)
-    sandbox.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
+    code.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
     with pytest.raises(TemplateFailure, match="refused by the sandbox"):
         render_template(BUNDLED_TEMPLATES[2], {})
 
@@ -370,8 +375,8 @@ def test_a_template_bomb_whose_code_comes_from_a_bundle_is_still_refused(
 def _foreign_records() -> bytes:
     import marshal
 
-    code = sandbox._compile_template("{{ 1 }}")
-    return marshal.dumps((("template", "not one of this SOP's templates", code),))
+    compiled = code._compile_template("{{ 1 }}")
+    return marshal.dumps((("template", "not one of this SOP's templates", compiled),))
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "empty", "not code", "other texts"])
@@ -389,22 +394,22 @@ def test_a_corrupt_or_foreign_bundle_is_a_miss_and_rewritten(cache: Path, damage
                            "flipped": blob[:-10] + bytes(b ^ 0xFF for b in blob[-10:]),
                            "empty": b""}[damage])
     items = sorted({("template", s) for s in BUNDLED_TEMPLATES} | {("expression", e) for e in BUNDLED_EXPRESSIONS})
-    assert sandbox._read_bundle(entry.name, items) is None
+    assert code._read_bundle(entry.name, items) is None
     _new_process()
-    sandbox.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
+    code.precompile_all(BUNDLED_TEMPLATES, BUNDLED_EXPRESSIONS)
     assert render_template(BUNDLED_TEMPLATES[0], {"name": "b"}) == "Hello b"
-    assert set(sandbox._read_bundle(entry.name, items) or ()) == set(items)   # rewritten whole
+    assert set(code._read_bundle(entry.name, items) or ()) == set(items)   # rewritten whole
     with pytest.raises(TemplateFailure, match="refused by the sandbox"):
         render_template(BUNDLED_TEMPLATES[2], {})
 
 
 def test_a_template_that_does_not_compile_is_left_out_of_the_bundle_and_still_reported(cache: Path) -> None:
     _new_process()
-    sandbox.precompile_all(["fine {{ x }}", "broken {{ x "], ["items items"])
+    code.precompile_all(["fine {{ x }}", "broken {{ x "], ["items items"])
     [entry] = _entries(cache, "bundle")
     assert b"broken" not in entry.read_bytes() and b"items items" not in entry.read_bytes()
     _new_process()
-    sandbox.precompile_all(["fine {{ x }}", "broken {{ x "], ["items items"])
+    code.precompile_all(["fine {{ x }}", "broken {{ x "], ["items items"])
     assert render_template("fine {{ x }}", {"x": 1}) == "fine 1"
     with pytest.raises(Exception, match="unexpected end of template"):
         render_template("broken {{ x ", {"x": 1})

@@ -14,8 +14,8 @@ from engine.compile import cache as compile_cache
 from engine.compile import compiler
 from engine.compile.compiler import check_text, compile_path, compile_text
 from engine.errors import RunError
-from engine.templates import sandbox
-from engine.templates.sandbox import compile_expression
+from engine.templates import code
+from engine.templates.render import compile_expression
 from engine.testing import ScriptedModel
 
 from run_helpers import run_sop
@@ -149,15 +149,16 @@ def test_validate_checks_without_compiling_templates_and_a_run_compiles_them_onc
 
 def test_the_run_renders_the_code_its_sop_was_compiled_to(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     compiled = compile_text(ROUTED.replace("Write {{", "Write now {{"))
-    sandbox._template.cache_clear()           # as a new process that loaded it from disk
+    code.template.cache_clear()           # as a new process that loaded it from disk
     compile_expression.cache_clear()
-    sandbox._COMPILED.clear()
+    code.expression.cache_clear()
+    code._COMPILED.clear()
 
     def refuse(source: str) -> object:
         raise AssertionError(f"compiled {source!r} at run time")
 
-    monkeypatch.setitem(sandbox._COMPILERS, "template", refuse)
-    monkeypatch.setattr(sandbox, "_compile_template", refuse)
+    monkeypatch.setitem(code._COMPILERS, "template", refuse)
+    monkeypatch.setattr(code, "_compile_template", refuse)
     monkeypatch.setenv("SOPCTL_NO_CACHE", "1")
     result = run_sop(compiled, ScriptedModel(["written", "read"]), tmp_path / "ws")
     assert result.status == "idle", result.error

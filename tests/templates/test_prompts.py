@@ -11,8 +11,9 @@ import sys
 
 import pytest
 
-from engine.templates import sandbox
-from engine.templates.sandbox import TemplateFailure, compile_expression, render_template
+from engine.templates import render
+from engine.templates.render import compile_expression, render_template
+from engine.templates.sandbox import TemplateFailure
 
 BOMBS = {
     "repeat": "{{ 'x' * 10**9 }}",
@@ -100,7 +101,7 @@ def test_slug_makes_an_identifier_from_model_text():
 # --- CPU time and memory: what no static rule catches stops at a bound, located ---------
 
 def test_a_long_loop_stops_at_the_cpu_bound_with_its_line(monkeypatch):
-    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.2)
+    monkeypatch.setattr(render, "MAX_RENDER_CPU_S", 0.2)
     template = "line one\n{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
     with pytest.raises(TemplateFailure, match="CPU time") as failure:
         render_template(template, {})
@@ -113,10 +114,10 @@ def test_a_profiler_still_runs_after_a_render_was_stopped(tmp_path):
     script = tmp_path / "after_stop.py"
     script.write_text(
         "import cProfile\n"
-        "from engine.templates import sandbox\n"
-        "sandbox.MAX_RENDER_CPU_S = 0.2\n"
+        "from engine.templates import render, sandbox\n"
+        "render.MAX_RENDER_CPU_S = 0.2\n"
         "try:\n"
-        "    sandbox.render_template('{% for i in range(100000) %}{% for j in range(100000) %}"
+        "    render.render_template('{% for i in range(100000) %}{% for j in range(100000) %}"
         "{% endfor %}{% endfor %}', {})\n"
         "except sandbox.TemplateFailure as exc:\n"
         "    print('stopped:', exc)\n"
@@ -128,15 +129,15 @@ def test_a_profiler_still_runs_after_a_render_was_stopped(tmp_path):
 
 
 def test_a_slow_accumulation_stops_at_the_memory_bound(monkeypatch):
-    monkeypatch.setattr(sandbox, "MAX_RENDER_MEMORY", 64 * 2**20)
-    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 600.0)   # memory, not time, must stop it
+    monkeypatch.setattr(render, "MAX_RENDER_MEMORY", 64 * 2**20)
+    monkeypatch.setattr(render, "MAX_RENDER_CPU_S", 600.0)   # memory, not time, must stop it
     template = "{{ range(100000)|map('string')|map('center', 999999)|list|length }}"
     with pytest.raises(TemplateFailure, match="grew memory"):
         render_template(template, {})
 
 
 def test_a_when_or_for_each_expression_is_bounded_too(monkeypatch):
-    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.05)
+    monkeypatch.setattr(render, "MAX_RENDER_CPU_S", 0.05)
     evaluate = compile_expression("range(100000)|map('string')|map('center', 9)|map('trim')"
                                   "|map('upper')|map('lower')|map('title')|list|length")
     with pytest.raises(TemplateFailure, match="CPU time"):
@@ -147,7 +148,7 @@ def test_a_render_under_its_bounds_leaves_nothing_behind():
     # the watchdog's stop must never land in a later render or outside one
     for _ in range(200):
         assert render_template("{{ x }}", {"x": 1}) == "1"
-    assert not sandbox._WATCHDOG._renders
+    assert not render._WATCHDOG._renders
 
 
 # --- in a run -----------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def _run_slow(tmp_path, **options):
 
 
 def test_a_prompt_past_its_cpu_bound_fails_the_run_at_its_template_line(tmp_path, monkeypatch):
-    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.2)
+    monkeypatch.setattr(render, "MAX_RENDER_CPU_S", 0.2)
     result, model = _run_slow(tmp_path, journal=False)
     assert result.status == "failed"
     assert "error[SOP501]: action Think failed: prompt template: template used more than" in result.error
@@ -195,13 +196,13 @@ def test_ctrl_c_stops_a_run_in_the_middle_of_a_render(tmp_path, monkeypatch):
 
     from engine.journal.history import read_run
 
-    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 600.0)   # only Ctrl-C can stop it
+    monkeypatch.setattr(render, "MAX_RENDER_CPU_S", 600.0)   # only Ctrl-C can stop it
 
     test_over = threading.Event()
 
     def ctrl_c_once_the_loop_renders() -> None:
-        while not any(sandbox._cpu_seconds(r.cpu_clock) - r.cpu_start > 0.3
-                      for r in list(sandbox._WATCHDOG._renders.values())):
+        while not any(render._cpu_seconds(r.cpu_clock) - r.cpu_start > 0.3
+                      for r in list(render._WATCHDOG._renders.values())):
             if test_over.wait(0.01):     # never a Ctrl-C into a later test
                 return
         os.kill(os.getpid(), signal.SIGINT)
@@ -220,7 +221,7 @@ def test_ctrl_c_stops_a_run_in_the_middle_of_a_render(tmp_path, monkeypatch):
 def test_a_forked_child_still_bounds_its_renders(monkeypatch):
     import os
 
-    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.2)
+    monkeypatch.setattr(render, "MAX_RENDER_CPU_S", 0.2)
     render_template("{{ 1 }}", {})       # the parent's watchdog thread exists now
     pid = os.fork()
     if pid == 0:                          # the child: the loop must stop, not hang
