@@ -13,6 +13,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+try:  # Python's own regular-expression parser: `re._parser` from 3.11 on, `sre_parse` before
+    from re import _constants as c  # type: ignore[attr-defined]
+    from re import _parser  # type: ignore[attr-defined]
+except ImportError:  # Python 3.10
+    import sre_constants as c  # type: ignore[no-redef]
+    import sre_parse as _parser  # type: ignore[no-redef]
+
 __all__ = ["text_matching"]
 
 
@@ -27,8 +34,6 @@ _OUTSIDE_CLASS = "axzAXZ09_- "
 def text_matching(pattern: str, variant: int = 0) -> str | None:
     """A string `pattern` matches, or None when the generator cannot make one."""
     try:
-        from re import _parser  # type: ignore[attr-defined]
-
         tree = _parser.parse(pattern)
         text = _walk(tree, variant, {})
         return text if re.search(pattern, text) else None
@@ -41,8 +46,6 @@ def _walk(items: Any, variant: int, groups: dict[int, str]) -> str:
 
 
 def _node(op: Any, av: Any, variant: int, groups: dict[int, str]) -> str:
-    from re import _constants as c  # type: ignore[attr-defined]
-
     if op is c.LITERAL:
         return chr(av)
     if op is c.NOT_LITERAL:
@@ -71,8 +74,6 @@ def _node(op: Any, av: Any, variant: int, groups: dict[int, str]) -> str:
 
 
 def _in_class(items: list[tuple[Any, Any]], variant: int) -> str:
-    from re import _constants as c  # type: ignore[attr-defined]
-
     if items and items[0][0] is c.NEGATE:
         refused = items[1:]
         return next(ch for ch in _OUTSIDE_CLASS if not any(_in(ch, op, av) for op, av in refused))
@@ -86,8 +87,6 @@ def _in_class(items: list[tuple[Any, Any]], variant: int) -> str:
 
 
 def _in(ch: str, op: Any, av: Any) -> bool:
-    from re import _constants as c  # type: ignore[attr-defined]
-
     if op is c.LITERAL:
         return ord(ch) == av
     if op is c.RANGE:
