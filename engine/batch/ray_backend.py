@@ -31,7 +31,7 @@ _CONNECT_TIMEOUT_S = 5.0
 
 def _ray() -> Any:
     try:
-        import ray
+        import ray  # an optional extra: imported only when --ray asks for it
     except ImportError:
         raise UsageError("--ray needs the optional extra 'ray', which is not installed",
                          "install it with: pip install 'sopctl[ray]'") from None

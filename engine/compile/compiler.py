@@ -22,6 +22,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from engine.check.graph import build as build_graph
 from engine.check.phases import PHASES
 from engine.check.rules import Context, run_rules
@@ -309,8 +311,6 @@ def _has_error(found: list[Diagnostic]) -> bool:
 
 def _spec(data: dict[str, Any]) -> tuple[Sop | None, list[Diagnostic]]:
     """The pydantic models; their errors (if the schema let something through) are diagnostics."""
-    from pydantic import ValidationError
-
     try:
         return Sop.model_validate(data), []
     except ValidationError as exc:

@@ -439,7 +439,7 @@ threads at once, can be seen half-initialised by one of them."""
 @lru_cache(maxsize=256)
 def _validator(schema_json: str) -> Any:
     with _BUILDING:
-        from referencing import Registry
+        from referencing import Registry  # jsonschema's: imported with the first answer, after the first request went out
 
         schema = json.loads(schema_json)
         validator_class, formats = _linear_time_validator(with_pattern='"pattern' in schema_json)
@@ -458,7 +458,7 @@ def _checked_key(schema_json: str) -> str:
     changes. Answers are validated in full every time; only the schema's own check is kept."""
     if diskcache.cache_dir() is None:
         return ""
-    import jsonschema.validators
+    import jsonschema.validators  # as above: not before a run's first answer
     import jsonschema_specifications  # type: ignore[import-untyped]
 
     stamp = diskcache.module_stamp(jsonschema.validators, jsonschema_specifications)

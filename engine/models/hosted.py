@@ -5,6 +5,7 @@ this module's helpers and maps errors into the same family.)
 Why a module of its own: this is the only place that touches litellm's API, so the gateway
 (`engine.models.gateway`) stays readable and `import engine` never pays for litellm (it is imported
 on the first call that needs it, with `LITELLM_LOCAL_MODEL_COST_MAP=True` so that the
+
 import never fetches a price list from the network).
 
 Errors are mapped here: rate limits, timeouts, connection and 5xx errors become
@@ -35,10 +36,12 @@ from __future__ import annotations
 
 import email.utils
 import json
+import logging
 import os
 import re
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,9 +82,7 @@ def litellm_module() -> Any:
     with _LITELLM_LOCK:
         if not _LITELLM:
             os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-            import logging
-
-            import litellm
+            import litellm  # seconds to import: only a hosted model's first call pays it
 
             litellm.suppress_debug_info = True
             litellm.telemetry = False
@@ -118,8 +119,6 @@ def _ignore_unsent_calls() -> None:
     coroutine the thread made, and Python warns when it is collected. It never started, so
     no request was sent and nothing was paid: the warning only alarms the user. Every other
     'never awaited' warning (ours included) still shows."""
-    import warnings
-
     warnings.filterwarnings("ignore", message=_UNSENT_CALL, category=RuntimeWarning)
 
 

@@ -171,7 +171,7 @@ def _llama() -> Any:
         if "llama" not in _STATE:
             check_available()
             try:
-                from llama_cpp import Llama
+                from llama_cpp import Llama  # the optional `local` extra, and seconds to load
             except ImportError as exc:  # installed but broken (e.g. its shared library)
                 raise RunError(f"the embedded `local` model cannot be imported ({exc}): "
                                + _INSTALL_HINT) from None
@@ -223,7 +223,7 @@ def run_local(request: ModelRequest, llama: Any = None) -> ModelAnswer:
 
 def _code_grammar(lang: str) -> Any:
     """The llama.cpp grammar of a code answer: a fenced block in the action's language."""
-    from llama_cpp import LlamaGrammar
+    from llama_cpp import LlamaGrammar  # the optional `local` extra (see _llama)
 
     source = _CODE_GRAMMAR.replace("LANG", json.dumps(re.sub(r"[^a-z0-9_+-]", "", lang.lower())))
     return LlamaGrammar.from_string(source, verbose=False)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import sys
 from pathlib import Path
@@ -69,7 +70,7 @@ class McpServers:
             self._tools[name] = self._checked(name, spec, listed, wanted)
 
     async def _connect(self, name: str, spec: McpServerSpec) -> Any:
-        from mcp import ClientSession
+        from mcp import ClientSession  # the optional `mcp` extra: a missing one is a clear error at start
 
         if spec.command is not None:
             read, write = await self._stack.enter_async_context(self._stdio(spec))
@@ -80,7 +81,7 @@ class McpServers:
         return session
 
     def _stdio(self, spec: McpServerSpec) -> Any:
-        from mcp import StdioServerParameters, stdio_client
+        from mcp import StdioServerParameters, stdio_client  # the optional extra, as above
 
         argv = list(spec.command or [])
         if argv[0] in ("python", "python3"):
@@ -92,6 +93,7 @@ class McpServers:
         return stdio_client(params, errlog=errlog)
 
     def _http(self, name: str, spec: McpServerSpec) -> Any:
+        # the optional extra, as above
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -106,6 +108,7 @@ class McpServers:
 
     def _checked(self, name: str, spec: McpServerSpec, listed: list[Any],
                  wanted: frozenset[str] | None) -> list[Any]:
+        # not at the top: every run imports this module, and its first request goes out before jsonschema
         from jsonschema import Draft202012Validator, SchemaError
 
         offered = {tool.name: tool for tool in listed}
@@ -155,7 +158,6 @@ def _text(result: Any) -> str:
         text = getattr(block, "text", None)
         parts.append(text if isinstance(text, str) else f"[{getattr(block, 'type', 'content')}]")
     if not parts and getattr(result, "structured_content", None) is not None:
-        import json
 
         parts.append(json.dumps(result.structured_content, ensure_ascii=False))
     return "\n".join(parts) or "(no output)"

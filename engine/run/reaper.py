@@ -17,6 +17,7 @@ with the command) is the complete answer. On other systems only the process grou
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import sys
@@ -45,8 +46,6 @@ _lock = threading.Lock()
 
 def _prctl(option: int, value: int) -> int | None:
     """prctl through libc; None where it is unavailable (the reaping then misses orphans)."""
-    import ctypes
-
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         if option == _PR_GET_CHILD_SUBREAPER:

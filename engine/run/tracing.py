@@ -30,10 +30,11 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
-from collections.abc import Mapping
 
+from engine import __version__
 from engine.errors import UsageError
 from engine.run.events import (
     ActionCompleted,
@@ -71,7 +72,7 @@ class TracingObserver:
     """Spans from run events (see the module docstring); never raises into the run."""
 
     def __init__(self, tracer: Tracer, tools: Mapping[str, str] | None = None) -> None:
-        from opentelemetry import trace
+        from opentelemetry import trace  # the optional `otel` extra: only a traced run imports it
 
         self._trace = trace
         self._tracer = tracer
@@ -280,6 +281,7 @@ def start_tracing(flag: bool, tools: Mapping[str, str] | None = None,
     if not tracing_wanted(flag, env):
         return None
     try:
+        # the optional `otel` extra: only a traced run imports it (a missing one is said below)
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
     except ImportError:
@@ -289,7 +291,6 @@ def start_tracing(flag: bool, tools: Mapping[str, str] | None = None,
         print("sopctl: warning: OTEL_* variables ask for traces, but OpenTelemetry is not "
               "installed (pip install 'sopctl[otel]'); running without them", file=sys.stderr)
         return None
-    from engine import __version__
 
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or "sopctl",
                                 "service.version": __version__})
@@ -302,6 +303,7 @@ def start_tracing(flag: bool, tools: Mapping[str, str] | None = None,
 
 def _processors(env: Mapping[str, str]) -> list[Any]:
     """A span processor per exporter named in OTEL_TRACES_EXPORTER (default `otlp`)."""
+    # the optional `otel` extra, as above
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SimpleSpanProcessor
 
     names = [n.strip().lower() for n in (env.get("OTEL_TRACES_EXPORTER") or "otlp").split(",") if n.strip()]
@@ -325,6 +327,7 @@ def _otlp_exporter(env: Mapping[str, str]) -> Any:
         raise UsageError(f"OTLP protocol {protocol!r} is not supported by sopctl",
                          "set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf (port 4318 on a collector)")
     try:
+        # the optional `otel` extra's exporter, as above
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     except ImportError:
         raise UsageError("the OTLP exporter is not installed",

@@ -88,7 +88,7 @@ _T = TypeVar("_T")
 
 def _cancelled() -> BaseException:
     """The error that ends a cancelled run's render (only a run, which has loaded asyncio, gets one)."""
-    import asyncio
+    import asyncio  # a run has loaded it; `sopctl validate` never does
 
     return asyncio.CancelledError()
 
@@ -296,7 +296,7 @@ def stop_renders_on_cancel() -> Iterator[None]:
     through asyncio's handler) the render in progress in any of its tasks stops within a
     tick, and no new one starts. A render is synchronous, so without this the cancellation
     would wait for it to end."""
-    import asyncio   # a run has loaded it already
+    import asyncio  # a run has loaded it already
 
     token = _RUN_TASK.set(asyncio.current_task())
     try:

@@ -21,9 +21,9 @@ from __future__ import annotations
 import itertools
 import json
 import re
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
-from collections.abc import Callable
 
 from jinja2 import StrictUndefined, TemplateError, nodes
 from jinja2.compiler import CodeGenerator
