@@ -144,7 +144,7 @@ roles:
 """
 
 
-def _run_slow(tmp_path, **options):
+def _run_slow(tmp_path, journal=True):
     from engine.api import RunOptions, run
     from engine.compile.compiler import compile_text
     from engine.testing import ScriptedModel, use_model
@@ -152,7 +152,7 @@ def _run_slow(tmp_path, **options):
     model = ScriptedModel(lambda spec, attempt: "ok")
     with use_model(model):
         result = run(compile_text(SLOW_PROMPT), {"idea": "x"}, RunOptions(model="fake",
-                     workspace=tmp_path / "ws", **options))
+                     workspace=tmp_path / "ws"), journal=journal)
     return result, model
 
 
