@@ -144,7 +144,7 @@ def measure(path: Path, label: str, files: int, workspace: Path) -> Measurement:
     measurement = Measurement(label=label, status="?")
     compiled = api.load(path)
     with override_model(_Recorder(files, measurement)):
-        result = api.run(compiled, {"idea": IDEA}, model="fake", workspace=workspace, journal=False)
+        result = api.run(compiled, {"idea": IDEA}, api.RunOptions(model="fake", workspace=workspace), journal=False)
     measurement.status = result.status
     return measurement
 

@@ -113,9 +113,8 @@ def _one_run(compiled: Any, variant: str, root: Path, disk: _Disk) -> tuple[floa
     disk.set(variant)
     fsyncs = disk.fsyncs
     clock = _Clock()
-    result = api.run(compiled, {"idea": "a command-line 2048 game"}, model="fake",
-                     workspace=str(ws), allow_exec=True, observers=[clock],
-                     journal=variant != "none")
+    result = api.run(compiled, {"idea": "a command-line 2048 game"}, api.RunOptions(model="fake",
+                     workspace=str(ws), allow_exec=True, observers=[clock]), journal=variant != "none")
     seconds = time.perf_counter() - clock.started
     shutil.rmtree(ws, ignore_errors=True)
     if result.status != "idle":

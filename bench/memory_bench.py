@@ -62,8 +62,8 @@ def _last_prompt_tokens(turns: int, memory: str, folder: Path) -> tuple[int, int
     path.write_text(SOP.format(turns=turns, rounds=2 * turns + 2, memory=memory), encoding="utf-8")
     recorder = _LastPrompt()
     with override_model(recorder):
-        result = api.run(api.load(path), {"idea": "plan a picnic"}, model="fake",
-                         workspace=folder / path.stem, journal=False)
+        result = api.run(api.load(path), {"idea": "plan a picnic"}, api.RunOptions(model="fake",
+                         workspace=folder / path.stem), journal=False)
     if result.status != "idle":
         raise SystemExit(f"memory_bench: run ended {result.status}: {result.error}")
     return recorder.tokens[-1], len(recorder.tokens)

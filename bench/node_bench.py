@@ -56,8 +56,8 @@ def main(size_factor: float = 1.0) -> dict[str, Any]:
             measurement = Measurement(label=label, status="?")
             path = _sop(extra, Path(tmp) / f"v{i}.sop.yaml")
             with override_model(_Recorder(1, measurement)):
-                result = api.run(api.load(path), {"idea": IDEA}, model="fake",
-                                 workspace=Path(tmp) / f"ws{i}", journal=False)
+                result = api.run(api.load(path), {"idea": IDEA}, api.RunOptions(model="fake",
+                                 workspace=Path(tmp) / f"ws{i}"), journal=False)
             rows.append({"label": label, "status": str(result.status), "calls": measurement.calls,
                          "prompt_tokens": measurement.tokens,
                          "completion_tokens": result.usage.completion_tokens})

@@ -60,12 +60,12 @@ roles:
 
 
 def _run(folder: Path, rounds: int) -> Path:
-    from engine.api import load, run
+    from engine.api import RunOptions, load, run
 
     sop = folder / "ping_pong.sop.yaml"
     sop.write_text(loop_sop(rounds), encoding="utf-8")
     workspace = folder / "run"
-    result = run(load(sop), {"idea": "tabs against spaces"}, model="fake", workspace=str(workspace))
+    result = run(load(sop), {"idea": "tabs against spaces"}, RunOptions(model="fake", workspace=str(workspace)))
     if result.status not in ("idle", "max_rounds"):
         raise RuntimeError(f"bench run ended {result.status}: {result.error}")
     return workspace

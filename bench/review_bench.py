@@ -60,8 +60,7 @@ def _measure(path: Path, label: str, files: int, workspace: Path, verdict: str) 
     measurement = Measurement(label=label, status="?")
     recorder = _Reviewer(files, measurement, verdict)
     with override_model(recorder):
-        result = api.run(api.load(path), {"idea": IDEA}, model="fake", workspace=workspace,
-                         journal=False)
+        result = api.run(api.load(path), {"idea": IDEA}, api.RunOptions(model="fake", workspace=workspace), journal=False)
     return {"label": label, "status": str(result.status), "calls": measurement.calls,
             "tokens": measurement.tokens,
             "review_calls": sum(recorder.calls.get(a, 0) for a in REVIEW_ACTIONS),

@@ -49,7 +49,7 @@ def build_team(roles: int, folder: Path) -> tuple[Any, float]:
     t0 = time.perf_counter()
     compiled = api.load(path)
     compile_s = time.perf_counter() - t0
-    return api.prepare(compiled, {"idea": "route"}, model="fake", workspace=folder / "ws"), compile_s
+    return api.prepare(compiled, {"idea": "route"}, api.RunOptions(model="fake", workspace=folder / "ws")), compile_s
 
 
 def route(team: Any, messages: int) -> dict[str, float]:

@@ -118,8 +118,7 @@ def _run(compiled: Any, latency_ms: int, gateway: Any = None) -> tuple[float, An
     with tempfile.TemporaryDirectory() as tmp:
         options: dict[str, Any] = {"gateway": gateway} if gateway is not None else {}
         start = time.perf_counter()
-        result = api.run(compiled, {"idea": "a command-line 2048 game"}, model="fake",
-                         workspace=tmp, observers=[clock], journal=False, **options)
+        result = api.run(compiled, {"idea": "a command-line 2048 game"}, api.RunOptions(model="fake", workspace=tmp, observers=[clock], **options), journal=False)
         wall = time.perf_counter() - start
     if result.status != "idle":
         raise RuntimeError(f"bench run ended {result.status}: {result.error}")

@@ -70,9 +70,7 @@ def _one(steps: int, journal: bool) -> float:
     sink = Sink()
     with tempfile.TemporaryDirectory() as folder:
         started = time.perf_counter()
-        result = api.run(compile_text(SOP), {"idea": "a game"}, journal=journal, observers=[sink],
-                         gateway=Gateway(providers={"local": model}), workspace=Path(folder) / "ws",
-                         model="local")
+        result = api.run(compile_text(SOP), {"idea": "a game"}, api.RunOptions(observers=[sink], gateway=Gateway(providers={"local": model}), workspace=Path(folder) / "ws", model="local"), journal=journal)
         wall = time.perf_counter() - started
     assert result.status == "idle", result.error
     return (wall - sink.outside) / steps

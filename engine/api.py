@@ -1,10 +1,16 @@
 """The Python API, and the one way a run starts: `run`, `iter_run`, `resume`, `replay`.
 
-    sop = engine.api.load("sops/review.sop.yaml")
-    result = engine.api.run(sop, {"idea": "a todo CLI"}, model="fake", workspace="out/")
-    async for event in engine.api.iter_run(sop, {"idea": "..."}, model="fake"): ...
-    result = engine.api.resume("out/", budget=2.0)
-    replayed = engine.api.replay("out/", "replayed/")
+    from engine.api import ResumeOptions, RunOptions, iter_run, load, replay, resume, run
+
+    sop = load("sops/review.sop.yaml")
+    result = run(sop, {"idea": "a todo CLI"}, RunOptions(model="fake", workspace="out/"))
+    async for event in iter_run(sop, {"idea": "..."}, RunOptions(model="fake")): ...
+    result = resume("out/", ResumeOptions(budget_usd=2.0))
+    replayed = replay("out/", "replayed/")
+
+A run's options are one frozen object (`RunOptions`; `ResumeOptions` and `ReplayOptions`
+hold what a resume or a replay may change), made once by whatever starts the run: a wrong
+type or an unknown name is a UsageError when it is made.
 
 Every run is journaled by default (`<workspace>/.sopctl/journal.sqlite`), so whatever starts
 it — the CLI, a benchmark, a user's script — can resume it after a crash without paying
@@ -17,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, TypeVar
 
 from engine.compile.compiler import CompiledSop, compile_path
 from engine.errors import UsageError
@@ -34,16 +40,16 @@ from engine.journal.resume import (
     resume_options,
 )
 from engine.journal.store import Journal
-from engine.models.types import Price
 from engine.run.events import RunEnded, RunEvent
-from engine.run.experience import ExperiencePool
 from engine.run.inputs import check_limits, parse_input_flags, resolve_inputs
-from engine.run.people import Person, PersonAnswer, Question
-from engine.run.team import RunOptions, RunResult, Team, new_run_id
+from engine.run.options import ReplayOptions, ResumeOptions, RunOptions
+from engine.run.people import PersonAnswer, Question
+from engine.run.team import RunResult, Team, new_run_id
 
 __all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "check_limits", "run",
            "run_async", "iter_run", "resume", "resume_async", "replay", "replay_async", "Replayed", "open_for_resume",
-           "open_for_replay", "RunFolder", "RunResult", "RunOptions", "new_run_id", "answer",
+           "open_for_replay", "RunFolder", "RunResult", "RunOptions", "ResumeOptions", "ReplayOptions",
+           "new_run_id", "answer",
            "PersonAnswer", "Question"]
 
 
@@ -54,51 +60,63 @@ def load(path: str | Path, include_dirs: tuple[str | Path, ...] = ()) -> Compile
 
 
 def prepare(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
-            **options: Any) -> Team:
+            options: RunOptions | None = None, **unknown: NoReturn) -> Team:
     """A Team ready to run (inputs, limits and `Team.check` passed), without a journal: for
     tools that drive the interpreter themselves. `run`, `iter_run`, `resume` and `replay` use it."""
-    team = Team(compiled, resolve_inputs(compiled, inputs or {}), _options(**options))
+    checked = _given("prepare", options, RunOptions, unknown)
+    team = Team(compiled, resolve_inputs(compiled, inputs or {}), checked)
     team.check()
     return team
 
 
-def _options(**kwargs: Any) -> RunOptions:
-    check_limits(kwargs.get("max_rounds"), kwargs.get("budget_usd"))
-    try:
-        return RunOptions(**kwargs)
-    except TypeError as exc:
-        raise UsageError(f"bad run option: {exc}") from None
+_Kind = TypeVar("_Kind", bound=ReplayOptions)
+
+
+def _given(function: str, options: object, kind: type[_Kind], unknown: Mapping[str, object]) -> _Kind:
+    """The options a caller gave (None: the defaults), refused unless they are a `kind`; a
+    keyword option of earlier versions (`run(sop, inputs, model="fake")`) says how to pass it now."""
+    if unknown:
+        name = next(iter(unknown))
+        raise UsageError(f"api.{function}() has no keyword {name!r}: its options are one {kind.__name__}",
+                         hint=f"api.{function}(..., {kind.__name__}({name}=...)), {kind.__name__} from engine.api")
+    if options is None:
+        return kind()
+    if not isinstance(options, kind):
+        raise UsageError(f"api.{function}(): the options must be a {kind.__name__}, not {type(options).__name__}",
+                         hint=f"e.g. {kind.__name__}(allow_exec=True), {kind.__name__} from engine.api")
+    return options
 
 
 # --- a new run --------------------------------------------------------------------------
 
 
-def run(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None, *,
-        journal: bool = True, **options: Any) -> RunResult:
+def run(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
+        options: RunOptions | None = None, *, journal: bool = True, **unknown: NoReturn) -> RunResult:
     """The synchronous `run_async` (not from inside a running event loop)."""
-    return asyncio.run(run_async(compiled, inputs, journal=journal, **options))
+    checked = _given("run", options, RunOptions, unknown)
+    return asyncio.run(run_async(compiled, inputs, checked, journal=journal))
 
 
-async def run_async(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None, *,
-                    journal: bool = True, **options: Any) -> RunResult:
+async def run_async(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
+                    options: RunOptions | None = None, *, journal: bool = True,
+                    **unknown: NoReturn) -> RunResult:
     """Run to the end, journaled in the workspace unless `journal=False`.
 
-    Options: model, max_rounds, budget_usd, workspace (default runs/<run-id>), allow_exec,
-    isolate and allow_network (exec commands under bubblewrap), run_id, observers,
-    store, gateway, api_base (where hosted models are reached), price (a `Price` for models
-    litellm cannot price), pool (an experience pool, `engine.journal.pool.Pool.open(path)`). A run cannot start (UsageError, RunError)
-    before any model call or file write: bad inputs, exec not allowed, an unusable model.
+    `options`: a `RunOptions` (the model, limits, workspace, what the run may do, observers,
+    ...; see its fields). A run cannot start (UsageError, RunError) before any model call or
+    file write: bad inputs or options, exec not allowed, an unusable model.
     """
-    team = prepare(compiled, inputs, **options)
+    team = prepare(compiled, inputs, _given("run_async", options, RunOptions, unknown))
     return await _drive(team, _journal_of(team, journal))
 
 
-async def iter_run(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None, *,
-                   journal: bool = True, **options: Any) -> AsyncIterator[RunEvent]:
+async def iter_run(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
+                   options: RunOptions | None = None, *, journal: bool = True,
+                   **unknown: NoReturn) -> AsyncIterator[RunEvent]:
     """Every event of a run, in order, ending with RunEnded; leaving early cancels the run."""
     sink = _Queue()
-    options["observers"] = [*options.get("observers", ()), sink]
-    team = prepare(compiled, inputs, **options)
+    checked = _given("iter_run", options, RunOptions, unknown)
+    team = prepare(compiled, inputs, replace(checked, observers=(*checked.observers, sink)))
     task = asyncio.ensure_future(_drive(team, _journal_of(team, journal)))
     try:
         while True:
@@ -149,48 +167,30 @@ async def _drive(team: Team, journal: Journal | None, store: ReplayStore | None 
 # --- resume and replay ------------------------------------------------------------------
 
 
-def resume(run: str | Path | RunFolder, *, budget: float | None = None, rounds: int | None = None,
-           model: str | None = None, allow_exec: bool = False, force: bool = False,
-           observers: tuple[Any, ...] = (), api_base: str | None = None,
-           price: Price | None = None, isolate: bool = False,
-           allow_network: bool = False, person: Person | None = None,
-           pool: ExperiencePool | None = None,
-           allow_hosts: tuple[str, ...] | list[str] = ()) -> RunResult:
+def resume(run: str | Path | RunFolder, options: ResumeOptions | None = None, *,
+           force: bool = False, **unknown: NoReturn) -> RunResult:
     """The synchronous `resume_async` (not from inside a running event loop)."""
-    return asyncio.run(resume_async(run, budget=budget, rounds=rounds, model=model,
-                                    allow_exec=allow_exec, force=force, observers=observers,
-                                    api_base=api_base, price=price, isolate=isolate,
-                                    allow_network=allow_network, person=person, pool=pool,
-                                    allow_hosts=allow_hosts))
+    checked = _given("resume", options, ResumeOptions, unknown)
+    return asyncio.run(resume_async(run, checked, force=force))
 
 
-async def resume_async(run: str | Path | RunFolder, *, budget: float | None = None,
-                       rounds: int | None = None, model: str | None = None,
-                       allow_exec: bool = False, force: bool = False,
-                       observers: tuple[Any, ...] = (), api_base: str | None = None,
-                       price: Price | None = None, isolate: bool = False,
-                       allow_network: bool = False, person: Person | None = None,
-                       pool: ExperiencePool | None = None,
-                       allow_hosts: tuple[str, ...] | list[str] = ()) -> RunResult:
+async def resume_async(run: str | Path | RunFolder, options: ResumeOptions | None = None, *,
+                       force: bool = False, **unknown: NoReturn) -> RunResult:
     """Continue an interrupted (or ended) run in its own workspace: same run id, completed
     actions and journaled answers reused, so nothing is paid twice.
 
     `run` is a run folder, or one opened by `open_for_resume` (the CLI opens it first to say
     what it resumes). Refuses (JournalError) when the SOP file changed since the run (last)
     started, unless `force`. Returns this invocation's RunResult, with the artifacts that
-    earlier invocations wrote. `api_base` and `price`: as for `run` (never recorded).
-    `person` answers questions the journal has no answer to (None: the run waits again).
-    `pool`: the experience pool (`engine.journal.pool.Pool`), as for `run`.
+    earlier invocations wrote. `options`: a `ResumeOptions` (a `RunOptions` that sets none of
+    a new run's own fields will do): its model and limits override the run's own (None keeps
+    them); `api_base` and `price` are as for `run` (never recorded); `person` answers the
+    questions the journal has no answer to (None: the run waits again).
     """
-    check_limits(rounds, budget)
+    checked = _given("resume_async", options, ResumeOptions, unknown)
     folder = run if isinstance(run, RunFolder) else open_for_resume(run, force=force)
     with folder:
-        options = resume_options(folder, budget=budget, rounds=rounds, model=model,
-                                 allow_exec=allow_exec)
-        team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
-                       api_base=api_base, price=price, isolate=isolate,
-                       allow_network=allow_network, person=person, pool=pool,
-                       allow_hosts=allow_hosts, **options)
+        team = prepare(folder.compiled, folder.origin.first.inputs, resume_options(folder, checked))
         folder.journal.begin(folder.compiled, force=force)
         remove_orphan_temp_files(folder.path)      # safe now: we hold the writer lock
         result = await _drive(team, folder.journal)
@@ -216,30 +216,24 @@ class Replayed:
     diverged: bool
 
 
-def replay(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = False,
-           observers: tuple[Any, ...] = (), isolate: bool = False, allow_network: bool = False,
-           allow_hosts: tuple[str, ...] | list[str] = ()) -> Replayed:
+def replay(run: str | Path | RunFolder, out: str | Path, options: ReplayOptions | None = None,
+           **unknown: NoReturn) -> Replayed:
     """The synchronous `replay_async` (not from inside a running event loop)."""
-    return asyncio.run(replay_async(run, out, allow_exec=allow_exec, observers=observers,
-                                    isolate=isolate, allow_network=allow_network,
-                                    allow_hosts=allow_hosts))
+    return asyncio.run(replay_async(run, out, _given("replay", options, ReplayOptions, unknown)))
 
 
-async def replay_async(run: str | Path | RunFolder, out: str | Path, *, allow_exec: bool = False,
-                       observers: tuple[Any, ...] = (), isolate: bool = False,
-                       allow_network: bool = False,
-                       allow_hosts: tuple[str, ...] | list[str] = ()) -> Replayed:
+async def replay_async(run: str | Path | RunFolder, out: str | Path,
+                       options: ReplayOptions | None = None, **unknown: NoReturn) -> Replayed:
     """Run the SOP again in `out` with every answer from the run's journal; no model is called.
+    `options`: a `ReplayOptions` (what the replay may do, who watches; the rest is the run's).
 
     A divergence (the SOP, its inputs or the engine changed) ends the replay `failed` with
     the divergence as its error, and `diverged` is True.
     """
+    checked = _given("replay_async", options, ReplayOptions, unknown)
     folder = run if isinstance(run, RunFolder) else open_for_replay(run)
     with folder:
-        options = replay_options(folder, out, allow_exec=allow_exec)
-        team = prepare(folder.compiled, folder.origin.first.inputs, observers=observers,
-                       isolate=isolate, allow_network=allow_network, allow_hosts=allow_hosts,
-                       **options)
+        team = prepare(folder.compiled, folder.origin.first.inputs, replay_options(folder, out, checked))
         target = _journal_of(team, True)
         assert target is not None
         store = ReplayStore(folder.journal, target)

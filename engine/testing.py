@@ -14,7 +14,7 @@
   raises `RealModelBlocked`; `allow_real_models()` lifts it for one test. As a pytest
   plugin (`pytest_plugins = ["engine.testing"]` in a conftest.py) it is on for the session.
 - `MemoryAnswerStore`: a dict-backed `AnswerStore`, for journal reuse and replay tests.
-- `ScriptedPerson`: a person whose answers the test writes (`run(..., person=...)`): a list,
+- `ScriptedPerson`: a person whose answers the test writes (`RunOptions(person=...)`): a list,
   in order, or a function of the `Question`; once the list is spent the run waits, as it
   does with nobody at a terminal. It records every question asked and every reply told.
 

@@ -133,8 +133,8 @@ def run_sop(compiled: CompiledSop, provider: Provider | Gateway, workspace: Path
     sink = Collect()
     gateway = provider if isinstance(provider, Gateway) else gateway_for(provider)
     observers = [*options.pop("observers", []), sink]
-    result = api.run(compiled, {"idea": idea, **options.pop("inputs", {})}, gateway=gateway,
-                     workspace=workspace, observers=observers, **options)
+    result = api.run(compiled, {"idea": idea, **options.pop("inputs", {})}, api.RunOptions(gateway=gateway,
+                     workspace=workspace, observers=observers, **options))
     result.events = sink.events
     return result
 

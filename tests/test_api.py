@@ -43,8 +43,8 @@ def test_load_compiles_and_refuses_a_bad_file(tmp_path: Path) -> None:
 
 
 def test_run_returns_the_result_with_messages(tmp_path: Path) -> None:
-    result = api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, model="fake",
-                     workspace=tmp_path)
+    result = api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, api.RunOptions(model="fake",
+                     workspace=tmp_path))
     assert result.status == "idle"
     assert [m.cause_by for m in result.messages] == ["UserRequirement", "WritePRD", "WriteDesign", "WriteTasks"]
     assert result.to_json()["history"] == result.history
@@ -55,8 +55,8 @@ def test_iter_run_yields_every_event_in_order(tmp_path: Path) -> None:
     async def collect() -> list[Any]:
         compiled = api.load(SOPS / "pipeline.sop.yaml")
         gateway = gateway_for(ScriptedModel(default_answer))
-        return [e async for e in api.iter_run(compiled, {"idea": "x"}, gateway=gateway,
-                                              workspace=tmp_path)]
+        return [e async for e in api.iter_run(compiled, {"idea": "x"}, api.RunOptions(gateway=gateway,
+                                              workspace=tmp_path))]
     events = asyncio.run(collect())
     assert isinstance(events[0], RunStarted) and isinstance(events[-1], RunEnded)
     kinds = [type(e).__name__ for e in events]
@@ -73,7 +73,7 @@ def test_leaving_iter_run_early_cancels_the_run(tmp_path: Path) -> None:
 
     async def first_round() -> None:
         async for event in api.iter_run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"},
-                                        gateway=gateway_for(model), workspace=tmp_path):
+                                        api.RunOptions(gateway=gateway_for(model), workspace=tmp_path)):
             if isinstance(event, RoundStarted):
                 break
     asyncio.run(first_round())
@@ -115,7 +115,7 @@ def test_parse_input_flags() -> None:
 
 def test_unknown_run_option_is_a_usage_error() -> None:
     with pytest.raises(UsageError):
-        api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, modle="fake")
+        api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, api.RunOptions(modle="fake"))
 
 
 # --- displays ---------------------------------------------------------------------------------
@@ -167,11 +167,11 @@ def test_run_is_journaled_by_default_and_show_reads_it(tmp_path: Path) -> None:
     from engine.journal.run_folder import journal_path
 
     compiled = api.load(SOPS / "pipeline.sop.yaml")
-    result = api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "a")
+    result = api.run(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "a"))
     state = read_run(tmp_path / "a")
     assert (state.run_id, state.status, state.rounds) == (result.run_id, "idle", result.rounds)
     assert [m["cause_by"] for m in state.history] == [m.cause_by for m in result.messages]
-    api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "b", journal=False)
+    api.run(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "b"), journal=False)
     assert not journal_path(tmp_path / "b").exists()
 
 
@@ -180,7 +180,7 @@ def test_iter_run_is_journaled_too(tmp_path: Path) -> None:
 
     async def drain() -> None:
         async for _ in api.iter_run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"},
-                                    model="fake", workspace=tmp_path):
+                                    api.RunOptions(model="fake", workspace=tmp_path)):
             pass
     asyncio.run(drain())
     assert read_run(tmp_path).status == "idle"
@@ -188,18 +188,18 @@ def test_iter_run_is_journaled_too(tmp_path: Path) -> None:
 
 def test_resume_from_the_api_continues_without_paying_again(tmp_path: Path) -> None:
     compiled = api.load(SOPS / "pipeline.sop.yaml")
-    first = api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path, max_rounds=2)
+    first = api.run(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path, max_rounds=2))
     assert first.status == "max_rounds"
-    resumed = api.resume(tmp_path, rounds=10)
+    resumed = api.resume(tmp_path, api.ResumeOptions(max_rounds=10))
     assert resumed.status == "idle" and resumed.run_id == first.run_id
-    full = api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "full", journal=False)
+    full = api.run(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "full"), journal=False)
     assert resumed.llm_calls == full.llm_calls - first.llm_calls   # finished actions are not redone
     assert [m.content for m in resumed.messages] == [m.content for m in full.messages]
 
 
 def test_replay_from_the_api_calls_no_model_and_says_whether_it_diverged(tmp_path: Path) -> None:
     compiled = api.load(SOPS / "pipeline.sop.yaml")
-    recorded = api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "run")
+    recorded = api.run(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "run"))
     replayed = api.replay(tmp_path / "run", tmp_path / "again")
     assert not replayed.diverged
     assert replayed.result.llm_calls == 0 and replayed.result.reused_calls == recorded.llm_calls
@@ -214,7 +214,7 @@ def test_a_refused_resume_leaves_the_journal_untouched(tmp_path: Path) -> None:
 
     sop = tmp_path / "p.sop.yaml"
     sop.write_text((SOPS / "pipeline.sop.yaml").read_text())
-    api.run(api.load(sop), {"idea": "x"}, model="fake", workspace=tmp_path / "run", max_rounds=1)
+    api.run(api.load(sop), {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "run", max_rounds=1))
     sop.write_text(sop.read_text() + "\n# changed\n")
     before = journal_path(tmp_path / "run").read_bytes()
     with pytest.raises(JournalError, match="changed since the run started"):

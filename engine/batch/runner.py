@@ -26,7 +26,7 @@ import asyncio
 import functools
 import shutil
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -48,6 +48,7 @@ from engine.journal.history import RunState, read_run
 from engine.journal.run_folder import JOURNAL_DIR, journal_path
 from engine.models.types import Price
 from engine.run.events import RunStatus
+from engine.run.options import RunOptions
 
 __all__ = ["RowContext", "BatchTotals", "BatchProgress", "BatchBudget", "Batch", "execute_row",
            "run_batch", "summarize", "Launcher"]
@@ -63,13 +64,8 @@ class RowContext:
     sop_file: str
     out: str
     include_dirs: tuple[str, ...] = ()
-    model: str | None = None
-    rounds: int | None = None
-    allow_exec: bool = False
-    isolate: bool = False
-    allow_network: bool = False
-    api_base: str | None = None
-    price: Price | None = None
+    options: RunOptions = RunOptions()
+    """Every row's run options; each row's own workspace and budget share replace theirs."""
     expect: tuple[str, ...] = ()
     golden: Golden | None = None
 
@@ -105,9 +101,6 @@ async def execute_row(ctx: RowContext, row: Row, share_usd: float | None,
 async def _run_or_resume(ctx: RowContext, compiled: CompiledSop, row: Row, inputs: dict[str, Any],
                          workspace: Path, share_usd: float | None) -> RunState | None:
     """The row's run state once it ended (None: interrupted)."""
-    common: dict[str, Any] = {"allow_exec": ctx.allow_exec, "isolate": ctx.isolate,
-                              "allow_network": ctx.allow_network, "api_base": ctx.api_base,
-                              "price": ctx.price}
     own_budget = compiled.spec.team.budget_usd
     if journal_path(workspace).is_file() and never_started(workspace):
         shutil.rmtree(workspace / JOURNAL_DIR)   # killed while its journal was being created
@@ -119,12 +112,11 @@ async def _run_or_resume(ctx: RowContext, compiled: CompiledSop, row: Row, input
         if before.ended and before.status not in (RunStatus.INTERRUPTED, RunStatus.WAITING):
             return before                  # it ended after the batch's last line was written
         budget = None if share_usd is None else _capped(before.usage.cost_usd + share_usd, own_budget)
-        result = await api.resume_async(workspace, budget=budget, rounds=ctx.rounds,
-                                        model=ctx.model, **common)
+        result = await api.resume_async(workspace, replace(ctx.options, budget_usd=budget))
     else:
         budget = None if share_usd is None else _capped(share_usd, own_budget)
-        result = await api.run_async(compiled, row.inputs, model=ctx.model, workspace=str(workspace),
-                                     max_rounds=ctx.rounds, budget_usd=budget, **common)
+        result = await api.run_async(compiled, row.inputs,
+                                     replace(ctx.options, workspace=str(workspace), budget_usd=budget))
     if result.status == RunStatus.INTERRUPTED:
         return None
     return read_run(workspace)

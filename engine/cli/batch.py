@@ -1,66 +1,43 @@
 """`sopctl batch`: many runs of one SOP over a dataset, or a folder of runs replayed.
 
-Flags are declared here (`add_batch_parser`), the work is `engine.batch`'s; this module
-renders the progress line (stderr), the summary (stdout: a table, JSON, or JUnit XML) and
-picks the exit code. Heavy modules are imported inside the handler.
+Its flags are `engine.cli.parser`'s, the work is `engine.batch`'s; this module renders the
+progress line (stderr), the summary (stdout: a table, JSON, or JUnit XML) and picks the exit
+code. `engine.cli.commands` imports it only when `batch` runs (it imports the run).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 from collections.abc import Callable, Iterable
+from xml.sax.saxutils import escape, quoteattr
 
-if TYPE_CHECKING:
-    from engine.batch.runner import BatchTotals, RowContext
+from engine import api
+from engine.batch.evaluate import MATCH_MODES, Golden, parse_expectation, trajectory
+from engine.batch.ray_backend import ray_launcher, shutdown
+from engine.batch.regression import replay_runs, run_folders
+from engine.batch.results import ResultsFile
+from engine.batch.rows import count_rows
+from engine.batch.runner import BatchTotals, RowContext, run_batch
+from engine.cli.options import run_options
+from engine.compile.compiler import check_path
+from engine.check.diagnostics import format_report
+from engine.errors import UsageError
+from engine.journal.history import read_run
 
-__all__ = ["add_batch_parser", "cmd_batch", "ProgressLine", "format_summary", "junit_xml"]
+__all__ = ["cmd_batch", "ProgressLine", "format_summary", "junit_xml"]
 
 EXIT_OK, EXIT_FAILED, EXIT_WAITING, EXIT_INTERRUPTED = 0, 1, 75, 130
-
-
-def add_batch_parser(sub: Any, add_common: Callable[[argparse.ArgumentParser], None]) -> None:
-    """The `batch` subcommand; `add_common` adds the flags it shares with `run`."""
-    p = sub.add_parser("batch", help="one run per row of a JSONL or CSV file (or --replay a folder of runs)")
-    p.add_argument("file", nargs="?", metavar="FILE", help="the SOP file (not with --replay)")
-    p.add_argument("--inputs", metavar="ROWS", help="rows.jsonl (one JSON object a line) or rows.csv "
-                   "(a header row): each row gives one run's inputs")
-    p.add_argument("--replay", metavar="RUNS_DIR", help="replay every journaled run under RUNS_DIR "
-                   "(a batch folder, or a folder of runs) with its recorded answers; report divergences")
-    p.add_argument("--out", metavar="DIR", help="the batch folder: results.jsonl and rows/NNNNNN/ "
-                   "(default runs/batch-<ROWS name>, or runs/replay-<RUNS_DIR name>)")
-    p.add_argument("--concurrency", type=int, default=4, metavar="N", help="rows in flight at once (default 4)")
-    p.add_argument("--budget", type=float, default=0.0, metavar="USD",
-                   help="budget of the whole batch (0 = none): no row starts once it is spent")
-    p.add_argument("--model", help="the model of every row (as `sopctl run --model`)")
-    p.add_argument("--rounds", type=int, metavar="N", help="override team.max_rounds")
-    p.add_argument("--expect", action="append", default=[], metavar="EXPR",
-                   help="a jinja expression every row must make true, over `run` and `msgs`, "
-                        "e.g. \"{{ run.status == 'idle' }}\" (repeatable)")
-    p.add_argument("--golden", metavar="RUN_DIR", help="score each row's (role, action) "
-                   "trajectory against this run's")
-    p.add_argument("--match", choices=["exact", "in_order", "any_order"], default="in_order",
-                   help="how trajectories are compared with --golden (default in_order)")
-    p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                   help="run the rows as Ray tasks: on a local cluster, or the one at ADDRESS "
-                        "(needs the extra: pip install 'sopctl[ray]')")
-    p.add_argument("--allow-exec", action="store_true",
-                   help="allow actions of kind exec to run commands in each row's workspace")
-    p.add_argument("--format", choices=["text", "json", "junit"], default="text",
-                   help="the summary on stdout: a table, one JSON object, or JUnit XML (a test case per row)")
-    add_common(p)
-    p.set_defaults(handler=cmd_batch)
 
 
 def cmd_batch(args: argparse.Namespace) -> int:
     """Exit 0 when every row ended well (and met its expectations), 1 when one did not, 75
     when none failed but some wait for a person, 130 when interrupted (a rerun goes on)."""
-    from engine.errors import UsageError
-
     if args.replay:
         if args.file or args.inputs:
             raise UsageError("--replay takes no FILE and no --inputs")
@@ -71,42 +48,27 @@ def cmd_batch(args: argparse.Namespace) -> int:
 
 
 def _batch(args: argparse.Namespace) -> int:
-    import asyncio   # here, not at the top: `validate` imports this module for its flags
-
-    from engine.batch.rows import count_rows
-    from engine.batch.runner import run_batch
-
     ctx = _context(args)
     launch = _launcher(args, ctx)
     progress = ProgressLine(count_rows(args.inputs))
     started = time.monotonic()
     try:
         totals, interrupted = asyncio.run(run_batch(ctx, args.inputs, concurrency=args.concurrency,
-                                                    budget_usd=args.budget, progress=progress,
+                                                    budget_usd=args.batch_budget, progress=progress,
                                                     launch=launch))
     finally:
         progress.close()
         if args.ray:
-            from engine.batch.ray_backend import shutdown
-
             shutdown()
     _print_summary(totals, Path(ctx.out), args.format, time.monotonic() - started, _suite_name(args))
     return _exit_code(totals, interrupted)
 
 
 def _context(args: argparse.Namespace) -> RowContext:
-    from engine import api
-    from engine.batch.evaluate import MATCH_MODES, Golden, parse_expectation, trajectory
-    from engine.batch.runner import RowContext
-    from engine.compile.compiler import check_path
-    from engine.check.diagnostics import format_report
-    from engine.errors import UsageError
-    from engine.journal.history import read_run
-
     checked = check_path(args.file, args.include_path)
     if checked.compiled is None or not checked.ok:
         raise UsageError(f"{args.file} has errors:\n" + format_report([checked], "text", False)[0])
-    api.check_limits(args.rounds, args.budget)
+    api.check_limits(args.rounds, args.batch_budget)
     for expectation in args.expect:
         parse_expectation(expectation)          # a typo is refused before any row runs
     golden = None
@@ -116,17 +78,12 @@ def _context(args: argparse.Namespace) -> RowContext:
     out = args.out or str(Path("runs") / f"batch-{Path(args.inputs).stem}")
     return RowContext(sop_file=str(Path(args.file).resolve()), out=str(Path(out).resolve()),
                       include_dirs=tuple(str(Path(d).resolve()) for d in args.include_path),
-                      model=args.model, rounds=args.rounds, allow_exec=args.allow_exec,
-                      isolate=args.isolate, allow_network=args.allow_network,
-                      api_base=args.api_base, price=args.price, expect=tuple(args.expect),
-                      golden=golden)
+                      options=run_options(args), expect=tuple(args.expect), golden=golden)
 
 
 def _launcher(args: argparse.Namespace, ctx: RowContext) -> Any:
     if not args.ray:
         return None
-    from engine.batch.ray_backend import ray_launcher
-
     return ray_launcher(ctx, args.ray)
 
 
@@ -135,10 +92,6 @@ def _suite_name(args: argparse.Namespace) -> str:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    import asyncio
-
-    from engine.batch.regression import replay_runs, run_folders
-
     out = Path(args.out or Path("runs") / f"replay-{Path(args.replay).resolve().name}")
     progress = ProgressLine(len(run_folders(args.replay)))
     started = time.monotonic()
@@ -214,8 +167,6 @@ def _duration(seconds: float) -> str:
 
 
 def _print_summary(totals: BatchTotals, out: Path, fmt: str, wall_s: float, suite: str) -> None:
-    from engine.batch.results import ResultsFile
-
     results = ResultsFile(out)
     if fmt == "json":
         print(json.dumps(summary_object(totals, out, wall_s), indent=2))
@@ -284,8 +235,6 @@ def _problem(line: dict[str, Any]) -> str:
 
 def junit_xml(lines: Callable[[], Iterable[dict[str, Any]]], suite: str) -> Iterable[str]:
     """JUnit XML, one test case per row; `lines` is read twice (counts first), one line at a time."""
-    from xml.sax.saxutils import escape, quoteattr
-
     rows = failures = skipped = 0
     for line in lines():
         rows += 1
@@ -306,6 +255,4 @@ def junit_xml(lines: Callable[[], Iterable[dict[str, Any]]], suite: str) -> Iter
 
 
 def _case_name(line: dict[str, Any]) -> str:
-    from xml.sax.saxutils import quoteattr
-
     return quoteattr(f"row {int(line['row']):06d}")

@@ -15,17 +15,21 @@ import hashlib
 import json
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import jinja2
+import networkx as nx
+from markupsafe import Markup
 
 from engine.cli.report import format_time, status_line
 from engine.cli.report_svg import duration_text, layout_graph, layout_timeline
+from engine.compile.compiler import check_path
 from engine.errors import SopError, UsageError
 from engine.journal.history import ActionRecord, RunState, read_exchanges
 from engine.models.types import Usage
 from engine.run.events import RunStatus
+from engine.run.workspace import Workspace
 
-if TYPE_CHECKING:
-    import networkx as nx
 
 __all__ = ["render_report", "write_report", "default_output"]
 
@@ -62,9 +66,6 @@ def write_report(state: RunState, out: str | Path) -> Path:
 
 def render_report(state: RunState) -> str:
     """The whole HTML page of a run."""
-    import jinja2
-    from markupsafe import Markup
-
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True)
     template = env.from_string(_asset("report.html.j2"))
@@ -113,7 +114,6 @@ def _view(state: RunState) -> dict[str, Any]:
 
 def _watch_graph(state: RunState) -> tuple[nx.DiGraph | None, str, list[str]]:
     """The run's watch graph from its SOP file, or None and why not (the report goes on)."""
-    from engine.compile.compiler import check_path
 
     path = state.sop_path or state.sop_file
     if not path or not Path(path).is_file():
@@ -220,7 +220,6 @@ def _message(message: dict[str, Any]) -> dict[str, Any]:
 
 def _artifact(state: RunState, rel: str, digest: str) -> dict[str, Any]:
     """An artifact as it is in the workspace now: its text, or why it is not shown."""
-    from engine.run.workspace import Workspace
 
     view: dict[str, Any] = {"path": rel, "sha256": digest, "text": None, "note": ""}
     try:

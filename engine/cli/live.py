@@ -147,7 +147,7 @@ class LiveDisplay:
     """A rich Live table: the round, each role's state and calls, tokens and cost."""
 
     def __init__(self, roles: list[str], stream: IO[str] | None = None) -> None:
-        from rich.console import Console
+        from rich.console import Console   # here: rich only for a live table on a terminal
 
         self.console = Console(file=stream or sys.stderr)
         self.stats = RunStats(roles={r: "idle" for r in roles})
@@ -163,7 +163,7 @@ class LiveDisplay:
         if isinstance(event, QuestionAsked):
             self.close()               # the terminal is the person's while they answer
         elif isinstance(event, PersonTold):
-            from rich.markup import escape
+            from rich.markup import escape   # here: as Console above
 
             self.console.print(f"[bold]{escape(event.role)} -> you:[/] {escape(event.text)}",
                                highlight=False)
@@ -175,7 +175,7 @@ class LiveDisplay:
             self.close()
 
     def _start(self) -> None:
-        from rich.live import Live
+        from rich.live import Live   # here: as Console above
 
         self.live = Live(self._render(), console=self.console, refresh_per_second=8, transient=False)
         self.live.start()
@@ -187,7 +187,7 @@ class LiveDisplay:
             self.live = None
 
     def _render(self) -> Any:
-        from rich.table import Table
+        from rich.table import Table   # here: as Console above
 
         table = Table(title=f"sopctl {self.stats.run_id} · {self.stats.model}",
                       caption=self.stats.headline(), expand=False, min_width=64)

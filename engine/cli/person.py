@@ -11,6 +11,7 @@ with `--no-input`: nothing typed so far is lost, since nothing is used before it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -176,7 +177,6 @@ def _ctrl_c_stops_typing() -> Iterator[None]:
 
 def _run_cancelled() -> bool:
     """Whether the task asking (the run's, or one of its roles') is being cancelled."""
-    import asyncio
 
     try:
         task = asyncio.current_task()

@@ -3,6 +3,7 @@ as text for people or JSON for tools."""
 
 from __future__ import annotations
 
+import json
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -10,13 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from engine.check.diagnostics import format_diagnostic
 from engine.cli.live import usage_notes
+from engine.cli.person import answer_hint, format_question
+from engine.compile.compiler import source_lines
 from engine.errors import JournalError
 from engine.journal.history import ActionRecord, ActionStats, RunState
 from engine.models.types import Usage
 from engine.run.events import RunStatus
+from engine.run.people import Question, waiting_summary
 
 if TYPE_CHECKING:
-    from engine.run.people import Question
     from engine.run.team import RunResult
 
 __all__ = ["runs_json", "result_object", "format_show", "format_runs", "summary", "print_result",
@@ -43,8 +46,6 @@ def runs_json(rows: list[tuple[Path, RunState | JournalError]]) -> list[dict[str
 def _run_totals(state: RunState) -> dict[str, Any]:
     """What a run came to, for `runs --format json`: tokens, the trouble, the model, when it
     ended, and the question it waits for (None when it waits for none)."""
-    from engine.run.people import waiting_summary
-
     usage, pending = state.usage, state.waiting_for
     return {"model": state.model, "ended_at": format_time(state.ended_at) if state.ended_at else None,
             "error": state.error, "prompt_tokens": usage.prompt_tokens,
@@ -91,8 +92,6 @@ def result_object(state: RunState) -> dict[str, Any]:
 
 def _person_json(state: RunState) -> dict[str, Any]:
     """A person's part: the question a waiting run waits for, answers given, replies told."""
-    from engine.run.people import waiting_summary
-
     pending = state.waiting_for
     return {"waiting_for": waiting_summary(pending) if pending else None,
             "person_answers": state.person_answers, "replies": state.replies}
@@ -186,7 +185,6 @@ def _person_lines(state: RunState) -> list[str]:
         lines.append(f"a person answered {state.person_answers} question(s)")
     pending = state.waiting_for
     if pending is not None and state.status == RunStatus.WAITING:
-        from engine.run.people import Question
 
         lines += ["", waiting_text(Question.from_json(pending), state.run_dir)]
     elif pending is not None and state.status == RunStatus.INTERRUPTED:
@@ -275,17 +273,11 @@ def _call_notes(usage: Usage) -> str:
 
 def print_result(result: RunResult, fmt: str) -> int:
     """Print a run's result (`run`, `resume`, `replay`); the exit code of its status (contract §6)."""
-    import json
-
     if fmt == "json":
         print(json.dumps(result.to_json(), ensure_ascii=False))
     else:
         print(summary(result))
     if result.diagnostic is not None:  # a run-time failure, shown as the checker shows one
-        from engine.compile.compiler import (
-            source_lines,  # only a failed run reads its file again
-        )
-
         print(format_diagnostic(result.diagnostic, source_lines(result.diagnostic.file)), file=sys.stderr)
     elif result.waiting_for is not None:
         print(waiting_text(result.waiting_for, result.workspace), file=sys.stderr)
@@ -296,8 +288,6 @@ def print_result(result: RunResult, fmt: str) -> int:
 
 def waiting_text(question: Question, run_dir: str) -> str:
     """What a waiting run waits for, and how to answer it (after `run`, `resume`, in `show`)."""
-    from engine.cli.person import answer_hint, format_question
-
     return (f"sopctl: waiting for a person (exit 75)\n{format_question(question)}\n\n"
             f"answer with: {answer_hint(question, run_dir)}\n"
             f"then:        sopctl resume {run_dir}   (or add --resume to `sopctl answer`)")

@@ -12,15 +12,15 @@ run on it as a bar from its start to its end, over the run's wall time.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import networkx as nx
 
 from engine.check.graph import action_node, cycle_edges, cycles
 from engine.journal.history import ActionRecord, RunState
 from engine.load.spec import USER_REQUIREMENT
 from engine.run.events import RunStatus
 
-if TYPE_CHECKING:
-    import networkx as nx
 
 __all__ = ["GraphNode", "GraphEdge", "GraphDrawing", "layout_graph", "TimelineBar",
            "TimelineDrawing", "layout_timeline", "duration_text"]
@@ -88,8 +88,6 @@ def layout_graph(graph: nx.DiGraph, runs: dict[str, int], acted: set[str]) -> Gr
 
 def _layers(graph: nx.DiGraph) -> dict[str, int]:
     """Each node's distance from the idea; nodes it cannot reach go below their predecessors."""
-    import networkx as nx
-
     start = action_node(USER_REQUIREMENT)
     depth = dict(nx.single_source_shortest_path_length(graph, start)) if start in graph else {}
     pending = [n for n in graph.nodes if n not in depth]

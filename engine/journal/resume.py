@@ -12,9 +12,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from engine.compile.compiler import CompiledSop, compile_path
 from engine.errors import CompileError, JournalError, LoadError, UsageError
@@ -25,6 +24,7 @@ from engine.journal.sqlite_errors import naming
 from engine.journal.store import Journal
 from engine.models.registry import default_model
 from engine.run.events import RunStarted, RunStatus
+from engine.run.options import ReplayOptions, ResumeOptions, RunOptions, fields_of
 
 __all__ = ["Origin", "RunFolder", "read_origin", "open_for_resume", "open_for_replay",
            "resume_options", "replay_options", "remove_orphan_temp_files"]
@@ -161,18 +161,17 @@ def _model_override(compiled: CompiledSop, recorded: str, explicit: str | None) 
     return None if recorded == default_model(compiled) else recorded
 
 
-def resume_options(folder: RunFolder, *, budget: float | None, rounds: int | None,
-                   model: str | None, allow_exec: bool) -> dict[str, Any]:
-    """The run options of a resume: the run's own id, inputs' workspace and limits, unless
-    overridden (`--budget`, `--rounds`, `--model`)."""
+def resume_options(folder: RunFolder, given: ResumeOptions) -> RunOptions:
+    """The run options of a resume: what this invocation gives (`given`), with the run's own
+    id, workspace and idea addresses, and its model and limits unless `given` overrides them
+    (`--model`, `--rounds`, `--budget`)."""
     last = folder.origin.last
-    return {
-        "model": _model_override(folder.compiled, last.model, model),
-        "max_rounds": rounds or last.max_rounds,
-        "budget_usd": last.budget_usd if budget is None else budget,
-        "workspace": str(folder.path.resolve()), "allow_exec": allow_exec,
-        "run_id": folder.origin.first.run_id, "send_to": folder.origin.first.send_to,
-    }
+    return replace(RunOptions(**fields_of(given, ResumeOptions, "a resume")),
+                   model=_model_override(folder.compiled, last.model, given.model),
+                   max_rounds=given.max_rounds or last.max_rounds,
+                   budget_usd=last.budget_usd if given.budget_usd is None else given.budget_usd,
+                   workspace=str(folder.path.resolve()), run_id=folder.origin.first.run_id,
+                   send_to=folder.origin.first.send_to)
 
 
 def remove_orphan_temp_files(workspace: Path) -> list[str]:
@@ -193,17 +192,16 @@ def remove_orphan_temp_files(workspace: Path) -> list[str]:
     return removed
 
 
-def replay_options(folder: RunFolder, out: str | Path, *, allow_exec: bool) -> dict[str, Any]:
-    """The run options of a replay into `out` (a new folder): the recorded run's own."""
+def replay_options(folder: RunFolder, out: str | Path, given: ReplayOptions) -> RunOptions:
+    """The run options of a replay into `out` (a new folder): what this invocation gives
+    (`given`), with the recorded run's own model, limits, id and idea addresses."""
     target = Path(out)
     if target.resolve() == folder.path.resolve():
         raise UsageError("--out must be another folder than the run being replayed")
     if (target / JOURNAL_DIR / JOURNAL_FILE).exists():
         raise UsageError(f"{out} already holds a run", "replay into a new or empty folder")
     last = folder.origin.last
-    return {
-        "model": _model_override(folder.compiled, last.model, None),
-        "max_rounds": last.max_rounds, "budget_usd": last.budget_usd,
-        "workspace": str(target), "allow_exec": allow_exec, "run_id": folder.origin.first.run_id,
-        "send_to": folder.origin.first.send_to, "replay": True,
-    }
+    return replace(RunOptions(**fields_of(given, ReplayOptions, "a replay")),
+                   model=_model_override(folder.compiled, last.model, None),
+                   max_rounds=last.max_rounds, budget_usd=last.budget_usd, workspace=str(target),
+                   run_id=folder.origin.first.run_id, send_to=folder.origin.first.send_to, replay=True)

@@ -25,7 +25,7 @@ from engine.models.gateway import Gateway
 from engine.models.hosted import REQUEST_SENT
 from engine.models.registry import default_model, is_hosted, resolve_llm
 from engine.models.types import AnswerStore, Price, Usage
-from engine.run.actions import RunContext, warm_up
+from engine.run.actions import RunContext, used_actions, warm_up
 from engine.run.environment import Environment
 from engine.run.events import (
     ActionCompleted,
@@ -39,45 +39,20 @@ from engine.run.events import (
 )
 from engine.run.isolation import find_sandbox
 from engine.run.experience import ExperiencePool
-from engine.run.mcp import McpServers
+from engine.run.mcp import McpServers, used_servers
+from engine.run.options import RunOptions
 from engine.run.message import Message, user_requirement
-from engine.run.people import NoPerson, Person, Question, WaitingForPerson, waiting_summary
+from engine.run.people import NoPerson, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
 from engine.run.toolloop import run_tool_loop
 from engine.run.workspace import Workspace
 
-__all__ = ["RunOptions", "RunResult", "Team", "new_run_id", "exec_actions"]
+__all__ = ["RunResult", "Team", "new_run_id", "exec_actions"]
 
 
 def new_run_id() -> str:
     """`YYYYMMDD-HHMMSS-<6 hex>` in UTC: sortable, and unique without coordination."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
-
-
-@dataclass
-class RunOptions:
-    """Trusted run-time switches (command line / API), never read from the SOP file."""
-
-    model: str | None = None
-    max_rounds: int | None = None
-    budget_usd: float | None = None
-    workspace: str | Path | None = None
-    allow_exec: bool = False
-    isolate: bool = False
-    """Run exec commands under bubblewrap (engine/run/isolation.py)."""
-    allow_network: bool = False
-    """With `isolate`: keep the network (without it, commands see only a private loopback)."""
-    run_id: str | None = None
-    observers: Sequence[RunObserver] = ()
-    store: AnswerStore | None = None
-    replay: bool = False
-    gateway: Gateway | None = None
-    api_base: str | None = None      # where hosted models are reached (`--api-base`)
-    price: Price | None = None       # `--price`, for models litellm cannot price
-    send_to: Sequence[str] = ()      # `--send-to`: the idea's addresses, beating the file's team.send_to
-    person: Person | None = None     # who answers a person's questions (None: the run waits)
-    pool: ExperiencePool | None = None   # `--pool`: accepted answers across runs (engine.run.experience)
-    allow_hosts: Sequence[str] = ()  # `--allow-host`: hosts HTTP MCP servers may be reached at
 
 
 @dataclass
@@ -161,6 +136,7 @@ class Team:
         self.compiled = compiled
         self.inputs = dict(inputs)
         self.options = options
+        self.observers: list[RunObserver] = list(options.observers)   # the journal joins first
         self.run_id = options.run_id or new_run_id()
         self.max_rounds = options.max_rounds or compiled.spec.team.max_rounds
         budget = options.budget_usd
@@ -225,7 +201,7 @@ class Team:
 
     def attach(self, journal: RunJournal) -> None:
         """Plug a journal in: it observes every event and stores every model answer."""
-        self.options.observers = [journal, *self.options.observers]
+        self.observers.insert(0, journal)
         if self.ctx.gateway.store is None:
             self.ctx.gateway.store = journal
         for role in self.roles:
@@ -320,7 +296,7 @@ class Team:
         if isinstance(event, ActionCompleted):
             for artifact in event.artifacts:
                 self._artifacts[artifact["path"]] = artifact["sha256"]
-        for observer in self.options.observers:
+        for observer in self.observers:
             observer.on_event(event)
 
     def _started(self) -> RunStarted:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from engine.api import RunOptions
 from engine.batch.evaluate import Golden, conformance
 from engine.batch.rows import read_rows
 from engine.batch.runner import RowContext, run_batch
@@ -135,8 +136,8 @@ def test_an_unknown_inputs_format_is_refused(tmp_path: Path, capsys: pytest.Capt
 # --- concurrency and budget ------------------------------------------------------------------
 
 
-def _ctx(out: Path, **kwargs: Any) -> RowContext:
-    return RowContext(sop_file=str(PIPELINE), out=str(out), **kwargs)
+def _ctx(out: Path, model: str) -> RowContext:
+    return RowContext(sop_file=str(PIPELINE), out=str(out), options=RunOptions(model=model))
 
 
 class _Meeting(ScriptedModel):

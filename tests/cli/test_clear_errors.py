@@ -79,7 +79,7 @@ def test_the_api_refuses_inputs_that_are_not_utf8(tmp_path: Path) -> None:
     from engine.errors import UsageError
 
     with pytest.raises(UsageError, match="input 'idea' is not valid UTF-8 text: a lone surrogate U\\+D800"):
-        api.run(api.load(SOP), {"idea": "a \ud800 game"}, model="fake", workspace=tmp_path / "ws")
+        api.run(api.load(SOP), {"idea": "a \ud800 game"}, api.RunOptions(model="fake", workspace=tmp_path / "ws"))
     assert not (tmp_path / "ws").exists()
 
 

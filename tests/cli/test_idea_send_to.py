@@ -59,15 +59,15 @@ def test_reading_an_idea_a_role_is_never_sent_is_warned() -> None:
 
 def test_the_idea_goes_only_to_the_addressed_role(tmp_path: Path) -> None:
     compiled = compile_text(DEBATE)
-    result = api.run(compiled, {"idea": "cars"}, model="fake", workspace=tmp_path / "a")
+    result = api.run(compiled, {"idea": "cars"}, api.RunOptions(model="fake", workspace=tmp_path / "a"))
     assert [(m.sent_from, sorted(m.send_to)) for m in result.messages[:2]] == [("Human", ["Biden"]),
                                                                               ("Biden", ["<all>"])]
-    other = api.run(compiled, {"idea": "cars"}, model="fake", workspace=tmp_path / "b", send_to=["Trump"])
+    other = api.run(compiled, {"idea": "cars"}, api.RunOptions(model="fake", workspace=tmp_path / "b", send_to=["Trump"]))
     assert [m.sent_from for m in other.messages[:3]] == ["Human", "Trump", "Biden"]
-    by_name = api.run(compiled, {"idea": "cars"}, model="fake", workspace=tmp_path / "d", send_to=["Joe"])
+    by_name = api.run(compiled, {"idea": "cars"}, api.RunOptions(model="fake", workspace=tmp_path / "d", send_to=["Joe"]))
     assert [m.sent_from for m in by_name.messages[:2]] == ["Human", "Biden"]
     with pytest.raises(UsageError, match="did you mean 'Trump'"):
-        api.run(compiled, {"idea": "cars"}, model="fake", workspace=tmp_path / "c", send_to=["Trmp"])
+        api.run(compiled, {"idea": "cars"}, api.RunOptions(model="fake", workspace=tmp_path / "c", send_to=["Trmp"]))
 
 
 def test_cli_send_to_is_kept_by_resume_and_replay(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -62,7 +62,7 @@ def run_titled(tmp_path: Path, idea: str = "green tea", answers: list[str] | Non
     with use_model(model):
         sop = tmp_path / "titled.sop.yaml"      # a file: a replay compiles it again
         sop.write_text(TITLE, encoding="utf-8")
-        result = api.run(compile_path(sop), {"idea": idea}, workspace=tmp_path / "run")
+        result = api.run(compile_path(sop), {"idea": idea}, api.RunOptions(workspace=tmp_path / "run"))
     assert result.status == "idle", result.error
     return tmp_path / "run"
 
@@ -143,8 +143,8 @@ def test_a_journal_from_before_prompts_reads_without_them(tmp_path: Path,
 
 
 def test_a_question_to_a_person_is_an_exchange(tmp_path: Path) -> None:
-    result = api.run(compile_text(ASK), {"idea": "tea"}, workspace=tmp_path / "run",
-                     person=ScriptedPerson(["three"]))
+    result = api.run(compile_text(ASK), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "run",
+                     person=ScriptedPerson(["three"])))
     assert result.status == "idle", result.error
     (asked,) = read_exchanges(tmp_path / "run")
     assert (asked.origin, asked.role, asked.action) == ("person", "Lead", "AskScope")

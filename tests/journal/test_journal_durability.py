@@ -174,8 +174,8 @@ def run_durable_sop(tmp_path: Path, probe: Probe, monkeypatch: pytest.MonkeyPatc
     model = CheckedModel(answer)
     model.probe = probe
     with use_model(model):
-        return api.run(api.load(path), {"idea": "tea"}, workspace=tmp_path / "ws",
-                       person=person, allow_exec=True)
+        return api.run(api.load(path), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "ws",
+                       person=person, allow_exec=True))
 
 
 def test_every_answer_is_fsynced_before_anything_depends_on_it(
@@ -258,8 +258,8 @@ def test_a_run_stops_before_paying_when_its_journal_cannot_be_fsynced(
     path = tmp_path / "durable.sop.yaml"
     path.write_text(SOP, encoding="utf-8")
     with use_model(model):
-        result = api.run(api.load(path), {"idea": "tea"}, workspace=tmp_path / "ws",
-                         person=ScriptedPerson([PersonAnswer("approve")]), allow_exec=True)
+        result = api.run(api.load(path), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "ws",
+                         person=ScriptedPerson([PersonAnswer("approve")]), allow_exec=True))
     assert result.status == "failed"
     assert "cannot fsync journal" in result.error and str(tmp_path / "ws") in result.error
     assert model.requests == []                   # nothing paid on a journal that is not durable
@@ -319,7 +319,7 @@ def test_a_tool_that_acts_outside_waits_for_the_answer_that_asked_for_it(
     path = tmp_path / "terminal.sop.yaml"
     path.write_text(TERMINAL, encoding="utf-8")
     with use_model(model):
-        result = api.run(api.load(path), {"idea": "tea"}, workspace=tmp_path / "ws", allow_exec=True)
+        result = api.run(api.load(path), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "ws", allow_exec=True))
     assert result.status == "idle", result.error
     assert [w for w, _ in probe.seen] == ["model request for Build", "terminal command",
                                           "model request for Build"]
@@ -356,6 +356,6 @@ def test_an_fsync_that_fails_after_the_last_barrier_fails_the_run(
     path = tmp_path / "one.sop.yaml"
     path.write_text(ONE_CALL, encoding="utf-8")
     with use_model(ScriptedModel(["a text"])), pytest.raises(JournalError) as failed:
-        api.run(api.load(path), {"idea": "tea"}, workspace=tmp_path / "ws")
+        api.run(api.load(path), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "ws"))
     assert "cannot fsync journal" in failed.value.message
     assert str(tmp_path / "ws") in failed.value.message

@@ -42,7 +42,7 @@ def _run(tmp_path: Path, name: str, idea: str, pool: Pool, answer: str = '{"Titl
     path.write_text(SOP, encoding="utf-8")
     model = ScriptedModel(lambda spec, attempt: answer)
     with use_model(model):
-        result = api.run(api.load(path), {"idea": idea}, workspace=tmp_path / name, pool=pool)
+        result = api.run(api.load(path), {"idea": idea}, api.RunOptions(workspace=tmp_path / name, pool=pool))
     assert result.status == "idle", result.error
     return result, model
 

@@ -9,7 +9,7 @@ from collections import OrderedDict, namedtuple
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from engine.cli import commands
+from engine.cli import commands, parser as cli_parser
 from engine.models.types import Event, ModelAnswered, plain_fields
 from engine.run.events import ActionCompleted, MessagePublished, RunEnded, RunStarted, RunStatus
 
@@ -66,20 +66,21 @@ def test_a_serialised_event_shares_no_container_with_the_event() -> None:
 
 
 def test_the_parser_is_built_once_and_each_command_gets_its_own_lists() -> None:
-    assert commands._parser() is commands._parser()
+    assert cli_parser._parser() is cli_parser._parser()
     argv = ["run", "x.sop.yaml", "--model", "fake"]
-    first = commands._fresh_lists(commands._parser().parse_args(argv))
-    second = commands._fresh_lists(commands._parser().parse_args(argv))
+    first = cli_parser._fresh_lists(cli_parser._parser().parse_args(argv))
+    second = cli_parser._fresh_lists(cli_parser._parser().parse_args(argv))
     first.input.append("leaked=1")
     assert second.input == [] and first.input is not second.input
-    third = commands._fresh_lists(commands._parser().parse_args([*argv, "--input", "k=v"]))
+    third = cli_parser._fresh_lists(cli_parser._parser().parse_args([*argv, "--input", "k=v"]))
     assert third.input == ["k=v"]
 
 
 def test_the_command_list_is_every_command_of_the_parser() -> None:
-    full = commands.build_parser()
+    full = cli_parser.build_parser()
     [sub] = [a for a in full._actions if a.dest == "command"]
-    assert tuple(sub.choices) == commands.COMMANDS
+    assert tuple(sub.choices) == cli_parser.COMMANDS
+    assert set(commands.HANDLERS) == set(cli_parser.COMMANDS)   # each command has its handler
 
 
 def test_a_one_command_parser_parses_as_the_whole_parser_does() -> None:
@@ -87,11 +88,11 @@ def test_a_one_command_parser_parses_as_the_whole_parser_does() -> None:
              ["validate", "a.sop.yaml", "b.sop.yaml", "--strict"], ["batch", "x.sop.yaml", "rows.jsonl"],
              ["resume", "runs/r", "--budget", "1"], ["pool", "list"], ["show", "runs/r", "--prompts"]]
     for argv in cases:
-        whole = commands.build_parser().parse_known_args(argv)
-        alone = commands.build_parser(argv[0]).parse_known_args(argv)
+        whole = cli_parser.build_parser().parse_known_args(argv)
+        alone = cli_parser.build_parser(argv[0]).parse_known_args(argv)
         assert vars(whole[0]) == vars(alone[0]) and whole[1] == alone[1]
-    for name in commands.COMMANDS:
-        assert commands.build_parser(name).format_usage() == commands.build_parser().format_usage()
+    for name in cli_parser.COMMANDS:
+        assert cli_parser.build_parser(name).format_usage() == cli_parser.build_parser().format_usage()
 
 
 def test_errors_and_help_read_as_with_the_whole_parser(capsys) -> None:
@@ -99,7 +100,7 @@ def test_errors_and_help_read_as_with_the_whole_parser(capsys) -> None:
 
     for argv in (["run"], ["run", "x.sop.yaml", "--no-such-flag"], ["nosuch"], [], ["run", "--help"]):
         outputs = []
-        for parser in (commands.build_parser(), commands._parser(argv[0] if argv and argv[0] in commands.COMMANDS else None)):
+        for parser in (cli_parser.build_parser(), cli_parser._parser(argv[0] if argv and argv[0] in cli_parser.COMMANDS else None)):
             with pytest.raises(SystemExit) as stop:
                 parser.parse_args(argv)
             outputs.append((stop.value.code, capsys.readouterr()))

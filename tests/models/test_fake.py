@@ -205,6 +205,6 @@ def test_an_sop_with_a_pattern_runs_on_fake(tmp_path):
     sop = ("apiVersion: sop/v1\nname: p\nactions:\n  Tag:\n    prompt: tag it\n"
            "    output: {Version: {type: str, pattern: '^v[0-9]+\\.[0-9]+$'}}\n"
            "roles:\n  R: {actions: [Tag], watch: [UserRequirement]}\n")
-    result = api.run(compile_text(sop), {"idea": "x"}, model="fake", workspace=tmp_path / "ws")
+    result = api.run(compile_text(sop), {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "ws"))
     assert result.status == "idle", result.error
     assert result.messages[-1].out == {"Version": "v0.0"}

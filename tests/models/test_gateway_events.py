@@ -81,8 +81,8 @@ def troubled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     async def collect() -> list[Any]:
         return [e async for e in api.iter_run(
-            api.load(sop_file), {"idea": "a snake game"}, model="scripted",
-            workspace=root / "ws", gateway=Gateway(sleep=_no_sleep), observers=[progress, rich])]
+            api.load(sop_file), {"idea": "a snake game"}, api.RunOptions(model="scripted",
+            workspace=root / "ws", gateway=Gateway(sleep=_no_sleep), observers=[progress, rich]))]
 
     with use_model(ScriptedModel(list(ANSWERS)), name="scripted"):
         events = asyncio.run(collect())
@@ -147,7 +147,7 @@ def test_the_displays_show_them_as_they_happen(troubled: dict[str, Any]) -> None
 def test_an_accepted_first_answer_is_one_journal_row(tmp_path: Path) -> None:
     """The happy path writes no more rows than the old per-call summary did."""
     result = api.run(api.load(TESTS / "sops" / "pipeline.sop.yaml"),
-                     {"idea": "x"}, model="fake", workspace=tmp_path)
+                     {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path))
     with Journal.open(tmp_path) as journal:
         kinds = [r.type for r in journal.events()]
     assert kinds.count("ModelAnswered") == result.llm_calls == 3
@@ -157,7 +157,7 @@ def test_an_accepted_first_answer_is_one_journal_row(tmp_path: Path) -> None:
 
 def test_a_resume_reports_reused_answers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     compiled = api.load(TESTS / "sops" / "pipeline.sop.yaml")
-    api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path, max_rounds=1)
+    api.run(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path, max_rounds=1))
     events: list[Any] = []
 
     class Keep:
@@ -168,7 +168,7 @@ def test_a_resume_reports_reused_answers(tmp_path: Path, capsys: pytest.CaptureF
     # the first action is complete: the resume re-runs nothing of it, so no answer is reused;
     # removing its artifact makes the resume run it again from its journaled answer
     (tmp_path / "docs" / "prd.json").unlink()
-    resumed = api.resume(tmp_path, rounds=10, observers=(Keep(),))
+    resumed = api.resume(tmp_path, api.ResumeOptions(max_rounds=10, observers=(Keep(),)))
     reused = [e for e in events if isinstance(e, ModelAnswered) and e.reused]
     assert [e.action for e in reused] == ["WritePRD"] and resumed.reused_calls == 1
     assert first.usage.llm_calls == 1
@@ -230,7 +230,7 @@ def test_show_reads_a_journal_with_llmcalled_summaries(tmp_path: Path,
 
 def test_a_status_is_its_bare_string_in_json_and_the_journal(tmp_path: Path) -> None:
     result = api.run(api.load(TESTS / "sops" / "pipeline.sop.yaml"),
-                     {"idea": "x"}, model="fake", workspace=tmp_path)
+                     {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path))
     assert result.status is RunStatus.IDLE and result.status == "idle"
     assert json.dumps(result.to_json()).startswith('{"status": "idle", ')
     conn = sqlite3.connect(journal_path(tmp_path))

@@ -383,7 +383,7 @@ def test_a_call_without_max_tokens_reserves_the_models_output_limit():
 def test_a_run_whose_fan_out_costs_more_than_its_first_call_stops_within_one_call(tmp_path):
     # The shape of the software company: a cheap task list, then a fan-out of dear files.
 
-    from engine.api import run as run_sop
+    from engine.api import RunOptions, run as run_sop
     from engine.compile.compiler import compile_path
 
     files = [f"f{i}.py" for i in range(12)]
@@ -396,8 +396,7 @@ def test_a_run_whose_fan_out_costs_more_than_its_first_call_stops_within_one_cal
     price = Price(0.0, 0.001, max_output_tokens=300)       # at most $0.30 a call
     compiled = compile_path(TESTS / "sops" / "fanout.sop.yaml")
     with use_model(ScriptedModel(answer, token_price=price)) as model:
-        result = run_sop(compiled, {"idea": "files"}, budget_usd=0.6, workspace=tmp_path / "ws",
-                         journal=False)
+        result = run_sop(compiled, {"idea": "files"}, RunOptions(budget_usd=0.6, workspace=tmp_path / "ws"), journal=False)
     assert result.status == "budget"
     assert result.usage.cost_usd <= 0.6 + 0.3
     assert model.calls < 1 + len(files)

@@ -115,7 +115,7 @@ def _run(tmp_path: Path, text: str, inputs: dict[str, Any] | None = None, **opti
     path = _write(tmp_path, text)
     options.setdefault("model", "fake")
     return api.run(compile_path(path), {"idea": "x", **(inputs or {})},
-                   workspace=tmp_path / "ws", **options)
+                   api.RunOptions(workspace=tmp_path / "ws", **options))
 
 
 def _assert_located(result: api.RunResult, path: Path, code: str, pointer: str,
@@ -194,7 +194,7 @@ def test_a_compiled_sop_without_its_source_reports_the_message_alone(tmp_path: P
     from dataclasses import replace
 
     compiled = replace(compile_path(_write(tmp_path, PROMPT_FAILS)), source=None)
-    result = api.run(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "ws")
+    result = api.run(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "ws"))
     assert result.status == "failed" and result.diagnostic is None
     assert result.error.startswith("action Write failed: prompt template")
 

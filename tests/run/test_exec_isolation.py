@@ -244,8 +244,7 @@ def test_a_cancelled_run_leaves_no_setsid_child(tmp_path: Path) -> None:
     compiled = _exec_sop(json.dumps(["python", str(script), "linger"]))
 
     async def cancel_mid_command() -> None:
-        task = asyncio.ensure_future(api.run_async(compiled, {"idea": "x"}, model="fake", journal=False,
-                                                   workspace=tmp_path / "ws", allow_exec=True))
+        task = asyncio.ensure_future(api.run_async(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "ws", allow_exec=True), journal=False))
         while not (pid_file.exists() and pid_file.read_text().strip()) and not task.done():
             await asyncio.sleep(0.05)
         task.cancel()

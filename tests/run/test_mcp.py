@@ -126,13 +126,13 @@ def test_the_failed_runs_journal_is_resumable(tmp_path: Path) -> None:
     path.write_text(flaky_sop().source.text)
     model = ScriptedModel([step("flaky.echo", {"text": "hi"}), step("flaky.die", {}), done()])
     with use_model(model):
-        result = api.run(api.load(path), {"idea": "x"}, workspace=tmp_path / "ws", allow_exec=True)
+        result = api.run(api.load(path), {"idea": "x"}, api.RunOptions(workspace=tmp_path / "ws", allow_exec=True))
     assert result.status == "failed"
     state = read_run(tmp_path / "ws")
     assert state.status == "failed" and "MCP server flaky" in state.error
     again = ScriptedModel([done()])
     with use_model(again):   # every answer so far comes from the journal, echo's result too
-        resumed = api.resume(tmp_path / "ws", allow_exec=True)
+        resumed = api.resume(tmp_path / "ws", api.ResumeOptions(allow_exec=True))
     assert resumed.status == "failed" and "MCP server flaky failed during flaky.die" in resumed.error
     assert again.calls == 0
 

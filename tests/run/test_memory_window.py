@@ -76,7 +76,7 @@ def _run(tmp_path: Path, memory: str) -> ScriptedModel:
     model = ScriptedModel(lambda spec, attempt: f"{spec.action} number {next(counter)}")
     with use_model(model):
         result = api.run(api.load(path), {"idea": "the secret word is marmalade"},
-                         workspace=tmp_path / "ws")
+                         api.RunOptions(workspace=tmp_path / "ws"))
     assert result.status == "idle", result.error
     return model
 
@@ -129,6 +129,6 @@ def test_an_actions_window_overrides_its_roles(tmp_path: Path) -> None:
         '    max_runs: 6\n  Pong', '    max_runs: 6\n    memory_window: 1\n  Pong', 1), encoding="utf-8")
     model = ScriptedModel(lambda spec, attempt: f"{spec.action} answer")
     with use_model(model):
-        assert api.run(api.load(path), {"idea": "x"}, workspace=tmp_path / "ws").status == "idle"
+        assert api.run(api.load(path), {"idea": "x"}, api.RunOptions(workspace=tmp_path / "ws")).status == "idle"
     pings = [p for r, p in zip(model.requests, model.prompts(), strict=False) if r.spec.action == "Ping"]
     assert all(len(_context_blocks(p)) <= 1 for p in pings)

@@ -51,7 +51,7 @@ def _sop(tmp_path: Path, revise: str = "{max_passes: 2}", *, text: str = "") -> 
 
 def _run(path: Path, workspace: Path, model: Any, person: Any = None) -> Any:
     with use_model(model):
-        return api.run(api.load(path), {"idea": "tea"}, workspace=workspace, person=person)
+        return api.run(api.load(path), {"idea": "tea"}, api.RunOptions(workspace=workspace, person=person))
 
 
 def _is_review(spec: CallSpec) -> bool:
@@ -165,7 +165,7 @@ def test_a_persons_review_waits_and_resume_asks_the_same_question(tmp_path: Path
 
 
 def test_revise_on_fake_runs_to_its_end(tmp_path: Path) -> None:
-    out = api.run(api.load(_sop(tmp_path)), {"idea": "tea"}, workspace=tmp_path / "ws", model="fake")
+    out = api.run(api.load(_sop(tmp_path)), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "ws", model="fake"))
     assert out.status == "idle", out.error
     assert out.llm_calls == 2                       # the fake's review has no comment
 
@@ -195,7 +195,7 @@ roles:
 @pytest.mark.parametrize("fmt", ["json", "markdown", "content", "xml"])
 def test_a_complex_fill_asks_each_key_concurrently_and_merges_in_order(tmp_path: Path, fmt: str) -> None:
     path = _sop(tmp_path, text=COMPLEX.format(fmt=fmt))
-    out = api.run(api.load(path), {"idea": "tea"}, workspace=tmp_path / "ws", model="fake")
+    out = api.run(api.load(path), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "ws", model="fake"))
     assert out.status == "idle", out.error
     assert out.llm_calls == 3
     assert list(out.messages[-1].out) == ["Guests", "Count", "Menu"]
@@ -340,7 +340,7 @@ roles:
 def test_complex_fill_xml_and_revise_run_on_the_local_model(tmp_path: Path) -> None:
     with allow_real_models():
         result = api.run(api.load(_sop(tmp_path, text=LOCAL)), {"idea": "tea"},
-                         workspace=tmp_path / "ws", model="local")
+                         api.RunOptions(workspace=tmp_path / "ws", model="local"))
     assert result.status == "idle", result.error
     out = result.messages[-1].out
     assert set(out) == {"Theme", "Guests"} and isinstance(out["Guests"], int)

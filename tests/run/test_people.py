@@ -88,8 +88,8 @@ def _sop(tmp_path: Path, text: str, name: str = "s.sop.yaml") -> Path:
 
 def _run(path: Path, workspace: Path, model: Any = None, person: Any = None, **options: Any) -> Any:
     with use_model(model or ScriptedModel(lambda spec, attempt: '{"Title": "a title"}')):
-        return api.run(api.load(path), {"idea": "tea"}, workspace=workspace, person=person,
-                       **options)
+        return api.run(api.load(path), {"idea": "tea"}, api.RunOptions(workspace=workspace, person=person,
+                       **options))
 
 
 # --- the language at run time ---------------------------------------------------------------
@@ -378,8 +378,8 @@ def test_the_api_tools_will_call_asks_and_replies_durably(tmp_path: Path) -> Non
 
     schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
     person = ScriptedPerson([{"ok": True}])
-    team = api.prepare(api.load(_sop(tmp_path, HUMAN_TEXT)), {"idea": "tea"}, person=person,
-                       workspace=tmp_path / "ws", store=MemoryAnswerStore())
+    team = api.prepare(api.load(_sop(tmp_path, HUMAN_TEXT)), {"idea": "tea"}, api.RunOptions(person=person,
+                       workspace=tmp_path / "ws", store=MemoryAnswerStore()))
     ask = dict(role="Boss", action="Decide", round_=1, key="run/1/Boss/Decide/1/x",
                prompt="Go on?", schema=schema)
     assert asyncio.run(ask_human(team.ctx, **ask)) == {"ok": True}

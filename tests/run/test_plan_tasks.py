@@ -116,7 +116,7 @@ def test_a_finished_run_with_retries_resumes_without_a_call(tmp_path: Path) -> N
     first = _run(model, tmp_path)
     again = ScriptedModel(lambda spec, attempt: pytest.fail(f"asked {spec.action} again"))
     with use_model(again):
-        resumed = api.resume(tmp_path, allow_exec=True)
+        resumed = api.resume(tmp_path, api.ResumeOptions(allow_exec=True))
     assert resumed.status == first.status == "idle"
     assert resumed.llm_calls == 0 and resumed.history == first.history
 
@@ -138,7 +138,7 @@ def test_a_run_killed_between_retries_resumes_where_it_stopped(tmp_path: Path) -
         _run(ScriptedModel(killed_at_the_retry), tmp_path / "killed")
     rest = ScriptedModel(_script([second_plan], code=[BAD]))
     with use_model(rest):
-        resumed = api.resume(tmp_path / "killed", allow_exec=True)
+        resumed = api.resume(tmp_path / "killed", api.ResumeOptions(allow_exec=True))
     assert rest.asked() == ["WriteCode", "WritePlan", "Answer"]  # nothing done is asked again
     assert resumed.status == whole.status == "idle"
     assert resumed.history == whole.history

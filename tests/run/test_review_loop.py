@@ -35,7 +35,7 @@ def _model(verdicts: list[str]) -> ScriptedModel:
 def _run(tmp_path: Path, verdicts: list[str]) -> tuple[Any, ScriptedModel]:
     model = _model(verdicts)
     with use_model(model):
-        result = api.run(api.load(LOOP), {"idea": "a 2048 game"}, workspace=tmp_path / "ws")
+        result = api.run(api.load(LOOP), {"idea": "a 2048 game"}, api.RunOptions(workspace=tmp_path / "ws"))
     assert result.status == "idle", result.error
     return result, model
 

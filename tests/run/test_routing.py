@@ -8,7 +8,8 @@ import pytest
 from run_helpers import sop_text
 
 from engine.run.message import ALL, NONE, Message
-from engine.run.team import RunOptions, Team
+from engine.run.options import RunOptions
+from engine.run.team import Team
 
 SOP = """
 apiVersion: sop/v1

@@ -39,8 +39,8 @@ GOLDEN_SOPS = {
 
 
 def _fake_run(path: Path, workspace: Path, **options: Any) -> api.RunResult:
-    return api.run(api.load(path), {"idea": "a command-line 2048 game"}, model="fake",
-                   workspace=workspace, **options)
+    return api.run(api.load(path), {"idea": "a command-line 2048 game"}, api.RunOptions(model="fake",
+                   workspace=workspace, **options))
 
 
 def _golden(result: api.RunResult) -> dict[str, Any]:
@@ -114,8 +114,8 @@ class _Priced:
 
 def test_budget_through_the_real_gateway(tmp_path: Path) -> None:
     gateway = Gateway(providers={"priced": _Priced()}, budget_usd=0.5)
-    result = api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, model="priced",
-                     workspace=tmp_path, gateway=gateway, budget_usd=0.5)
+    result = api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, api.RunOptions(model="priced",
+                     workspace=tmp_path, gateway=gateway, budget_usd=0.5))
     assert result.status == "budget"
     assert result.llm_calls == 2 and result.cost_usd == pytest.approx(0.8)
 
@@ -123,8 +123,8 @@ def test_budget_through_the_real_gateway(tmp_path: Path) -> None:
 def test_the_runs_budget_stops_it_before_the_call_that_would_overspend(tmp_path: Path) -> None:
     """The run's budget (file, --budget) governs the gateway; the third call is refused."""
     gateway = Gateway(providers={"priced": _Priced()})
-    result = api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, model="priced",
-                     workspace=tmp_path, gateway=gateway, budget_usd=0.7)
+    result = api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, api.RunOptions(model="priced",
+                     workspace=tmp_path, gateway=gateway, budget_usd=0.7))
     assert result.status == "budget"
     assert result.llm_calls == 2                      # 0.4 + 0.4 spent: 0.8 >= 0.7
     assert "budget" in result.error and "WriteTasks" in result.error
@@ -154,8 +154,8 @@ def test_cancelling_a_run_ends_it_interrupted_with_run_ended(tmp_path: Path) -> 
                 events.append(event)
         model = ScriptedModel(default_answer, gate=gate)
         task = asyncio.ensure_future(api.run_async(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"},
-                                                   gateway=gateway_for(model), workspace=tmp_path,
-                                                   observers=[Sink()]))
+                                                   api.RunOptions(gateway=gateway_for(model), workspace=tmp_path,
+                                                   observers=[Sink()])))
         while not model.requests:
             await asyncio.sleep(0)
         task.cancel()
@@ -293,7 +293,7 @@ def test_small_sop_end_to_end_on_the_local_model(tmp_path: Path) -> None:
     try:
         with allow_real_models():  # the suite may block real models; this test means one
             result = api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "a todo list app"},
-                             model="local", workspace=tmp_path, max_rounds=3)
+                             api.RunOptions(model="local", workspace=tmp_path, max_rounds=3))
     except SopError as exc:  # the extra's model package missing: preflight says how to install
         pytest.skip(f"local model unavailable: {exc}")
     assert result.status in ("idle", "max_rounds"), result.error
@@ -312,6 +312,6 @@ def test_a_model_that_cannot_work_stops_the_run_before_it_starts(tmp_path: Path)
 
     gateway = Gateway(providers={"local": Missing()})
     with pytest.raises(RunError, match="pip install"):
-        api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, model="local",
-                workspace=tmp_path / "ws", gateway=gateway)
+        api.run(api.load(SOPS / "pipeline.sop.yaml"), {"idea": "x"}, api.RunOptions(model="local",
+                workspace=tmp_path / "ws", gateway=gateway))
     assert gateway.usage.llm_calls == 0 and not (tmp_path / "ws").exists()

@@ -86,7 +86,7 @@ def _run(path: Path, workspace: Path, **options: Any) -> api.RunResult:
     options.setdefault("allow_exec", _needs_exec(path))
     options.setdefault("person", ScriptedPerson(_approve_or_fill))
     return api.run(api.load(path), {"idea": IDEAS.get(name, DEFAULT_IDEA)},
-                   workspace=workspace, **options)
+                   api.RunOptions(workspace=workspace, **options))
 
 
 def _approve_or_fill(question: Question) -> Any:

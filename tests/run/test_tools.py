@@ -228,7 +228,7 @@ def test_terminal_runs_in_the_workspace_with_a_timeout(tmp_path: Path) -> None:
 def test_fake_runs_one_tool_then_ends(tmp_path: Path) -> None:
     from engine import api
 
-    result = api.run(sop_text(WRITER), {"idea": "cats"}, model="fake", workspace=tmp_path / "ws")
+    result = api.run(sop_text(WRITER), {"idea": "cats"}, api.RunOptions(model="fake", workspace=tmp_path / "ws"))
     assert result.status == "idle", result.error
     assert (tmp_path / "ws" / "main.py").exists()
     assert json.dumps(result.messages[-1].out)
@@ -406,6 +406,6 @@ def test_a_tool_loop_on_the_local_model_ends(tmp_path: Path) -> None:
         pytest.skip("the local extra is not installed")
     text = WRITER.replace("max_steps: 4", "max_steps: 2")
     with allow_real_models():
-        result = api.run(sop_text(text), {"idea": "cats"}, model="local", workspace=tmp_path / "ws")
+        result = api.run(sop_text(text), {"idea": "cats"}, api.RunOptions(model="local", workspace=tmp_path / "ws"))
     assert result.status == "idle", result.error
     assert isinstance(result.messages[-1].out, dict) and "Summary" in result.messages[-1].out

@@ -69,8 +69,8 @@ def traced_run(compiled: Any, workspace: Path, **options: Any) -> tuple[Any, lis
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tools = {a: " ".join(s.command or []) for a, s in compiled.spec.actions.items() if s.kind == "exec"}
     observer = TracingObserver(provider.get_tracer("test"), tools)
-    result = api.run(compiled, {"idea": "a snake game"}, workspace=workspace,
-                     observers=[observer], **options)
+    result = api.run(compiled, {"idea": "a snake game"}, api.RunOptions(workspace=workspace,
+                     observers=[observer], **options))
     return result, list(exporter.get_finished_spans())
 
 
@@ -281,8 +281,8 @@ def test_a_tracing_failure_never_stops_the_run(tmp_path: Path, capsys: pytest.Ca
             raise RuntimeError("exporter exploded")
 
     observer = TracingObserver(BrokenTracer())  # type: ignore[arg-type]
-    result = api.run(compile_path(SMALL), {"idea": "x"}, workspace=tmp_path / "run", model="fake",
-                     observers=[observer])
+    result = api.run(compile_path(SMALL), {"idea": "x"}, api.RunOptions(workspace=tmp_path / "run", model="fake",
+                     observers=[observer]))
     assert result.status == "idle"
     err = capsys.readouterr().err
     assert err.count("tracing stopped: RuntimeError: exporter exploded") == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from engine.api import run
+from engine.api import RunOptions, run
 from engine.compile.compiler import compile_text
 from engine.testing import ScriptedModel, use_model
 
@@ -52,15 +52,14 @@ def test_a_true_result_ends_the_loop_before_max_runs(tmp_path):
     # Work asks the same request each time; a journaled run would reuse its first answer (a
     # paid call is never repeated), so this scripted model's change of mind needs no journal.
     with use_model(_work_answers(done_on=2)):
-        result = run(compile_text(LOOP), {"idea": "x"}, model="fake", workspace=tmp_path / "ws",
-                     journal=False)
+        result = run(compile_text(LOOP), {"idea": "x"}, RunOptions(model="fake", workspace=tmp_path / "ws"), journal=False)
     assert result.status == "idle"
     assert _causes(result) == ["UserRequirement", "Work", "Review", "Work"]
 
 
 def test_without_a_true_result_max_runs_still_bounds_the_loop(tmp_path):
     with use_model(_work_answers(done_on=99)):
-        result = run(compile_text(LOOP), {"idea": "x"}, model="fake", workspace=tmp_path / "ws")
+        result = run(compile_text(LOOP), {"idea": "x"}, RunOptions(model="fake", workspace=tmp_path / "ws"))
     assert _causes(result).count("Work") == 5
     assert result.status == "idle"
 
@@ -68,7 +67,7 @@ def test_without_a_true_result_max_runs_still_bounds_the_loop(tmp_path):
 def test_a_failing_condition_fails_the_action_by_name(tmp_path):
     bad = LOOP.replace("not msgs.Work[-1].out['done']", "msgs.Work[7].out['done']")
     with use_model(_work_answers(done_on=2)):
-        result = run(compile_text(bad), {"idea": "x"}, model="fake", workspace=tmp_path / "ws")
+        result = run(compile_text(bad), {"idea": "x"}, RunOptions(model="fake", workspace=tmp_path / "ws"))
     assert result.status == "failed"
     assert "Review" in result.error and "when" in result.error
 
@@ -94,8 +93,8 @@ def test_a_sandbox_refusal_in_when_or_for_each_is_a_located_run_error(tmp_path):
              (fan_out.replace("{{ X }}", "{{ inputs.idea.__class__ }}"), "for_each")]
     for index, (text, field) in enumerate(cases):
         with use_model(_work_answers(done_on=2)):
-            result = run(compile_text(text), {"idea": "x"}, model="fake",
-                         workspace=tmp_path / f"ws{index}", journal=False)
+            result = run(compile_text(text), {"idea": "x"}, RunOptions(model="fake",
+                         workspace=tmp_path / f"ws{index}"), journal=False)
         assert result.status == "failed", field
         assert refused in result.error and "internal error" not in result.error, result.error
         diagnostic = result.diagnostic

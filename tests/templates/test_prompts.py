@@ -168,15 +168,15 @@ roles:
 """
 
 
-def _run_slow(tmp_path, **options):
-    from engine.api import run
+def _run_slow(tmp_path, journal=True):
+    from engine.api import RunOptions, run
     from engine.compile.compiler import compile_text
     from engine.testing import ScriptedModel, use_model
 
     model = ScriptedModel(lambda spec, attempt: "ok")
     with use_model(model):
-        result = run(compile_text(SLOW_PROMPT), {"idea": "x"}, model="fake",
-                     workspace=tmp_path / "ws", **options)
+        result = run(compile_text(SLOW_PROMPT), {"idea": "x"}, RunOptions(model="fake",
+                     workspace=tmp_path / "ws"), journal=journal)
     return result, model
 
 
