@@ -46,7 +46,6 @@ from engine.errors import SopError, UsageError
 from engine.journal.database import never_started
 from engine.journal.history import RunState, read_run
 from engine.journal.run_folder import JOURNAL_DIR, journal_path
-from engine.models.types import Price
 from engine.run.events import RunStatus
 from engine.run.options import RunOptions
 

@@ -24,8 +24,8 @@ from engine.templates.render import stop_renders_on_cancel
 from engine.models.gateway import Gateway
 from engine.models.hosted import REQUEST_SENT
 from engine.models.registry import default_model, is_hosted, resolve_llm
-from engine.models.types import AnswerStore, Price, Usage
-from engine.run.actions import RunContext, used_actions, warm_up
+from engine.models.types import Usage
+from engine.run.actions import RunContext, warm_up
 from engine.run.environment import Environment
 from engine.run.events import (
     ActionCompleted,
@@ -38,8 +38,7 @@ from engine.run.events import (
     RunStatus,
 )
 from engine.run.isolation import find_sandbox
-from engine.run.experience import ExperiencePool
-from engine.run.mcp import McpServers, used_servers
+from engine.run.mcp import McpServers
 from engine.run.options import RunOptions
 from engine.run.message import Message, user_requirement
 from engine.run.people import NoPerson, Question, WaitingForPerson, waiting_summary

@@ -104,7 +104,7 @@ def test_each_tool_using_action_has_its_tools_expanded_and_its_team_targets() ->
 def test_the_run_refuses_on_the_compiled_flags_before_anything_starts(tmp_path: Path) -> None:
     compiled = compile_text(TOOLS)
     with pytest.raises(RunError, match=r"need --allow-exec: terminal \(Build\), mcp server notes"):
-        api.prepare(compiled, {"idea": "x"}, model="fake", workspace=tmp_path / "ws")
+        api.prepare(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "ws"))
     assert not (tmp_path / "ws").exists()
 
 
