@@ -44,7 +44,7 @@ from engine.load.source import (
     load_path,
     load_text,
 )
-from engine.load.spec import Sop
+from engine.load.spec import Sop, output_of
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -288,7 +288,7 @@ def _is_branch(part: Any) -> bool:
 
 
 def _make(spec: Sop, source: Source, graph: nx.DiGraph | None) -> CompiledSop:
-    schemas = {aid: output_schema(action.output) for aid, action in spec.actions.items()}
+    schemas = {aid: output_schema(output_of(action)) for aid, action in spec.actions.items()}
     return CompiledSop(spec=spec, file=source.file, source_hash=sources_digest(source.raw, source.included),
                        output_schemas=MappingProxyType(schemas), graph=graph, source=source)
 

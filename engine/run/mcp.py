@@ -27,7 +27,7 @@ from typing import Any
 
 from engine.check.compiler import CompiledSop
 from engine.errors import RunError
-from engine.load.spec import McpServerSpec
+from engine.load.spec import McpServerSpec, tools_of
 from engine.load.tools import expand_tools
 from engine.run.exec import child_env
 from engine.run.toolsets import Outcome, Tool
@@ -50,7 +50,7 @@ def used_servers(compiled: CompiledSop) -> dict[str, set[str] | None]:
     used: dict[str, set[str] | None] = {}
     for role in spec.roles.values():
         for aid in role.runnable_actions():
-            for server, tools in expand_tools(spec, spec.actions[aid].tools)[1].items():
+            for server, tools in expand_tools(spec, tools_of(spec.actions[aid]))[1].items():
                 if tools is None or used.get(server, set()) is None:
                     used[server] = None
                 else:

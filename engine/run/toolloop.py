@@ -38,7 +38,7 @@ from typing import Any
 from engine.errors import ActionFailed, BudgetExceeded, JournalError, ReplayDivergence
 from engine.load.outputs import output_kind
 from engine.load.source import join_pointer
-from engine.load.spec import CodeOutput
+from engine.load.spec import CodeOutput, LlmAction
 from engine.load.tools import END, expand_tools, read_experience, team_targets
 from engine.models import answers
 from engine.models.types import CallSpec, StoredAnswer, durable
@@ -77,7 +77,7 @@ _LOOP_STATE = ("plan.", "team.", "human.ask")
 def loop_tools(ctx: RunContext, role_id: str, action_id: str) -> dict[str, Tool]:
     """Every command the action offers, by name, `end` last."""
     spec = ctx.compiled.spec
-    commands, servers = expand_tools(spec, spec.actions[action_id].tools)
+    commands, servers = expand_tools(spec, spec.action_as(action_id, LlmAction).tools)
     tools: dict[str, Tool] = {}
     for command in commands:
         args = command.args
@@ -97,7 +97,7 @@ def loop_tools(ctx: RunContext, role_id: str, action_id: str) -> dict[str, Tool]
 
 def end_schema(ctx: RunContext, action_id: str) -> dict[str, Any]:
     """`end`'s args: the output tree's schema; for text or code, one field holding it."""
-    action = ctx.compiled.spec.actions[action_id]
+    action = ctx.compiled.spec.action_as(action_id, LlmAction)
     schema = ctx.compiled.output_schemas.get(action_id)
     if schema is not None:
         return schema
@@ -164,7 +164,7 @@ class ToolLoop:
     def __init__(self, ctx: RunContext, role_id: str, action_id: str, round_: int, key: str,
                  effects: ToolEffects) -> None:
         self.ctx, self.role_id, self.action_id, self.round, self.key = ctx, role_id, action_id, round_, key
-        self.action = ctx.compiled.spec.actions[action_id]
+        self.action = ctx.compiled.spec.action_as(action_id, LlmAction)
         self.effects = effects
         self.tools = loop_tools(ctx, role_id, action_id)
         self.schema = step_schema(list(self.tools))
