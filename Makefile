@@ -1,6 +1,7 @@
 # Two entry points do all set-up on a fresh machine:
 #   make run    - installs sopctl with the embedded local model and runs the software company SOP
 #   make test   - installs sopctl with its test tools and runs the whole test suite
+#   make lint   - ruff and mypy (CI runs it before the tests)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAM
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON
 
-.PHONY: run test bench install clean
+.PHONY: run test lint bench install clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +25,10 @@ run: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+lint: install
+	$(BIN)/ruff check engine tests bench
+	$(BIN)/mypy
 
 bench: install
 	$(BIN)/python -m bench

@@ -35,6 +35,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("compare", "bench.compare", "sopctl side by side with MetaGPT 0.8.2"),
     ("routing", "bench.routing_bench", "Routing scale: 1,000 roles, up to 100,000 messages"),
     ("validate", "bench.validate_bench", "Validation speed"),
+    ("sop_cache", "bench.sop_cache_bench", "The compiled-SOP disk cache: what it saves of a run"),
     ("gateway", "bench.gateway_bench", "LLM gateway"),
     ("run", "bench.run_bench", "Runs on the fake model"),
     ("journal", "bench.journal_bench", "Journal"),
@@ -233,7 +234,7 @@ def render(entries: list[dict[str, Any]], info: dict[str, str], argv: list[str],
     summary = summary_rows(entries)
     if summary:
         lines += ["## Summary", "", *summary, ""]
-    for (name, _module, title), entry in zip(BENCHES, entries):
+    for (name, _module, title), entry in zip(BENCHES, entries, strict=False):
         lines += [f"## {title}", "", f"`{entry['module']}`" + (f", {entry['seconds']:.0f} s" if "seconds" in entry else ""), ""]
         if entry.get("skipped"):
             lines += ["Not run in this invocation (`--only`).", ""]

@@ -151,7 +151,7 @@ def main(size_factor: float = 1.0, reps: int | None = None) -> dict[str, Any]:
                           "(direct client)"}
     met = "met" if first <= TARGET_FIRST_REQUEST_S else "**not met**"
     res["markdown"] = "\n".join([
-        "| figure (median of %d) | direct client | through litellm |" % reps, "|---|---|---|",
+        f"| figure (median of {reps}) | direct client | through litellm |", "|---|---|---|",
         f"| time from `sopctl run` to the first request | {first:.2f} s ({lo:.2f}-{hi:.2f}); "
         f"target <= {TARGET_FIRST_REQUEST_S:g} s, {met} | {via:.2f} s ({via / first:.1f}x) |",
         f"| peak RSS of the run's process at its first request | {res['peak_rss_mb']:.0f} MB "

@@ -97,7 +97,7 @@ def fit_exponent(points: list[tuple[float, float]]) -> float:
     xs = [math.log(n) for n, _ in points]
     ys = [math.log(s) for _, s in points]
     mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / sum((x - mx) ** 2 for x in xs)
 
 
 def main(size_factor: float = 1.0, roles: int | None = None, reps: int | None = None) -> dict[str, Any]:

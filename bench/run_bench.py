@@ -85,7 +85,7 @@ roles:
 
 
 def _compiled(files: int, artifacts: bool = True) -> Any:
-    from engine.check.compiler import compile_text
+    from engine.compile.compiler import compile_text
 
     names = ", ".join(f"'f{i:02d}.py'" for i in range(files))
     text = BENCH_SOP.replace("{{ files }}", f"{{{{ [{names}] }}}}")

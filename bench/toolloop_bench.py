@@ -16,7 +16,6 @@ The target is at most 2 ms per step without the journal.
 
 from __future__ import annotations
 
-import json
 import statistics
 import sys
 import tempfile
@@ -54,7 +53,7 @@ def _answers(steps: int) -> list[dict[str, Any]]:
 
 def _one(steps: int, journal: bool) -> float:
     from engine import api
-    from engine.check.compiler import compile_text
+    from engine.compile.compiler import compile_text
     from engine.models.gateway import Gateway
     from engine.run.events import ModelAnswered, ToolCalled
     from engine.testing import ScriptedModel

@@ -100,7 +100,7 @@ def cold_start(reps: int) -> dict[str, Any]:
 
 def scale(max_roles: int, reps: int) -> list[dict[str, Any]]:
     """Check generated SOPs of 10%..100% of `max_roles` roles; the curve of median times."""
-    from engine.check.compiler import check_text
+    from engine.compile.compiler import check_text
 
     check_text(generate(2), "warm-up.sop.yaml")  # lazy imports and the jinja environment, once
     curve = []
@@ -124,7 +124,7 @@ def fit_exponent(points: list[tuple[float, float]]) -> float:
     xs = [math.log(x) for x, _ in points]
     ys = [math.log(y) for _, y in points]
     mx, my = statistics.mean(xs), statistics.mean(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=False)) / sum((x - mx) ** 2 for x in xs)
 
 
 def main(size_factor: float = 1.0) -> dict[str, Any]:

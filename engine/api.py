@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Mapping
+from typing import Any
+from collections.abc import AsyncIterator, Mapping
 
-from engine.check.compiler import CompiledSop, compile_path
+from engine.compile.compiler import CompiledSop, compile_path
 from engine.errors import UsageError
 from engine.journal.resume import (
     RunFolder,
@@ -30,7 +31,7 @@ from engine.journal.resume import (
     replay_options,
     resume_options,
 )
-from engine.journal.people import answer_question
+from engine.journal.inbox import answer_question
 from engine.journal.store import Journal, ReplayStore
 from engine.models.types import Price
 from engine.run.events import RunEnded, RunEvent

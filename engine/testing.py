@@ -27,7 +27,8 @@ import asyncio
 import contextlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence, Union
+from typing import Any
+from collections.abc import Callable, Iterator, Sequence
 
 from engine.errors import LLMError
 from engine.models import registry
@@ -48,7 +49,7 @@ __all__ = ["ScriptedModel", "ScriptedPerson", "MemoryAnswerStore", "use_model", 
 Answer = Any
 """Text; an exception (raised); anything else is sent as its JSON."""
 
-Script = Union[Sequence[Answer], Callable[[CallSpec, int], Answer]]
+Script = Sequence[Answer] | Callable[[CallSpec, int], Answer]
 
 
 @dataclass
@@ -129,7 +130,7 @@ class ScriptedModel:
         return [r.spec.action for r in self.requests if kind is None or r.spec.kind == kind]
 
 
-PersonReply = Union[PersonAnswer, str, dict]
+PersonReply = PersonAnswer | str | dict
 """A `PersonAnswer`, or a bare value (text, or an object for an output tree) to answer with."""
 
 
@@ -140,7 +141,7 @@ class ScriptedPerson:
     A bare value is the answer's value; `PersonAnswer("approve")`, `PersonAnswer("edit", v)`
     and `PersonAnswer("reject", comment=...)` review. Once a list is spent, the run waits."""
 
-    answers: Union[Sequence[PersonReply], Callable[[Question], PersonReply]]
+    answers: Sequence[PersonReply] | Callable[[Question], PersonReply]
     questions: list[Question] = field(default_factory=list)
     """Every question asked, in order."""
     told: list[tuple[str, str]] = field(default_factory=list)

@@ -5,7 +5,7 @@ without this environment's plugins; crash tests share one fork server."""
 from __future__ import annotations
 
 import os
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 from hypothesis import HealthCheck, settings

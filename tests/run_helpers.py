@@ -18,14 +18,17 @@ import sys
 import tempfile
 import traceback
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Mapping
+from typing import IO, Any
+from collections.abc import Callable, Iterator, Mapping
 
-from engine.check.compiler import CompiledSop, compile_path, compile_text
+from engine.compile.compiler import CompiledSop, compile_path, compile_text
 from engine.models.gateway import Gateway
 from engine.models.types import CallSpec, Provider, StoredAnswer
 
-SOPS = Path(__file__).parent / "sops"
-ROOT = Path(__file__).parent.parent
+TESTS = Path(__file__).resolve().parent
+"""The tests folder: data (cases, golden, sops, mcp_servers) lives here, tests in its subfolders."""
+ROOT = TESTS.parent
+SOPS = TESTS / "sops"
 
 
 def instance(schema: dict | None, key: str = "value") -> Any:

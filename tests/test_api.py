@@ -92,7 +92,7 @@ inputs:
 actions: {A: {prompt: "{{ inputs.n }}", output: text}}
 roles: {R: {actions: [A], watch: [UserRequirement]}}
 """
-    from engine.check.compiler import compile_text
+    from engine.compile.compiler import compile_text
     compiled = compile_text(text)
     got = api.resolve_inputs(compiled, {"idea": "x", "ratio": "0.5", "fast": "yes"})
     assert got == {"idea": "x", "n": 3, "ratio": 0.5, "fast": True}

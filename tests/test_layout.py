@@ -9,7 +9,8 @@ from pathlib import Path
 import networkx as nx
 
 ENGINE = Path(__file__).resolve().parent.parent / "engine"
-LAYERS = ["errors", "load", "check", "models", "run", "journal", "api", "batch", "cli", "testing"]
+LAYERS = ["errors", "diskcache", "load", "templates", "check", "compile", "models", "run", "journal", "api",
+          "batch", "cli", "testing"]
 """In pipeline order; `engine/__init__.py` (the version) is below them all."""
 
 

@@ -1,7 +1,7 @@
 """A finished row judged: expectations (sandboxed jinja) and conformance to a golden run.
 
 Expectations are jinja expressions, `{{ ... }}` optional, evaluated in the SOP sandbox
-(`engine.check.sandbox`: no attribute escapes, bounded CPU and memory) over the row:
+(`engine.templates.sandbox`: no attribute escapes, bounded CPU and memory) over the row:
 
 - `run`: the row's results line (status, rounds, calls, tokens, cost_usd, artifacts, error,
   last_messages, ...) and `run.inputs`;
@@ -27,11 +27,12 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from jinja2 import Undefined
 
-from engine.check.sandbox import TemplateFailure, compile_expression
+from engine.templates.sandbox import TemplateFailure, compile_expression
 from engine.errors import UsageError
 from engine.journal.history import RunState
 
@@ -116,7 +117,7 @@ def _lcs(a: list[Step], b: list[Step]) -> int:
 
 
 def _first_difference(expected: list[Step], actual: list[Step]) -> str:
-    for index, (want, got) in enumerate(zip(expected, actual), start=1):
+    for index, (want, got) in enumerate(zip(expected, actual, strict=False), start=1):
         if want != got:
             return f"step {index}: expected {'.'.join(want)}, got {'.'.join(got)}"
     if len(actual) < len(expected):

@@ -40,7 +40,7 @@ def run_folders(runs_dir: str | Path) -> list[Path]:
 
 def divergence(recorded: RunState, replayed: RunState) -> str:
     """Where the replayed history first differs from the recorded one ('' when it does not)."""
-    for index, (want, got) in enumerate(zip(recorded.history, replayed.history), start=1):
+    for index, (want, got) in enumerate(zip(recorded.history, replayed.history, strict=False), start=1):
         if _message_key(want) != _message_key(got):
             return (f"message {index}: recorded {want.get('sent_from')}.{want.get('cause_by')}, "
                     f"replayed {got.get('sent_from')}.{got.get('cause_by')}"

@@ -12,7 +12,8 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
+from collections.abc import Iterable, Iterator
 
 from engine.journal.history import RunState
 from engine.run.events import RunStatus

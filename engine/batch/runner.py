@@ -27,7 +27,8 @@ import functools
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterable, Protocol
+from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Iterable
 
 from engine import api
 from engine.batch.evaluate import Golden, check_expectations, conformance, trajectory
@@ -40,7 +41,7 @@ from engine.batch.results import (
     skipped_line,
 )
 from engine.batch.rows import Row, read_rows
-from engine.check.compiler import CompiledSop
+from engine.compile.compiler import CompiledSop
 from engine.errors import SopError, UsageError
 from engine.journal.history import RunState, read_run
 from engine.journal.store import JOURNAL_DIR, journal_path, never_started

@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from engine.errors import Diagnostic
-from engine.load.tools import flags_needed
+from engine.load.catalog import flags_needed
 
 __all__ = ["CODES", "format_json", "format_diagnostic", "format_failure", "format_report",
            "strict", "summary"]

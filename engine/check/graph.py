@@ -22,9 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.check.sandbox import TemplateFailure, render_template
+from engine.templates.sandbox import TemplateFailure, render_template
 from engine.load.spec import USER_REQUIREMENT, Sop, is_template
-from engine.load.tools import team_reach
+from engine.load.catalog import team_reach
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -7,16 +7,24 @@ tell which messages can reach a role).
 
 from __future__ import annotations
 
-from engine.check import memory, node, people, references, templates, tools, watch
+from engine.check import (
+    memory_rules,
+    node_rules,
+    person_rules,
+    references,
+    template_rules,
+    tool_rules,
+    watch,
+)
 from engine.check.rules import Rule
 
 __all__ = ["PHASES", "registered_codes"]
 
 PHASES: tuple[tuple[str, tuple[Rule, ...]], ...] = (
-    ("references", (*references.RULES, *templates.REFERENCE_RULES, *people.RULES,
-                    *node.RULES, *memory.RULES, *tools.RULES)),
+    ("references", (*references.RULES, *template_rules.REFERENCE_RULES, *person_rules.RULES,
+                    *node_rules.RULES, *memory_rules.RULES, *tool_rules.RULES)),
     ("graph", watch.RULES),
-    ("templates", templates.RULES),
+    ("templates", template_rules.RULES),
 )
 
 

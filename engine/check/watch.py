@@ -13,7 +13,7 @@ from engine.check.graph import (
     unbounded_cycles,
 )
 from engine.check.rules import Context, error, rule, warning
-from engine.check.templates import read_by_templates
+from engine.check.template_rules import read_by_templates
 from engine.errors import Diagnostic, Related
 from engine.load.spec import USER_REQUIREMENT, ActionSpec, AnsweredAction, Sop
 

@@ -12,7 +12,8 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Iterable
+from typing import IO, TYPE_CHECKING, Any
+from collections.abc import Callable, Iterable
 
 if TYPE_CHECKING:
     from engine.batch.runner import BatchTotals, RowContext
@@ -97,7 +98,7 @@ def _context(args: argparse.Namespace) -> RowContext:
     from engine import api
     from engine.batch.evaluate import MATCH_MODES, Golden, parse_expectation, trajectory
     from engine.batch.runner import RowContext
-    from engine.check.compiler import check_path
+    from engine.compile.compiler import check_path
     from engine.check.diagnostics import format_report
     from engine.errors import UsageError
     from engine.journal.history import read_run

@@ -21,7 +21,8 @@ import shutil
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Sequence
 
 from engine import __version__
 from engine.errors import SopError, UsageError, require_utf8
@@ -29,7 +30,7 @@ from engine.errors import SopError, UsageError, require_utf8
 if TYPE_CHECKING:
     from types import FrameType
 
-    from engine.check.compiler import CompiledSop
+    from engine.compile.compiler import CompiledSop
     from engine.journal.history import RunState
     from engine.models.types import Price
     from engine.run.events import RunObserver
@@ -43,7 +44,7 @@ Handler = Callable[[argparse.Namespace], int]
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from engine.check.compiler import check_path
+    from engine.compile.compiler import check_path
     from engine.check.diagnostics import format_report
 
     text, code = format_report([check_path(f, args.include_path) for f in args.files], args.format, args.strict)
@@ -52,7 +53,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_graph(args: argparse.Namespace) -> int:
-    from engine.check.compiler import check_path
+    from engine.compile.compiler import check_path
     from engine.check.diagnostics import format_report
     from engine.check.graph import format_graph
 
@@ -81,7 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     one JSON object of `--format json`) to stdout.
     """
     from engine import api
-    from engine.check.compiler import check_path
+    from engine.compile.compiler import check_path
     from engine.check.diagnostics import format_report
     from engine.models.registry import MODEL_ENV, default_model
 
@@ -636,7 +637,7 @@ COMMANDS = ("validate", "graph", "schema", "run", "resume", "answer", "replay", 
 """Every command, in the order `sopctl --help` lists them (a test keeps it in step)."""
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _parser(only: str | None = None) -> argparse.ArgumentParser:
     """The parser, built once per process and command: building all of it (a hundred
     options, each help text looked up by gettext on disk) costs more than a run's engine

@@ -76,7 +76,8 @@ def render_report(state: RunState) -> str:
 
 
 def _asset(name: str) -> str:
-    return resources.files("engine.cli").joinpath("report_assets", name).read_text(encoding="utf-8")
+    # one name per joinpath: Python 3.10's Traversable takes no more
+    return resources.files("engine.cli").joinpath("report_assets").joinpath(name).read_text(encoding="utf-8")
 
 
 # --- the view: what the template shows --------------------------------------------------
@@ -112,7 +113,7 @@ def _view(state: RunState) -> dict[str, Any]:
 
 def _watch_graph(state: RunState) -> tuple[nx.DiGraph | None, str, list[str]]:
     """The run's watch graph from its SOP file, or None and why not (the report goes on)."""
-    from engine.check.compiler import check_path
+    from engine.compile.compiler import check_path
 
     path = state.sop_path or state.sop_file
     if not path or not Path(path).is_file():

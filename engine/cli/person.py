@@ -20,7 +20,8 @@ import subprocess
 import sys
 import tempfile
 import threading
-from typing import IO, Any, Iterator
+from typing import IO, Any
+from collections.abc import Iterator
 
 from engine.models.answers import schema_errors
 from engine.run.message import content_of

@@ -282,7 +282,7 @@ def print_result(result: RunResult, fmt: str) -> int:
     else:
         print(summary(result))
     if result.diagnostic is not None:  # a run-time failure, shown as the checker shows one
-        from engine.check.compiler import (
+        from engine.compile.compiler import (
             source_lines,  # only a failed run reads its file again
         )
 

@@ -30,7 +30,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from engine.errors import JournalError, UsageError
 from engine.journal.store import (

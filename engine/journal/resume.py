@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.check.compiler import CompiledSop, compile_path
+from engine.compile.compiler import CompiledSop, compile_path
 from engine.errors import CompileError, JournalError, LoadError, UsageError
 from engine.journal.history import rebuild
 from engine.journal.store import (

@@ -46,7 +46,7 @@ What survives what:
   happens to the process. A process killed between two commit points loses only the events
   buffered since the last one (a step's start, a round start, a reused answer's
   event, a published message); `resume` re-creates them by re-executing with the journaled answers, at no cost,
-  so the kill -9 sweep of tests/test_faults.py still repeats at most the one call that was
+  so the kill -9 sweep of tests/journal/test_faults.py still repeats at most the one call that was
   in flight.
 - a power cut (the OS dies too): what an fsync covered. `_Syncer`, a thread per writable
   journal, fsyncs the WAL (and the `.sopctl` folder, once) whenever an answer was committed
@@ -118,13 +118,12 @@ from pathlib import Path
 from typing import (
     TYPE_CHECKING,
     Any,
-    Callable,
-    Iterator,
     Union,
     get_args,
     get_origin,
     get_type_hints,
 )
+from collections.abc import Callable, Iterator
 
 try:
     import fcntl
@@ -141,7 +140,7 @@ from engine.run import events as _events
 from engine.run.events import ActionCompleted, RunEvent, RunStarted, event_type
 
 if TYPE_CHECKING:
-    from engine.check.compiler import CompiledSop
+    from engine.compile.compiler import CompiledSop
 
 __all__ = ["SCHEMA_VERSION", "JOURNAL_DIR", "JOURNAL_FILE", "CRASH_AFTER_EVENT_ENV",
            "CRASH_AFTER_ANSWER_ENV", "SYNC_ENV", "EventRow", "AnswerRow", "Journal", "ReplayStore",

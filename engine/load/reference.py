@@ -44,7 +44,7 @@ def _union_section(node: dict[str, Any], defs: dict[str, Any]) -> str:
     lines = [f"## {node.get('title', 'Action')}", "", _escape(node.get("description", "")), "",
              "Its `kind` picks one of: " + ", ".join(kinds) + ". A key of another kind is an error (SOP110)."]
     kind = node.get("properties", {}).get("kind", {})
-    for value, text in zip(kind.get("enum", []), kind.get("enumDescriptions", [])):
+    for value, text in zip(kind.get("enum", []), kind.get("enumDescriptions", []), strict=True):
         lines.append(f"- `{value}`: {_escape(text)}")
     return "\n".join(lines)
 
@@ -66,7 +66,9 @@ def _section(node: dict[str, Any], defs: dict[str, Any], level: int) -> str:
 
 def _meaning(prop: dict[str, Any], defs: dict[str, Any]) -> str:
     text = prop.get("description") or _target(prop, defs).get("description", "")
-    choices = [f"`{v}`: {t}" for v, t in zip(prop.get("enum", []), prop.get("enumDescriptions", []))]
+    texts = prop.get("enumDescriptions", [])
+    values = [v for v in prop.get("enum", []) if v is not None] if texts else []
+    choices = [f"`{v}`: {t}" for v, t in zip(values, texts, strict=True)]
     return " ".join([text, *choices])
 
 

@@ -175,7 +175,7 @@ def _closest(branches: list[list[Any]], instance: Any) -> list[list[Any]]:
                       .get("properties", {})) & set(instance))
               for errs in branches]
     best = max(scores)
-    chosen = [b for b, score in zip(branches, scores) if score == best]
+    chosen = [b for b, score in zip(branches, scores, strict=False) if score == best]
     return chosen if best > 0 else branches
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import unicodedata
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal, TypeVar, Union
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, model_validator
 
@@ -191,13 +191,13 @@ class CodeOutput(_Model):
 OutputTree = dict[str, OutputNode]
 
 
-Output = Union[
-    Annotated[Literal["text"], Branch("'text'", "Free text.")],
-    Annotated[CodeOutput, Branch("{code: LANG}", "The first fenced code block of the answer.")],
-    Annotated[OutputTree, Branch("a tree of output nodes", (
+Output = (
+    Annotated[Literal["text"], Branch("'text'", "Free text.")]
+    | Annotated[CodeOutput, Branch("{code: LANG}", "The first fenced code block of the answer.")]
+    | Annotated[OutputTree, Branch("a tree of output nodes", (
         "The ActionNode tree: ordered keys -> nodes. The answer is a JSON object with these keys, "
-        "validated against them."))],
-]
+        "validated against them."))]
+)
 
 
 ENGINE_DIR = ".sopctl"
@@ -277,12 +277,12 @@ class RecallSpec(_Model):
     top_k: int = Field(default=3, ge=1, le=50, description="The most older messages brought back (1-50, default 3).")
 
 
-Context = Union[
+Context = (
     Annotated[list[Annotated[str, Field(description="An action id or UserRequirement.")]],
-              Branch("a list of action ids", "The messages of these actions (or UserRequirement).")],
-    Annotated[Literal["all", "none"], Branch("'all' or 'none'", "The whole memory, or no context."),
-              Field(json_schema_extra=enum_docs(all="The whole memory (default).", none="No context section."))],
-]
+              Branch("a list of action ids", "The messages of these actions (or UserRequirement).")]
+    | Annotated[Literal["all", "none"], Branch("'all' or 'none'", "The whole memory, or no context."),
+                Field(json_schema_extra=enum_docs(all="The whole memory (default).", none="No context section."))]
+)
 
 
 ActionKind = Literal["llm", "exec", "ask", "reply"]
@@ -500,8 +500,8 @@ class _ActionDoc:
 
 
 ActionSpec = Annotated[
-    Union[Annotated[LlmAction, Tag("llm")], Annotated[ExecAction, Tag("exec")],
-          Annotated[AskAction, Tag("ask")], Annotated[ReplyAction, Tag("reply")]],
+    Annotated[LlmAction, Tag("llm")] | Annotated[ExecAction, Tag("exec")]
+    | Annotated[AskAction, Tag("ask")] | Annotated[ReplyAction, Tag("reply")],
     Discriminator(action_kind), _ActionDoc(),
 ]
 """An action of any kind; narrow it with `isinstance` (LlmAction, ExecAction, AskAction, ReplyAction)."""
@@ -566,11 +566,11 @@ class PlannerSpec(_Model):
     task_action: Annotated[ActionId | None, Absent()] = Field(default=None, description=(
         "The action that runs each task (sees it as `task`); with task_actions, the one for a type it does not "
         "name. A planner needs task_action, task_actions or both."))
-    task_actions: dict[NonEmpty, Union[
-        Annotated[ActionId, Branch("an action id", "The action that runs a task of this type.")],
-        Annotated[list[ActionId], Field(min_length=1),
-                  Branch("a list of action ids", "The actions that run a task of this type, in order.")],
-    ]] = Field(default_factory=dict, description=(
+    task_actions: dict[NonEmpty, (
+        Annotated[ActionId, Branch("an action id", "The action that runs a task of this type.")]
+        | Annotated[list[ActionId], Field(min_length=1),
+                    Branch("a list of action ids", "The actions that run a task of this type, in order.")]
+    )] = Field(default_factory=dict, description=(
         "Task type -> the action (or list of actions, run in order) that runs a task of that type; the plan's "
         "tasks then need a `task_type` (MetaGPT's Data Interpreter)."))
     max_tasks: int = Field(default=10, ge=1, le=100, description="Most tasks one plan may run (default 10).")

@@ -26,9 +26,10 @@ import json
 import re
 import threading
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
 
-from engine.check import diskcache
+from engine import diskcache
 from engine.load import patterns
 
 if TYPE_CHECKING:

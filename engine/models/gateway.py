@@ -67,7 +67,9 @@ import json
 import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncContextManager, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 from engine.errors import (
     ActionFailed,
@@ -101,7 +103,7 @@ from engine.models.types import (
 __all__ = ["Gateway"]
 
 
-_NO_WAIT: AsyncContextManager[Any] = contextlib.nullcontext()
+_NO_WAIT: AbstractAsyncContextManager[Any] = contextlib.nullcontext()
 
 
 DEFAULT_COMPLETION_CAP = 4096
@@ -315,7 +317,7 @@ class Gateway:
         if self.emit is not None:
             self.emit(event)
 
-    def _admit(self, provider: Provider, request: ModelRequest) -> AsyncContextManager[Any]:
+    def _admit(self, provider: Provider, request: ModelRequest) -> AbstractAsyncContextManager[Any]:
         """Budget admission (see module docstring); without a budget nothing waits, and the
         shared no-op costs a fraction of a generator-based context manager on every call."""
         return self._admitted(provider, request) if self.budget_usd > 0 else _NO_WAIT

@@ -55,9 +55,10 @@ import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
-from engine.errors import LLMError, RunError, SopError
+from engine.errors import LLMError, RunError
 from engine.load import patterns
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import FREE, ModelAnswer, ModelRequest, Price

@@ -15,7 +15,7 @@ reasons: `max_completion_tokens`, no temperature), `gpt-4` and `gpt-3.5-turbo-16
 `response_format`), names with a `/` (`openai/responses/...`) and models whose mode is not
 `chat`. `SOPCTL_OPENAI_VIA_LITELLM=1` sends every `openai/` model through litellm.
 
-What is sent is what litellm sends for the same call (tests/test_openai_http.py compares the
+What is sent is what litellm sends for the same call (tests/models/test_openai_http.py compares the
 two against one server): the model name without its prefix, the messages, `temperature` and
 `max_tokens` when set, the schema as `response_format` when the model supports it, else a
 tool loop's commands as `tools` with `tool_choice: required` when it calls functions; the
@@ -43,7 +43,8 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
 
 from engine.errors import LLMError, RunError
 from engine.models.hosted import (

@@ -11,13 +11,14 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
 
 from engine.load.spec import LlmAction
 from engine.models.types import CallSpec, Price, Provider, RealModelBlocked
 
 if TYPE_CHECKING:
-    from engine.check.compiler import CompiledSop
+    from engine.compile.compiler import CompiledSop
 
 __all__ = ["DEFAULT_MODEL", "MODEL_ENV", "choose_model", "resolve_llm", "default_model", "register_model",
            "unregister_model", "override_model", "real_models_blocked", "check_real_model_allowed"]

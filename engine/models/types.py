@@ -11,7 +11,8 @@ import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Awaitable, Literal, Mapping, Protocol
+from typing import Any, Literal, Protocol
+from collections.abc import Awaitable, Mapping
 
 from engine.errors import LLMError
 

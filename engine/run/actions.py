@@ -11,12 +11,13 @@ import asyncio
 import json
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 from jinja2 import Undefined
 
-from engine.check.compiler import CompiledSop
-from engine.check.sandbox import (
+from engine.compile.compiler import CompiledSop
+from engine.templates.sandbox import (
     MAX_RENDERED_CHARS,
     TemplateFailure,
     compile_expression,
@@ -416,7 +417,7 @@ async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: st
     try:
         result = await call_gateway(ctx, spec)
     except ActionFailed as exc:  # the answers never fitted what the action declares
-        raise exc.at("SOP505", join_pointer("/actions", action_id, "output"))
+        raise exc.at("SOP505", join_pointer("/actions", action_id, "output")) from None  # the same exception, now located
     return result.value
 
 

@@ -8,7 +8,7 @@ through here, so the history shows every published message.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from engine.run.events import MessagePublished, RunEvent
 from engine.run.message import ALL, Message

@@ -129,14 +129,14 @@ class RunEnded(Event):
     error: str = ""
 
 
-def event_type(event: "RunEvent") -> str:
+def event_type(event: RunEvent) -> str:
     return type(event).__name__
 
 
 class RunObserver(Protocol):
     """Receives every event in order; must not raise (a failing journal write is a JournalError)."""
 
-    def on_event(self, event: "RunEvent") -> None: ...
+    def on_event(self, event: RunEvent) -> None: ...
 
 
 class CompletedActions(Protocol):

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.check.sandbox import TemplateFailure, render_template
+from engine.templates.sandbox import TemplateFailure, render_template
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
 from engine.load.spec import ExecAction

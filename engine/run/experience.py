@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
+from collections.abc import Awaitable, Callable
 
 from engine.models.types import AnswerStore, CallResult, CallSpec, StoredAnswer
 from engine.run.longterm import words

@@ -9,9 +9,10 @@ import difflib
 import math
 import os
 import stat
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
-from engine.check.compiler import CompiledSop
+from engine.compile.compiler import CompiledSop
 from engine.errors import UsageError, require_utf8
 from engine.load.spec import InputSpec
 

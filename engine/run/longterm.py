@@ -13,7 +13,7 @@ message stays in the role's memory: `msgs` in templates still reads all of them.
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from engine.load.spec import RecallSpec
 from engine.run.message import Message

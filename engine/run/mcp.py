@@ -25,10 +25,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from engine.check.compiler import CompiledSop
+from engine.compile.compiler import CompiledSop
 from engine.errors import RunError
+from engine.load.catalog import expand_tools
 from engine.load.spec import McpServerSpec, tools_of
-from engine.load.tools import expand_tools
 from engine.run.exec import child_env
 from engine.run.toolsets import Outcome, Tool
 
@@ -178,8 +178,12 @@ def _text(result: Any) -> str:
 
 def _why(exc: BaseException) -> str:
     """The first real cause, through the task groups' exception groups."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
+    # by its `exceptions`, not by class: the class is a builtin from Python 3.11 only (on 3.10
+    # anyio raises the exceptiongroup backport's)
+    causes = getattr(exc, "exceptions", None)
+    while isinstance(causes, tuple) and causes and isinstance(causes[0], BaseException):
+        exc = causes[0]
+        causes = getattr(exc, "exceptions", None)
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 

@@ -6,7 +6,7 @@ action id is what `msgs.<Action>` in templates and an action's declared `context
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from engine.run.message import Message
 

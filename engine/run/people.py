@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Literal, Protocol
+from typing import Any, Literal, Protocol
+from collections.abc import Callable
 
 from engine.errors import ActionFailed, ReplayDivergence, UsageError
 from engine.models import answers

@@ -14,7 +14,7 @@ from collections import Counter
 from typing import Any
 
 from engine.check.graph import send_to_for
-from engine.check.sandbox import TemplateFailure
+from engine.templates.sandbox import TemplateFailure
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
 from engine.load.spec import PlannerSpec, RoleSpec, retries_of

@@ -14,14 +14,15 @@ import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 from engine import __version__
-from engine.check.compiler import CompiledSop, locate_failure
+from engine.compile.compiler import CompiledSop, locate_failure
 from engine.check.diagnostics import format_failure
 from engine.check.references import idea_address_problem
-from engine.check.sandbox import stop_renders_on_cancel
-from engine.load.tools import flags_needed, mcp_hosts
+from engine.templates.sandbox import stop_renders_on_cancel
+from engine.load.catalog import flags_needed, mcp_hosts
 from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError
 from engine.models.gateway import Gateway
 from engine.models.hosted import REQUEST_SENT

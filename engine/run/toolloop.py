@@ -38,8 +38,8 @@ from typing import Any
 from engine.errors import ActionFailed, BudgetExceeded, JournalError, ReplayDivergence
 from engine.load.outputs import output_kind
 from engine.load.source import join_pointer
+from engine.load.catalog import END, expand_tools, read_experience, team_targets
 from engine.load.spec import CodeOutput, LlmAction
-from engine.load.tools import END, expand_tools, read_experience, team_targets
 from engine.models import answers
 from engine.models.types import CallSpec, StoredAnswer, durable
 from engine.run.actions import RunContext, ToolEffects, call_gateway, gather_or_cancel, model_call

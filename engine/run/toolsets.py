@@ -1,7 +1,7 @@
 """The built-in toolsets at run time: editor, terminal, plan, team, human (MetaGPT's Editor,
 Terminal, Plan, TeamLeader.publish_team_message and RoleZero.ask_human/reply_to_human).
 
-What the model may call and the schema of each command's args are in engine/load/tools.py;
+What the model may call and the schema of each command's args are in engine/load/catalog.py;
 the tool loop (engine/run/toolloop.py) checks the args against that schema before a command
 runs here. Every failure a model can cause is a `ToolError`, whose message goes back to the
 model as the command's output; nothing here ends a run except what must (a person the run

@@ -1,0 +1,527 @@
+"""The template phase of the checks: every jinja template of an SOP, statically.
+
+Prompts, `for_each`, `when` and artifact paths and contents must parse in the sandbox, read
+only the variables their place has, and name only declared inputs, actions and output keys
+(`out['Key']`, `msgs.X[-1].out['Key']`); artifact paths must stay inside the workspace.
+Its rules are listed in `RULES`, which `check.phases` runs third.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any
+
+from jinja2 import nodes
+
+from engine.check.graph import delivered, render_address, runners, send_targets
+from engine.check.references import known_addresses
+from engine.check.rules import Context, error, rule, unknown, warning
+from engine.templates.sandbox import TemplateFailure, environment, parse
+from engine.errors import Diagnostic
+from engine.load.schema import did_you_mean
+from engine.load.spec import (
+    ENGINE_DIR,
+    USER_REQUIREMENT,
+    ActionSpec,
+    AnsweredAction,
+    ExecAction,
+    LlmAction,
+    OutputNode,
+    PromptedAction,
+    Sop,
+    in_engine_dir,
+    is_template,
+    output_of,
+)
+
+__all__ = ["BASE_VARIABLES", "JOIN_VARIABLES", "RULES", "REFERENCE_RULES", "read_by_templates"]
+
+
+BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run"})
+"""Names every template may read (contract §3)."""
+
+
+VARIABLE_FIELDS: dict[str, frozenset[str]] = {
+    "role": frozenset({"id", "name", "profile",
+                       "vars"}),  # role variables: a mapping; its keys are checked per role
+    "run": frozenset({"id", "round"}),
+}
+"""The fields of the mapping variables, as `run.actions.template_variables` builds them."""
+
+
+MESSAGE_FIELDS = frozenset({"content", "out", "sent_from", "cause_by", "round"})
+"""The fields of a message in `news[i]` and `msgs.X[i]` (`run.message.Message.template_view`)."""
+
+
+JOIN_VARIABLES = frozenset({"outs", "contents"})
+"""What a `join` template reads besides BASE_VARIABLES: the items' outputs and texts, in order."""
+
+
+_DICT_METHODS = frozenset({"items", "keys", "values", "get"})
+
+
+_EXEC_OUT = {"exit_code": None, "stdout": None, "stderr": None}
+
+
+@dataclass(frozen=True)
+class _Template:
+    """One template of an action: where it is, what it may read, what `out` means there."""
+
+    action: str
+    pointer: str
+    source: str
+    allowed: frozenset[str]
+
+
+def _templates(spec: Sop) -> Iterator[_Template]:
+    task_actions = {aid for r in spec.roles.values() if r.planner for aid in r.planner.task_action_ids()}
+    for aid, action in spec.actions.items():
+        base = set(BASE_VARIABLES) | ({"task"} if aid in task_actions else set())
+        per_item = {action.as_, "index"} if action.for_each else set()
+        here = f"/actions/{aid}"
+        if isinstance(action, PromptedAction) and action.prompt:
+            yield _Template(aid, here + "/prompt", action.prompt, frozenset(base | per_item))
+        if isinstance(action, LlmAction) and action.system:
+            yield _Template(aid, here + "/system", action.system, frozenset(base | per_item))
+        if isinstance(action, ExecAction):
+            for i, part in enumerate(action.command):
+                yield _Template(aid, f"{here}/command/{i}", part, frozenset(base | per_item))
+        if action.for_each:
+            yield _Template(aid, here + "/for_each", action.for_each, frozenset(base))
+        if action.when:
+            yield _Template(aid, here + "/when", action.when, frozenset(base))
+        for i, artifact in enumerate(action.artifacts):
+            allowed = frozenset(base | per_item | {"out"})
+            yield _Template(aid, f"{here}/artifacts/{i}/path", artifact.path, allowed)
+            yield _Template(aid, f"{here}/artifacts/{i}/content", artifact.content, allowed)
+        if action.join is not None:
+            joined = frozenset(base | JOIN_VARIABLES)
+            for key in ("content", "path"):
+                text = getattr(action.join, key)
+                if text is not None:
+                    yield _Template(aid, f"{here}/join/{key}", text, joined)
+        for i, address in enumerate(action.send_to):
+            if is_template(address):  # resolved per role from `role` alone, so checked exactly
+                yield _Template(aid, f"{here}/send_to/{i}", address, frozenset({"role"}))
+
+
+@dataclass
+class _Analysis:
+    """What one walk over a template's AST finds (jinja's own `meta` runs its code
+    generator, several times slower than this walk over a typical prompt)."""
+
+    loads: dict[str, int] = field(default_factory=dict)
+    """Names read, with the template line of the first read."""
+    stores: set[str] = field(default_factory=set)
+    """Names the template binds itself (for, set, macro parameters...)."""
+    filters: list[tuple[str, str, int]] = field(default_factory=list)
+    """(filter or test, name, line)."""
+    chains: list[tuple[str, list[Any], int]] = field(default_factory=list)
+    """(variable, accessors, line) of each outermost `a.b[c]...`; None = dynamic accessor."""
+    loads_files: list[tuple[str, int]] = field(default_factory=list)
+    """(tag, line) of include/import/extends: a sandboxed SOP template has no files to load."""
+    whole: set[str] = field(default_factory=set)
+    """Names read as a whole, not only through `a.b[c]` (`msgs | tojson`, `msgs[name]`)."""
+
+    @property
+    def free(self) -> set[str]:
+        return set(self.loads) - self.stores - _JINJA_IMPLICIT
+
+
+_JINJA_IMPLICIT = frozenset({"loop", "caller", "varargs", "kwargs", "self"})
+
+
+def _analyse(ast: Any) -> _Analysis:
+    found = _Analysis()
+    stack = [ast]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, nodes.Name):
+            if node.ctx == "load":
+                found.loads[node.name] = min(found.loads.get(node.name, node.lineno), node.lineno)
+                found.whole.add(node.name)
+            else:
+                found.stores.add(node.name)
+        elif isinstance(node, (nodes.Filter, nodes.Test)):
+            found.filters.append(("filter" if isinstance(node, nodes.Filter) else "test", node.name, node.lineno))
+        elif isinstance(node, nodes.Macro):
+            found.stores.add(node.name)
+        elif isinstance(node, (nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)):
+            found.loads_files.append((type(node).__name__.lower(), node.lineno))
+        if isinstance(node, (nodes.Getattr, nodes.Getitem)):
+            chain = _chain(node)
+            beside = _beside_chain(node)
+            if chain is not None:
+                found.chains.append(chain)
+                root = beside.pop()  # a load, but not of the whole: the chain names what it reads
+                found.loads[root.name] = min(found.loads.get(root.name, root.lineno), root.lineno)
+            stack.extend(beside)
+            continue
+        stack.extend(node.iter_child_nodes())
+    return found
+
+
+def _chain(node: Any) -> tuple[str, list[Any], int] | None:
+    path: list[Any] = []
+    current = node
+    while isinstance(current, (nodes.Getattr, nodes.Getitem)):
+        path.append(current.attr if isinstance(current, nodes.Getattr) else _constant(current.arg))
+        current = current.node
+    return (current.name, path[::-1], node.lineno) if isinstance(current, nodes.Name) else None
+
+
+def _beside_chain(node: Any) -> list[Any]:
+    """The chain's root and its subscript expressions, still to be walked (not the links)."""
+    rest = []
+    while isinstance(node, (nodes.Getattr, nodes.Getitem)):
+        if isinstance(node, nodes.Getitem):
+            rest.append(node.arg)
+        node = node.node
+    return [*rest, node]
+
+
+def _parsed(ctx: Context) -> list[tuple[_Template, Any]]:
+    """Each template with its analysis, or the TemplateFailure when it does not parse."""
+    if "templates" not in ctx.cache:
+        result: list[tuple[_Template, Any]] = []
+        for template in _templates(ctx.spec):
+            try:
+                result.append((template, _analyse(parse(template.source))))
+            except TemplateFailure as exc:
+                result.append((template, exc))
+        ctx.cache["templates"] = result
+    return ctx.cache["templates"]
+
+
+@rule("SOP401", "SOP406")
+def template_syntax(ctx: Context) -> Iterator[Diagnostic]:
+    """Templates must parse, and use only filters and tests the sandbox has."""
+    env = environment()
+    for template, found in _parsed(ctx):
+        if isinstance(found, Exception):
+            line = _template_line(str(found))
+            yield error("SOP401", template.pointer, str(found), "check the {{ }} and {% %} pairs", line=line)
+            continue
+        for tag, line in found.loads_files:
+            yield error("SOP401", template.pointer, f"{{% {tag} %}} is not available: SOP templates cannot load "
+                        "other templates", "write the text inline", line=line)
+        for kind, name, line in found.filters:
+            table = env.filters if kind == "filter" else env.tests
+            if name not in table:
+                yield error("SOP406", template.pointer, f"unknown {kind} '{name}'",
+                            did_you_mean(name, list(table)), line=line)
+
+
+def _template_line(message: str) -> int:
+    match = re.search(r"template line (\d+)", message)
+    return int(match.group(1)) if match else 0
+
+
+@rule("SOP402")
+def template_variables(ctx: Context) -> Iterator[Diagnostic]:
+    """A template reads only the variables its place provides (anything else fails at run time)."""
+    globals_ = set(environment().globals)
+    for template, found in _parsed(ctx):
+        if isinstance(found, Exception):
+            continue
+        for name in sorted(found.free - template.allowed - globals_):
+            yield error("SOP402", template.pointer, f"undeclared template variable '{name}'",
+                        did_you_mean(name, sorted(template.allowed)) or
+                        f"available here: {', '.join(sorted(template.allowed))}", line=found.loads[name])
+
+
+@rule("SOP402", "SOP403", "SOP404", "SOP407", "SOP408")
+def template_references(ctx: Context) -> Iterator[Diagnostic]:
+    """`inputs.X`, `msgs.X` and `out['Key']` must name declared inputs, actions and keys;
+    `role.X`, `run.X` and a message's `.X` the fields those variables have."""
+    for template, found in _parsed(ctx):
+        if isinstance(found, Exception):
+            continue
+        for name, path, line in found.chains:
+            rule = _REFERENCE_RULES.get(name)
+            if rule is None or name in found.stores:  # a name the template rebinds is its own
+                continue
+            for diag in rule(ctx, template, path):
+                yield replace(diag, line=line)
+
+
+def _constant(arg: Any) -> Any:
+    if isinstance(arg, nodes.Const) and isinstance(arg.value, (str, int)):
+        return arg.value
+    if isinstance(arg, nodes.Neg) and isinstance(arg.node, nodes.Const) and isinstance(arg.node.value, int):
+        return -arg.node.value
+    return None
+
+
+def _inputs_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    spec = ctx.spec
+    name = path[0] if path else None
+    if isinstance(name, str) and name not in _DICT_METHODS and name not in spec.inputs:
+        known = list(spec.inputs)
+        yield error("SOP404", template.pointer, f"undeclared input '{name}'",
+                    did_you_mean(name, known) or f"declare it under `inputs:` (declared: {', '.join(known) or 'none'})")
+
+
+def _msgs_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    spec = ctx.spec
+    source = path[0] if path else None
+    if not isinstance(source, str) or source in _DICT_METHODS:
+        return
+    if source not in spec.actions and source != USER_REQUIREMENT:
+        known = [USER_REQUIREMENT, *spec.actions]
+        yield error("SOP407", template.pointer, f"msgs.{source}: no action '{source}'", did_you_mean(source, known))
+        return
+    yield from _never_delivered(ctx, template.action, source, template.pointer, f"msgs.{source}")
+    if len(path) > 2 and not isinstance(path[1], str):
+        yield from _message_field(template.pointer, f"msgs.{source}[...]", path[2])
+    if source == USER_REQUIREMENT or len(path) < 4 or path[2] != "out" or isinstance(path[1], str):
+        return
+    producer = spec.actions[source]
+    keys = path[3:]
+    if producer.for_each:
+        if not isinstance(keys[0], int):
+            return
+        keys = keys[1:]
+    yield from _key_rule(spec, template, source, producer, keys)
+
+
+def _fields_rule(variable: str, ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    """`role.X`, `run.X`: a field the variable has (an unknown one fails only at run time)."""
+    field_name = path[0] if path else None
+    if not isinstance(field_name, str) or field_name in _DICT_METHODS:
+        return
+    known = VARIABLE_FIELDS[variable]
+    if field_name not in known:
+        yield error("SOP402", template.pointer, f"{variable} has no field '{field_name}'",
+                    did_you_mean(field_name, sorted(known)) or f"{variable}'s fields: {', '.join(sorted(known))}")
+
+
+def _news_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    if len(path) > 1 and not isinstance(path[0], str):
+        yield from _message_field(template.pointer, "news[...]", path[1])
+
+
+def _message_field(pointer: str, what: str, field_name: Any) -> Iterator[Diagnostic]:
+    if isinstance(field_name, str) and field_name not in MESSAGE_FIELDS and field_name not in _DICT_METHODS:
+        fields = sorted(MESSAGE_FIELDS)
+        yield error("SOP402", pointer, f"a message ({what}) has no field '{field_name}'",
+                    did_you_mean(field_name, fields) or f"a message's fields: {', '.join(fields)}")
+
+
+def _out_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    if template.pointer.split("/")[3] != "artifacts":
+        return
+    yield from _key_rule(ctx.spec, template, template.action, ctx.spec.actions[template.action], path)
+
+
+def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what: str) -> Iterator[Diagnostic]:
+    """Warn for each role running `reader` that can never remember a message of `source`.
+
+    A role remembers every message delivered to it (watched or not) and its own; so
+    `msgs.X` or `context: [X]` stays empty for a role that X's `send_to` never reaches."""
+    ran_by = _runners(ctx)
+    idea = source == USER_REQUIREMENT
+    if not idea and (source not in ctx.spec.actions or not ran_by.get(source)):
+        return
+    send = list(ctx.spec.team.send_to) if idea else send_targets(ctx.spec, source)
+    for rid in ran_by.get(reader, []):
+        runs_it = rid in ran_by.get(source, ())
+        if not runs_it and not delivered(send, rid, ctx.spec.role_name(rid), runs_it)[0]:
+            field = "team.send_to" if idea else f"{source}'s send_to"
+            yield warning("SOP408", pointer, f"{what} is always empty for role '{rid}': '{source}' is "
+                          f"sent only to {', '.join(send)}", f"add '{rid}' or <all> to {field}")
+
+
+@rule("SOP408")
+def context_reachable(ctx: Context) -> Iterator[Diagnostic]:
+    """A `context` entry the role never receives shows the model nothing."""
+    for aid, action in ctx.spec.actions.items():
+        if isinstance(action, AnsweredAction) and isinstance(action.context, list):
+            for i, source in enumerate(action.context):
+                yield from _never_delivered(ctx, aid, source, f"/actions/{aid}/context/{i}", f"context {source}")
+
+
+def _runners(ctx: Context) -> dict[str, list[str]]:
+    if "runners" not in ctx.cache:
+        ctx.cache["runners"] = runners(ctx.spec)
+    return ctx.cache["runners"]
+
+
+def _undeclared_vars(ctx: Context, found: _Analysis, action_id: str) -> Iterator[tuple[str, str, int]]:
+    """(role, variable, line) for each `role.vars.X` some role running the action lacks."""
+    seen: set[tuple[str, str]] = set()
+    for name, path, line in found.chains:
+        if name != "role" or len(path) < 2 or path[0] != "vars" or not isinstance(path[1], str):
+            continue
+        for rid in _runners(ctx).get(action_id, []):
+            declared = ctx.spec.roles[rid].vars
+            if path[1] not in declared and (rid, path[1]) not in seen \
+                    and not (path[1] in _DICT_METHODS and len(path) == 2):
+                seen.add((rid, path[1]))
+                yield rid, path[1], line
+
+
+@rule("SOP409")
+def role_variables(ctx: Context) -> Iterator[Diagnostic]:
+    """Every `role.vars.X` an action's templates read is declared by every role that runs it
+    (roles share actions; a variable one of them lacks would fail only when that role acts)."""
+    for template, found in _parsed(ctx):
+        if isinstance(found, Exception):
+            continue
+        for rid, var, line in _undeclared_vars(ctx, found, template.action):
+            declared = list(ctx.spec.roles[rid].vars)
+            yield error("SOP409", template.pointer, f"role '{rid}' runs '{template.action}', which reads "
+                        f"role.vars.{var}, but declares no variable '{var}'",
+                        did_you_mean(var, declared) or f"add `vars: {{{var}: ...}}` to role '{rid}'"
+                        + (f" (it declares: {', '.join(declared)})" if declared else ""), line=line)
+
+
+@rule("SOP203")
+def send_to_templates(ctx: Context) -> Iterator[Diagnostic]:
+    """A template `send_to` item, rendered for each role that runs the action, names a role
+    or a special address. Templates that do not parse or read more than `role` are left to
+    SOP401/SOP402, undeclared role variables to SOP409."""
+    known = known_addresses(ctx.spec)
+    checked = {t.pointer: found for t, found in _parsed(ctx)}
+    for aid, action in ctx.spec.actions.items():
+        for i, item in enumerate(action.send_to):
+            pointer = f"/actions/{aid}/send_to/{i}"
+            found = checked.get(pointer)
+            if not is_template(item) or not isinstance(found, _Analysis) or found.free - {"role"}:
+                continue
+            lacking = {rid for rid, _, _ in _undeclared_vars(ctx, found, aid)}
+            for rid in _runners(ctx).get(aid, []):
+                if rid not in lacking:
+                    yield from _address_problem(ctx, known, item, pointer, aid, rid)
+
+
+def _address_problem(ctx: Context, known: dict[str, None], item: str, pointer: str, aid: str,
+                     rid: str) -> Iterator[Diagnostic]:
+    try:
+        address = render_address(ctx.spec, item, rid)
+    except TemplateFailure as exc:
+        yield error("SOP203", pointer, f"send_to of '{aid}' for role '{rid}': {exc}")
+        return
+    if address not in known:
+        message, hint = unknown("address", address, list(known))
+        yield error("SOP203", pointer, f"send_to of '{aid}' for role '{rid}' gives {message}", hint)
+
+
+def _key_rule(spec: Sop, template: _Template, aid: str, action: ActionSpec, keys: list[Any]) -> Iterator[Diagnostic]:
+    tree: Any = _EXEC_OUT if isinstance(action, ExecAction) else output_of(action)
+    if not isinstance(tree, dict) or not keys:
+        return
+    missing = _missing_key(tree, keys)
+    if missing:
+        key, level, trail = missing
+        where = f"'{aid}'" + "".join(f"['{k}']" for k in trail)
+        yield error("SOP403", template.pointer, f"the output of {where} has no key '{key}'",
+                    did_you_mean(key, list(level)) or f"its keys: {', '.join(level)}")
+
+
+def _missing_key(tree: dict[str, Any], keys: list[Any]) -> tuple[str, list[str], list[str]] | None:
+    """(missing key, keys available there, keys walked) for the first key not in the tree."""
+    level: Any = tree
+    trail: list[str] = []
+    for key in keys:
+        if isinstance(level, tuple):  # a list of objects: an index steps into its element
+            if not isinstance(key, int):
+                return None
+            level = level[0]
+            continue
+        if not isinstance(key, str) or not isinstance(level, dict) or key in _DICT_METHODS and key not in level:
+            return None
+        if key not in level:
+            return key, list(level), trail
+        trail.append(key)
+        level = _step(level[key])
+    return None
+
+
+def _step(node: Any) -> Any:
+    if not isinstance(node, OutputNode) or node.children is None:
+        return None
+    return (node.children,) if (node.type or "").strip() == "list" else node.children
+
+
+def read_by_templates(ctx: Context) -> set[str] | None:
+    """The actions whose messages some template reads by name (`msgs.X`, `msgs['X']`) in a
+    prompt, `when`, `for_each`, artifact or exec command; None when one reads `msgs` as a whole
+    (`msgs[name]`, `msgs | tojson`, `msgs.items()`): then any action may be read. A template
+    that does not parse reads nothing here (the template phase reports it)."""
+    analyses = [found for _, found in _parsed(ctx) if not isinstance(found, Exception)]
+    for action in ctx.spec.actions.values():
+        for part in action.command if isinstance(action, ExecAction) else []:
+            try:
+                analyses.append(_analyse(parse(part)))
+            except TemplateFailure:
+                continue
+    read: set[str] = set()
+    for found in analyses:
+        if "msgs" in found.whole:
+            return None
+        for name, path, _ in found.chains:
+            if name == "msgs":
+                if not path or not isinstance(path[0], str) or path[0] in _DICT_METHODS:
+                    return None
+                read.add(path[0])
+    return read
+
+
+_ReferenceRule = Callable[[Context, _Template, list[Any]], Iterator[Diagnostic]]
+
+
+_REFERENCE_RULES: dict[str, _ReferenceRule] = {
+    "inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule, "news": _news_rule,
+    **{name: partial(_fields_rule, name) for name in VARIABLE_FIELDS},
+}
+
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+@rule("SOP405")
+def artifact_paths(ctx: Context) -> Iterator[Diagnostic]:
+    """Artifact paths stay inside the workspace: relative, forward slashes, no `..`, and
+    never into ENGINE_DIR (an artifact there would replace the run's journal or lock)."""
+    for aid, action in ctx.spec.actions.items():
+        for i, artifact in enumerate(action.artifacts):
+            yield from _path_rule(f"/actions/{aid}/artifacts/{i}/path", artifact.path)
+        if action.join is not None and action.join.path is not None:
+            yield from _path_rule(f"/actions/{aid}/join/path", action.join.path)
+
+
+def _path_rule(pointer: str, path: str) -> Iterator[Diagnostic]:
+    problem = _path_problem(path)
+    if problem:
+        yield error("SOP405", pointer, f"artifact path '{path}' {problem}",
+                    "write a relative path inside the workspace, such as docs/prd.md")
+
+
+def _path_problem(path: str) -> str:
+    text = path.strip()
+    if not text:
+        return "is empty"
+    if "\\" in text:
+        return "contains a backslash (use /)"
+    if text.startswith(("/", "~")) or _DRIVE.match(text):
+        return "is absolute"
+    if ".." in re.split(r"/+", text):
+        return "leaves the workspace (..)"
+    if "\x00" in text:
+        return "contains a NUL character"
+    if in_engine_dir(text):
+        return f"writes into {ENGINE_DIR}/, the folder of sopctl's own journal and lock"
+    return ""
+
+
+RULES = (template_syntax, template_variables, template_references, context_reachable, artifact_paths)
+"""This phase's rules, in the order they run."""
+
+
+REFERENCE_RULES = (role_variables, send_to_templates)
+"""Rules of the references phase that read templates: the watch graph needs every
+`send_to` resolved for every role, so these run before it."""

@@ -1,0 +1,154 @@
+"""The JSON Schema: well formed, documented, local-only, and in agreement with the models."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jsonschema import Draft202012Validator
+from pydantic import ValidationError
+
+from engine.compile.compiler import _spec
+from engine.errors import LoadError
+from engine.load import schema as sop_schema
+from engine.load.source import load_path
+from engine.load.spec import Sop
+
+from run_helpers import ROOT
+
+CASES = sorted((ROOT / "tests" / "cases").glob("*/*.sop.yaml"))
+
+
+def _loadable(path: Path) -> Any:
+    try:
+        return load_path(path).data
+    except LoadError:
+        return None
+
+
+def _models_accept(data: Any) -> bool:
+    try:
+        Sop.model_validate(data)
+    except ValidationError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if _loadable(c) is not None],
+                         ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_schema_and_models_agree(case: Path) -> None:
+    """Every case that loads as YAML (the others never reach either layer)."""
+    data = _loadable(case)
+    schema_ok = not sop_schema.validate(data)
+    assert schema_ok == _models_accept(data)
+    if case.parent.name == "valid":
+        assert schema_ok
+
+
+def test_schema_is_valid_2020_12_and_matches_the_shipped_file() -> None:
+    document = json.loads((ROOT / "schemas" / "sop.schema.json").read_text(encoding="utf-8"))
+    Draft202012Validator.check_schema(document)
+    assert document == sop_schema.schema()
+    assert document["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+
+
+def _properties(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(node, dict):
+        for name, sub in node.get("properties", {}).items():
+            yield f"{path}/{name}", sub
+        for key, value in node.items():
+            if key not in ("if", "then"):  # conditions restate keys documented above them
+                yield from _properties(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _properties(value, f"{path}/{i}")
+
+
+def test_every_key_has_a_description() -> None:
+    document = sop_schema.schema()
+    defs = document["$defs"]
+    for where, prop in _properties(document):
+        target = defs[prop["$ref"].rsplit("/", 1)[1]] if "$ref" in prop else prop
+        assert target.get("description"), where
+
+
+def test_no_remote_references() -> None:
+    refs: list[str] = []
+    json.loads(sop_schema.schema_text(), object_hook=lambda d: refs.extend([d["$ref"]] if "$ref" in d else []) or d)
+    assert refs and all(ref.startswith("#/$defs/") for ref in refs)
+
+
+def test_remote_reference_is_never_fetched() -> None:
+    from referencing import Registry
+    from referencing.exceptions import Unresolvable
+
+    validator = Draft202012Validator({"$ref": "https://example.invalid/x.json"}, registry=Registry())
+    with pytest.raises(Unresolvable):
+        validator.validate({})
+
+
+def test_model_fields_are_schema_keys() -> None:
+    defs = sop_schema.schema()["$defs"]
+    from engine.load.spec import (
+        ActionSpec,
+        ArtifactSpec,
+        InputSpec,
+        LLMSpec,
+        PlannerSpec,
+        RoleSpec,
+    )
+
+    pairs = {"action": ActionSpec, "role": RoleSpec, "planner": PlannerSpec, "input": InputSpec,
+             "llm": LLMSpec, "artifact": ArtifactSpec}
+    for name, model in pairs.items():
+        fields = {f.alias or key for key, f in model.model_fields.items()}
+        assert fields == set(defs[name]["properties"]), name
+
+
+def test_integral_float_is_not_an_integer_for_either() -> None:
+    data = {"apiVersion": "sop/v1", "name": "x", "actions": {"A": {"retries": 2.0}},
+            "roles": {"R": {"actions": ["A"]}}}
+    assert [d.code for d in sop_schema.validate(data)] == ["SOP103"]
+    assert not _models_accept(data)
+
+
+def test_model_only_refusal_becomes_a_diagnostic() -> None:
+    spec, found = _spec({"apiVersion": "sop/v1", "name": "x", "actions": {}, "roles": {"R": {"actions": []}},
+                         "bogus": 1})
+    assert spec is None
+    assert {d.code for d in found} == {"SOP108"}
+    assert {d.pointer for d in found} == {"/roles/R/actions", "/bogus"}
+
+
+def test_did_you_mean() -> None:
+    assert sop_schema.did_you_mean("by_orderr", ["react", "by_order"]) == "did you mean 'by_order'?"
+    assert sop_schema.did_you_mean("zzz", ["react", "by_order"]) == ""
+    assert sop_schema.did_you_mean(3, ["react"]) == ""
+
+
+def test_all_errors_of_the_phase_are_reported() -> None:
+    data = {"apiVersion": "sop/v2", "name": "Bad", "actions": {"a": {}}, "roles": {}, "extra": 1}
+    codes = sorted(d.code for d in sop_schema.validate(data))
+    assert codes == ["SOP101", "SOP102", "SOP105", "SOP105", "SOP106"]
+
+
+def test_schema_defaults_are_the_model_defaults() -> None:
+    from engine.load.spec import (
+        ActionSpec,
+        InputSpec,
+        OutputNode,
+        PlannerSpec,
+        RoleSpec,
+    )
+
+    defs = sop_schema.schema()["$defs"]
+    pairs = {"action": ActionSpec, "role": RoleSpec, "planner": PlannerSpec, "input": InputSpec,
+             "outputNode": OutputNode}
+    for name, model in pairs.items():
+        by_alias = {(f.alias or key): f for key, f in model.model_fields.items()}
+        for key, prop in defs[name]["properties"].items():
+            if "default" in prop:
+                assert prop["default"] == by_alias[key].get_default(call_default_factory=True), (name, key)

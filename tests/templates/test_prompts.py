@@ -1,0 +1,211 @@
+"""The template sandbox: a shared SOP's template cannot build a huge value, only fail cleanly.
+
+"refused by the sandbox" means the value was refused *before* it was built; the output-size
+check alone would only see it after the memory was spent.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.templates import sandbox
+from engine.templates.sandbox import TemplateFailure, compile_expression, render_template
+
+BOMBS = {
+    "repeat": "{{ 'x' * 10**9 }}",
+    "concat doubling": "{% set a = 'x' * 600000 %}{% set a = a ~ a %}{{ a|length }}",
+    "plus doubling": "{% set a = 'x' * 600000 %}{% set a = a + a %}{{ a|length }}",
+    "list doubling": "{% set a = [1] * 600000 %}{% set a = a + a %}{{ a|length }}",
+    "center filter": "{{ 'x'|center(10**9) }}",
+    "center method": "{{ 'x'.center(10**9) }}",
+    "indent": "{{ 'x\nx'|indent(10**9) }}",
+    "replace": "{{ ('a' * 100000)|replace('a', 'b' * 50) }}",
+    "str.format width": "{{ '{:>1000000000}'.format('x') }}",
+    "format filter width": "{{ '%1000000000s'|format('x') }}",
+    "range": "{% for i in range(10**8) %}{% endfor %}",
+    "power": "{{ 2 ** (10**10) }}",
+    "squaring": "{% set ns = namespace(x=3) %}{% for i in range(40) %}{% set ns.x = ns.x * ns.x %}{% endfor %}",
+    "percent width": "{{ '%999999999s' % 'x' }}",
+    "percent widths together": "{{ ('%999999s' * 50)|format(*range(50)) }}",
+    "bytes repeat": "{{ 'x'.encode() * 10**9 }}",
+    "lipsum": "{{ lipsum(1000000) }}",
+    "indent on a long text": "{% set t = 'x\n' * 400000 %}{{ t|indent(999999) }}",
+    "wordwrap string": "{{ ('x ' * 400000)|wordwrap(1, wrapstring='y' * 1000) }}",
+    "expandtabs": "{{ ('\t' * 100000).expandtabs(999999) }}",
+    "shared rows": "{% set a = [0] * 1000 %}{% set b = [a] * 1000 %}{{ [b] * 1000 }}",
+    "nested displays": "{% set a = ['x' * 1000] * 900 %}{% set b = [a, a, a, a, a, a, a, a, a, a] %}"
+                       "{{ [b, b, b, b, b, b, b, b, b, b] }}",
+    "format fields": "{{ ('{0}' * 1000).format('x' * 100000) }}",
+    "join of shared": "{{ (['x' * 100000] * 10)|join }}",
+}
+
+
+@pytest.mark.parametrize("template", BOMBS.values(), ids=BOMBS.keys())
+def test_a_template_bomb_is_refused_before_it_is_built(template):
+    with pytest.raises(TemplateFailure, match="refused by the sandbox"):
+        render_template(template, {})
+
+
+def test_ordinary_templates_still_render():
+    template = ("{{ 'ab' ~ 'cd' }}|{{ [1, 2] + [3] }}|{{ 'x'|center(3) }}|{{ 'a-b'|replace('-', '+') }}|"
+                "{{ '{:>3}'.format(1) }}|{{ [3, 1]|sort|join(',') }}|{{ {'a': 1}|tojson }}|{{ 'abc'|upper }}")
+    assert render_template(template, {}) == 'abcd|[1, 2, 3]| x |a+b|  1|1,3|{"a": 1}|ABC'
+
+
+def test_the_rendered_output_is_still_bounded():
+    with pytest.raises(TemplateFailure, match="exceeds the limit"):
+        render_template("{% for i in range(2000) %}{{ 'x' * 900 }}{% endfor %}", {})
+
+
+def test_the_sandbox_still_refuses_python_internals():
+    with pytest.raises(TemplateFailure, match="sandbox"):
+        render_template("{{ ''.__class__.__mro__ }}", {})
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("Program call flow: Aerius", "Program_call_flow_Aerius.py"),
+    ("src/game.py", "src/game.py"),
+    ("../../etc/passwd", "etc/passwd.py"),          # never leaves the workspace
+    ("/abs/x.py", "abs/x.py"),
+    ("   ", "file.py"),
+    ("dataiku vs. datarobot", "dataiku_vs_datarobot.py"),  # a dot in the text is no extension
+    ("v1.2 notes", "v1.2_notes.py"),
+    ("archive.tar.gz", "archive.tar.gz"),
+])
+def test_file_name_turns_model_text_into_a_safe_relative_path(value, expected):
+    assert render_template("{{ v | file_name('.py') }}", {"v": value}) == expected
+
+
+def test_where_picks_the_rows_whose_column_is_a_value_or_one_of_several():
+    rows = [["a.py", "A"], ["b.py", "B", "a.py"], [], ["c.py"], "text"]
+    variables = {"rows": rows, "objects": [{"name": "x"}, {"other": 1}, {"name": "y"}]}
+    assert render_template("{{ rows | where(0, 'b.py') }}", variables) == "[['b.py', 'B', 'a.py']]"
+    assert render_template("{{ rows | where(0, ['c.py', 'a.py']) | map('first') | join(',') }}",
+                           variables) == "a.py,c.py"
+    assert render_template("{{ rows | where(2, 'a.py') | length }}|{{ rows | where(5, 'x') }}",
+                           variables) == "1|[]"                   # short rows are skipped
+    assert render_template("{{ objects | where('name', 'y') }}", variables) == "[{'name': 'y'}]"
+    assert render_template("{{ none | where(0, 'x') }}", {}) == "[]"  # an optional field left out
+    with pytest.raises(TemplateFailure, match="where: expected a list of rows, got str"):
+        render_template("{{ 'abc' | where(0, 'a') }}", {})
+
+
+def test_slug_makes_an_identifier_from_model_text():
+    assert render_template("{{ v | slug }}|{{ '' | slug }}", {"v": "Aerius 2048: The Game!"}) == "aerius_2048_the_game|x"
+
+
+# --- CPU time and memory: what no static rule catches stops at a bound, located ---------
+
+def test_a_long_loop_stops_at_the_cpu_bound_with_its_line(monkeypatch):
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.2)
+    template = "line one\n{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    with pytest.raises(TemplateFailure, match="CPU time") as failure:
+        render_template(template, {})
+    assert failure.value.line == 2
+
+
+def test_a_slow_accumulation_stops_at_the_memory_bound(monkeypatch):
+    monkeypatch.setattr(sandbox, "MAX_RENDER_MEMORY", 64 * 2**20)
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 600.0)   # memory, not time, must stop it
+    template = "{{ range(100000)|map('string')|map('center', 999999)|list|length }}"
+    with pytest.raises(TemplateFailure, match="grew memory"):
+        render_template(template, {})
+
+
+def test_a_when_or_for_each_expression_is_bounded_too(monkeypatch):
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.05)
+    evaluate = compile_expression("range(100000)|map('string')|map('center', 9)|map('trim')"
+                                  "|map('upper')|map('lower')|map('title')|list|length")
+    with pytest.raises(TemplateFailure, match="CPU time"):
+        evaluate()
+
+
+def test_a_render_under_its_bounds_leaves_nothing_behind():
+    # the watchdog's stop must never land in a later render or outside one
+    for _ in range(200):
+        assert render_template("{{ x }}", {"x": 1}) == "1"
+    assert not sandbox._WATCHDOG._renders
+
+
+# --- in a run -----------------------------------------------------------------------------
+
+SLOW_PROMPT = """
+apiVersion: sop/v1
+name: slow_prompt
+inputs:
+  idea: {type: str, required: true}
+actions:
+  Think:
+    prompt: |
+      {{ inputs.idea }}
+      {% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}
+roles:
+  Thinker: {actions: [Think], watch: [UserRequirement]}
+"""
+
+
+def _run_slow(tmp_path, **options):
+    from engine.api import run
+    from engine.compile.compiler import compile_text
+    from engine.testing import ScriptedModel, use_model
+
+    model = ScriptedModel(lambda spec, attempt: "ok")
+    with use_model(model):
+        result = run(compile_text(SLOW_PROMPT), {"idea": "x"}, model="fake",
+                     workspace=tmp_path / "ws", **options)
+    return result, model
+
+
+def test_a_prompt_past_its_cpu_bound_fails_the_run_at_its_template_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.2)
+    result, model = _run_slow(tmp_path, journal=False)
+    assert result.status == "failed"
+    assert "error[SOP501]: action Think failed: prompt template: template used more than" in result.error
+    assert result.diagnostic.line == 10        # the loop's line in the file
+    assert model.requests == []
+
+
+def test_ctrl_c_stops_a_run_in_the_middle_of_a_render(tmp_path, monkeypatch):
+    import os
+    import signal
+    import threading
+
+    from engine.journal.history import read_run
+
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 600.0)   # only Ctrl-C can stop it
+
+    test_over = threading.Event()
+
+    def ctrl_c_once_the_loop_renders() -> None:
+        while not any(sandbox._cpu_seconds(r.cpu_clock) - r.cpu_start > 0.3
+                      for r in list(sandbox._WATCHDOG._renders.values())):
+            if test_over.wait(0.01):     # never a Ctrl-C into a later test
+                return
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=ctrl_c_once_the_loop_renders, daemon=True).start()
+    try:
+        result, model = _run_slow(tmp_path)
+    finally:
+        test_over.set()
+    assert result.status == "interrupted" and model.requests == []
+    state = read_run(tmp_path / "ws")
+    assert state.ended and state.status == "interrupted"    # journaled, not a CPU-bound failure
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_still_bounds_its_renders(monkeypatch):
+    import os
+
+    monkeypatch.setattr(sandbox, "MAX_RENDER_CPU_S", 0.2)
+    render_template("{{ 1 }}", {})       # the parent's watchdog thread exists now
+    pid = os.fork()
+    if pid == 0:                          # the child: the loop must stop, not hang
+        try:
+            render_template("{% for i in range(100000) %}{% for j in range(100000) %}"
+                            "{% endfor %}{% endfor %}", {})
+        except TemplateFailure as failure:
+            os._exit(0 if "CPU time" in str(failure) else 2)
+        os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
