@@ -65,6 +65,10 @@ class SopJsonSchema(GenerateJsonSchema):
             [(pattern, values)] = patterns.items()
             json_schema["propertyNames"] = {**json_schema.get("propertyNames", {}), "pattern": pattern}
             json_schema["additionalProperties"] = values
+        values = json_schema.get("additionalProperties")
+        title = self.generate_inner(schema["values_schema"]).get("title") if "values_schema" in schema else None
+        if isinstance(values, dict) and title and "$ref" not in values:
+            values["title"] = title    # pydantic drops it; the action union's ("Action") is what a hover shows
         return json_schema
 
     def union_schema(self, schema: core_schema.UnionSchema) -> JsonSchemaValue:

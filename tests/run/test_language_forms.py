@@ -286,7 +286,7 @@ def test_the_schema_and_the_models_know_the_same_new_keys() -> None:
     from engine.load import schema as sop_schema
     from engine.load.spec import JoinSpec
 
-    action = sop_schema.schema()["$defs"]["action"]["properties"]
-    assert set(action["join"]["properties"]) == set(JoinSpec.model_fields)
-    assert {"system", "join"} <= set(action)
-    assert "vars" in sop_schema.schema()["$defs"]["role"]["properties"]
+    defs = sop_schema.schema()["$defs"]
+    assert set(defs["JoinSpec"]["properties"]) == set(JoinSpec.model_fields)
+    assert {"system", "join"} <= set(defs["LlmAction"]["properties"])
+    assert "vars" in defs["RoleSpec"]["properties"]
