@@ -3,7 +3,8 @@
 The pydantic models (engine/load/spec.py) are the language; this writes what is derived
 from them: `engine/load/sop.schema.json` (package data: what `sopctl schema` prints and
 what `validate` explains refusals with), its copy `schemas/sop.schema.json` (editors,
-through `# yaml-language-server: $schema=`) and the key reference `docs/language.md`.
+through `# yaml-language-server: $schema=`), the key reference `docs/language.md` and the
+README's "keys at a glance" table.
 `--check` writes nothing and exits 1 when a committed copy differs (a test runs it).
 
 pydantic's output is shaped where editors and our diagnostics need it: no titles on
@@ -35,7 +36,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCHEMA_FILES = ("engine/load/sop.schema.json", "schemas/sop.schema.json")
 REFERENCE_FILE = "docs/language.md"
-TARGETS = (*SCHEMA_FILES, REFERENCE_FILE)
+README_FILE = "README.md"
+TARGETS = (*SCHEMA_FILES, REFERENCE_FILE, README_FILE)
 
 
 class SopJsonSchema(GenerateJsonSchema):
@@ -137,18 +139,20 @@ def schema_text() -> str:
     return json.dumps(schema_document(), indent=2, ensure_ascii=False) + "\n"
 
 
-def generate() -> dict[str, str]:
-    """Every generated file's path (relative to the checkout) and its text."""
-    from engine.load.reference import reference_text
+def generate(root: Path = ROOT) -> dict[str, str]:
+    """Every generated file's path (relative to the checkout) and its text; the README's is
+    its own text with the "keys at a glance" table made anew."""
+    from engine.load.reference import reference_text, with_glance
 
-    text = schema_text()
-    return {**{path: text for path in SCHEMA_FILES}, REFERENCE_FILE: reference_text(schema_document())}
+    text, document = schema_text(), schema_document()
+    readme = with_glance((root / README_FILE).read_text(encoding="utf-8"), document)
+    return {**{path: text for path in SCHEMA_FILES}, REFERENCE_FILE: reference_text(document), README_FILE: readme}
 
 
 def stale(root: Path = ROOT) -> list[str]:
     """The generated files whose committed text differs from what the models give."""
     found = []
-    for path, text in generate().items():
+    for path, text in generate(root).items():
         target = root / path
         if not target.is_file() or target.read_text(encoding="utf-8") != text:
             found.append(path)

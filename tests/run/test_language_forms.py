@@ -180,11 +180,12 @@ def test_command_items_are_checked_like_prompts(item: str, code: str) -> None:
     assert [(c, p) for c, p, _, _ in found] == [(code, "/actions/RunScript/command/1")]
 
 
-def test_command_templates_of_an_llm_action_are_not_checked() -> None:
-    """A `command` on a kind llm action is ignored (SOP209), so it is not a template there."""
+def test_command_of_an_llm_action_is_an_error_not_a_template() -> None:
+    """A `command` on a kind llm action is a key of another kind (SOP110): its items are not
+    checked as templates (the file stops at its structure)."""
     text = SCRIPT.replace("    kind: exec\n", "").replace("{{ inputs.idea }}\"]", "{{ nope }}\"]")
     text = text.replace("{{ out.stdout }}", "{{ out }}")
-    assert _codes(text) == ["SOP209"]
+    assert _codes(text) == ["SOP110"]
 
 
 # --- join after for_each ----------------------------------------------------------------------
