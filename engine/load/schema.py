@@ -19,7 +19,7 @@ from typing import Any
 from engine.errors import Diagnostic
 from engine.load.source import join_pointer
 
-__all__ = ["did_you_mean", "pointer_of", "schema", "schema_text", "validate"]
+__all__ = ["closest", "did_you_mean", "pointer_of", "schema", "schema_text", "validate"]
 
 
 _PATTERNS = {
@@ -62,6 +62,12 @@ def _validator() -> Any:
 
 def did_you_mean(word: Any, choices: Iterable[str]) -> str:
     """A `did you mean 'x'?` hint when a choice is a close spelling of `word`, else ''."""
+    close = closest(word, choices)
+    return f"did you mean '{close}'?" if close else ""
+
+
+def closest(word: Any, choices: Iterable[str]) -> str:
+    """The choice that is a close spelling of `word` (or differs only in case), else ''."""
     import difflib
 
     if not isinstance(word, str):
@@ -71,7 +77,7 @@ def did_you_mean(word: Any, choices: Iterable[str]) -> str:
     if not close:
         lowered = {c.lower(): c for c in options}
         close = [lowered[word.lower()]] if word.lower() in lowered else []
-    return f"did you mean '{close[0]}'?" if close else ""
+    return close[0] if close else ""
 
 
 def pointer_of(path: Iterable[Any]) -> str:
@@ -213,8 +219,15 @@ def _unknown_keys(error: Any, pointer: str) -> Iterator[Diagnostic]:
         if owners:
             yield _other_kind(join_pointer(pointer, key), key, kind, owners, DISCRIMINATOR in error.instance)
             continue
-        hint = did_you_mean(key, known) or (f"allowed keys: {', '.join(known)}" if known else "")
+        hint = did_you_mean(key, known) or _other_kind_spelling(key, kind) \
+            or (f"allowed keys: {', '.join(known)}" if known else "")
         yield _diag("SOP101", join_pointer(pointer, key), f"unknown key '{key}'{where}", hint)
+
+
+def _other_kind_spelling(key: str, kind: str | None) -> str:
+    """`comand` on an llm action: close to `command`, a key of another kind (say which)."""
+    name = closest(key, list(_KIND_KEYS())) if kind is not None else ""
+    return f"did you mean '{name}'? (a key of kind {' or '.join(_KIND_KEYS()[name])} actions)" if name else ""
 
 
 def _other_kind(pointer: str, key: str, kind: str, owners: list[str], kind_given: bool) -> Diagnostic:
