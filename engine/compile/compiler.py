@@ -277,7 +277,10 @@ def _spec(data: dict[str, Any]) -> tuple[Sop | None, list[Diagnostic]]:
 
 
 def _from_pydantic(err: Any) -> Diagnostic:
-    loc = [p for p in err["loc"] if isinstance(p, (str, int)) and not _is_branch(p)]
+    loc = list(err["loc"])
+    if len(loc) > 2 and loc[0] == "actions":
+        del loc[2]   # the action union's tag (`llm`, `exec`...): the branch, not a key
+    loc = [p for p in loc if isinstance(p, (str, int)) and not _is_branch(p)]
     return Diagnostic(code="SOP108", severity="error", pointer=join_pointer("", *loc),
                       message=f"invalid value: {err['msg']}", hint="the SOP models refuse this value")
 

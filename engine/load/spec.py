@@ -19,7 +19,7 @@ __all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "Inp
            "TeamSpec", "OutputNode", "ReviseSpec", "RecallSpec", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
            "JoinSpec", "McpServerSpec", "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir", "is_template",
            "VAR_NAME", "Absent", "Branch", "enum_docs", "LlmAction", "ExecAction", "AskAction",
-           "ReplyAction", "ActionBase", "PromptedAction", "AnsweredAction", "ActionKind", "action_kind", "output_of", "tools_of",
+           "ReplyAction", "ActionBase", "PromptedAction", "AnsweredAction", "action_kind", "output_of", "tools_of",
            "retries_of", "DEFAULT_RETRIES"]
 
 
@@ -283,9 +283,6 @@ Context = (
     | Annotated[Literal["all", "none"], Branch("'all' or 'none'", "The whole memory, or no context."),
                 Field(json_schema_extra=enum_docs(all="The whole memory (default).", none="No context section."))]
 )
-
-
-ActionKind = Literal["llm", "exec", "ask", "reply"]
 
 
 KIND_DOCS = enum_docs(

@@ -199,6 +199,13 @@ def test_model_only_refusal_becomes_a_diagnostic() -> None:
     assert {d.pointer for d in found} == {"/roles/R/actions", "/bogus"}
 
 
+def test_model_only_refusal_in_an_action_names_the_key_not_the_kind() -> None:
+    """pydantic puts the union's tag (`exec`) in an error's location; the pointer skips it."""
+    _, found = _spec({"apiVersion": "sop/v1", "name": "x", "roles": {"R": {"actions": ["A"]}},
+                      "actions": {"A": {"kind": "exec", "command": ["x"], "timeout_s": 0}}})
+    assert [(d.code, d.pointer) for d in found] == [("SOP108", "/actions/A/timeout_s")]
+
+
 def test_did_you_mean() -> None:
     assert sop_schema.did_you_mean("by_orderr", ["react", "by_order"]) == "did you mean 'by_order'?"
     assert sop_schema.did_you_mean("zzz", ["react", "by_order"]) == ""
