@@ -109,7 +109,11 @@ def schema_document() -> dict[str, Any]:
     """The schema of an SOP file, as written to sop.schema.json."""
     document = Sop.model_json_schema(by_alias=True, schema_generator=SopJsonSchema)
     document = _polish(document)
-    return {"$schema": DIALECT, **document}
+    first = {key: document[key] for key in _TOP_ORDER if key in document}
+    return {"$schema": DIALECT, **first, **document}   # what the file is first, its definitions last
+
+
+_TOP_ORDER = ("title", "description", "type", "additionalProperties", "required", "properties")
 
 
 def _polish(node: Any) -> Any:
