@@ -12,7 +12,7 @@ interpreter's hot path knows nothing about tracing. The spans:
   call's cost as `sopctl.cost_usd`; an answer reused from the journal has `sopctl.reused`
   (its duration is the one recorded when it was paid for).
 - `execute_tool {action}`: an exec action (its command is the tool), from ActionStarted to
-  ActionCompleted; `tool_span` lets other tool calls report theirs.
+  ActionCompleted; a tool loop's command (ToolCalled), as long as it took.
 
 Retries, re-asks and questions to a person are span events on the role's span.
 
@@ -197,13 +197,6 @@ class TracingObserver:
                                        kind=self._trace.SpanKind.CLIENT, start_time=start,
                                        attributes=attributes)
         self._finish(span, now)
-
-    def tool_span(self, round_: int, role: str, tool: str, started_ns: int, ended_ns: int,
-                  attributes: Mapping[str, Any] | None = None, error: str = "") -> None:
-        """An `execute_tool` span for a tool call that ran from `started_ns` to `ended_ns`
-        (for tool calls reported by other events than an exec action's)."""
-        with self._lock:
-            self._tool_span(round_, role, tool, started_ns, ended_ns, attributes, error)
 
     def _tool_span(self, round_: int, role: str, tool: str, started_ns: int, ended_ns: int,
                    attributes: Mapping[str, Any] | None, error: str) -> None:
