@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 from engine.check.rules import Context, error, rule
 from engine.errors import Diagnostic
+from engine.load.spec import AnsweredAction
 
 __all__ = ["RULES"]
 
@@ -22,7 +23,8 @@ def recall_needs_a_window(ctx: Context) -> Iterator[Diagnostic]:
             yield error("SOP219", f"/roles/{rid}/recall", "`recall` without a `memory_window`: "
                         "every message is already in the context", _HINT)
     for aid, action in ctx.spec.actions.items():
-        if action.recall is None or action.memory_window is not None:
+        if not isinstance(action, AnsweredAction) or action.recall is None \
+                or action.memory_window is not None:
             continue
         unbounded = [rid for rid, role in ctx.spec.roles.items()
                      if aid in role.runnable_actions() and role.memory_window is None]

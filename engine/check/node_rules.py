@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from engine.check.rules import Context, error, rule
 from engine.errors import Diagnostic
 from engine.load.outputs import output_kind
+from engine.load.spec import LlmAction
 
 __all__ = ["RULES"]
 
@@ -23,11 +24,13 @@ def node_keys_need_a_tree(ctx: Context) -> Iterator[Diagnostic]:
     human_actions = {aid: rid for rid, role in ctx.spec.roles.items() if role.human
                      for aid in role.actions}
     for aid, action in ctx.spec.actions.items():
+        if not isinstance(action, LlmAction):   # the other kinds have no `fill` or `revise`
+            continue
         used = [key for key in ("fill", "revise") if key in action.model_fields_set
                 and not (key == "fill" and action.fill == "simple")]
         for key in used:
             where = f"/actions/{aid}/{key}"
-            if action.kind != "llm" or output_kind(action.output) != "json":
+            if output_kind(action.output) != "json":
                 yield error("SOP217", where, f"`{key}` on an action whose output is not a tree filled "
                             f"by a model (kind {action.kind}, output {output_kind(action.output)})",
                             "give the action an output tree (`output: {Key: {type: str}}`), or remove the key")

@@ -1,4 +1,5 @@
-"""Checks of the keys by which a person takes part: `human` roles and `review: human` gates.
+"""Checks of the keys by which a person takes part: `human` roles (a `review: human` gate is
+a key of kind llm actions only: the models refuse it on any other kind).
 
 Part of the references phase (`check.phases`): like its rules, these read only the spec.
 """
@@ -11,17 +12,6 @@ from engine.check.rules import Context, error, rule
 from engine.errors import Diagnostic
 
 __all__ = ["RULES"]
-
-
-@rule("SOP215")
-def review_gates(ctx: Context) -> Iterator[Diagnostic]:
-    """Only a model's answer can be reviewed: a command's output, a person's answer or a
-    message to the person has nothing for a reviewer to approve."""
-    for aid, action in ctx.spec.actions.items():
-        if action.review is not None and action.kind != "llm":
-            yield error("SOP215", f"/actions/{aid}/review",
-                        f"`review: {action.review}` on an action of kind {action.kind}",
-                        "a review gate checks a model's output: use it on kind llm actions only")
 
 
 @rule("SOP216")
@@ -43,5 +33,5 @@ def human_roles(ctx: Context) -> Iterator[Diagnostic]:
                         "use react_mode: by_order (the person answers each action in turn)")
 
 
-RULES = (review_gates, human_roles)
+RULES = (human_roles,)
 """This module's rules, run with the references phase."""

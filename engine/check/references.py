@@ -22,7 +22,16 @@ from engine.load.outputs import TypeSyntaxError, parse_type
 from engine.load.schema import did_you_mean
 from engine.load.secrets import is_secret_name
 from engine.load.source import escape_pointer, join_pointer
-from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT, OutputNode, Sop, is_template
+from engine.load.spec import (
+    SPECIAL_ADDRESSES,
+    USER_REQUIREMENT,
+    AnsweredAction,
+    ExecAction,
+    OutputNode,
+    Sop,
+    is_template,
+    output_of,
+)
 
 # ---------------------------------------------------------------- references
 
@@ -33,9 +42,10 @@ __all__ = ["RULES", "address_problem", "idea_address_problem", "idea_addresses",
 def node_types(ctx: Context) -> Iterator[Diagnostic]:
     """Every output node's `type` must parse (and `children` only go with no type or `list`)."""
     for aid, action in ctx.spec.actions.items():
-        if not isinstance(action.output, dict):
+        output = output_of(action)
+        if not isinstance(output, dict):
             continue
-        for pointer, node in _nodes(action.output, f"/actions/{aid}/output"):
+        for pointer, node in _nodes(output, f"/actions/{aid}/output"):
             kind = (node.type or "").strip()
             if node.children is not None:
                 if kind not in ("", "list"):
@@ -162,7 +172,7 @@ def contexts(ctx: Context) -> Iterator[Diagnostic]:
     """A list `context` names actions or UserRequirement."""
     known = dict.fromkeys([USER_REQUIREMENT, *ctx.spec.actions])
     for aid, action in ctx.spec.actions.items():
-        if isinstance(action.context, str):
+        if not isinstance(action, AnsweredAction) or isinstance(action.context, str):
             continue
         for i, name in enumerate(action.context):
             if name not in known:
@@ -217,7 +227,7 @@ def plan_shape(ctx: Context) -> Iterator[Diagnostic]:
         if seen in ctx.cache.setdefault("plans", set()):
             continue
         ctx.cache["plans"].add(seen)
-        problem = _plan_problem(ctx.spec.actions[aid].output, role.planner)
+        problem = _plan_problem(output_of(ctx.spec.actions[aid]), role.planner)
         if problem:
             yield error("SOP207", f"/actions/{aid}/output", f"planner action '{aid}' does not output a plan: {problem}",
                         "give it `tasks: {type: list, children: {task_id: {type: str}, "
@@ -262,18 +272,15 @@ def _task_type_problem(node: OutputNode | None, planner: Any) -> str:
     return ""
 
 
-@rule("SOP209", "SOP214")
+@rule("SOP214")
 def exec_actions(ctx: Context) -> Iterator[Diagnostic]:
-    """`command`, `command_timeout_s` and `env` only mean something for kind exec (whose need of
-    a command the schema checks: SOP104); an `env` name that looks like a key hands the user's
-    secret to the command."""
+    """An exec action's `env` name that looks like a key hands the user's secret to the command
+    (`command` and `env` are keys of kind exec only: the models refuse them elsewhere)."""
     for aid, action in ctx.spec.actions.items():
-        for key in ("command", "command_timeout_s", "env"):
-            if action.kind != "exec" and key in action.model_fields_set and getattr(action, key):
-                yield warning("SOP209", f"/actions/{aid}/{key}", f"`{key}` is ignored: the action is of kind {action.kind}",
-                              "add `kind: exec` to run the command instead of an LLM")
+        if not isinstance(action, ExecAction):
+            continue
         for index, name in enumerate(action.env):
-            if action.kind == "exec" and is_secret_name(name):
+            if is_secret_name(name):
                 yield warning("SOP214", f"/actions/{aid}/env/{index}",
                               f"`env` gives the command the user's secret {name}",
                               "a command from a shared file can copy it anywhere; "

@@ -26,10 +26,15 @@ from engine.load.spec import (
     ENGINE_DIR,
     USER_REQUIREMENT,
     ActionSpec,
+    AnsweredAction,
+    ExecAction,
+    LlmAction,
     OutputNode,
+    PromptedAction,
     Sop,
     in_engine_dir,
     is_template,
+    output_of,
 )
 
 __all__ = ["BASE_VARIABLES", "JOIN_VARIABLES", "RULES", "REFERENCE_RULES", "read_by_templates"]
@@ -77,12 +82,12 @@ def _templates(spec: Sop) -> Iterator[_Template]:
         base = set(BASE_VARIABLES) | ({"task"} if aid in task_actions else set())
         per_item = {action.as_, "index"} if action.for_each else set()
         here = f"/actions/{aid}"
-        if action.prompt:
+        if isinstance(action, PromptedAction) and action.prompt:
             yield _Template(aid, here + "/prompt", action.prompt, frozenset(base | per_item))
-        if action.system:
+        if isinstance(action, LlmAction) and action.system:
             yield _Template(aid, here + "/system", action.system, frozenset(base | per_item))
-        if action.kind == "exec":
-            for i, part in enumerate(action.command or []):
+        if isinstance(action, ExecAction):
+            for i, part in enumerate(action.command):
                 yield _Template(aid, f"{here}/command/{i}", part, frozenset(base | per_item))
         if action.for_each:
             yield _Template(aid, here + "/for_each", action.for_each, frozenset(base))
@@ -334,7 +339,7 @@ def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what:
 def context_reachable(ctx: Context) -> Iterator[Diagnostic]:
     """A `context` entry the role never receives shows the model nothing."""
     for aid, action in ctx.spec.actions.items():
-        if isinstance(action.context, list):
+        if isinstance(action, AnsweredAction) and isinstance(action.context, list):
             for i, source in enumerate(action.context):
                 yield from _never_delivered(ctx, aid, source, f"/actions/{aid}/context/{i}", f"context {source}")
 
@@ -406,7 +411,7 @@ def _address_problem(ctx: Context, known: dict[str, None], item: str, pointer: s
 
 
 def _key_rule(spec: Sop, template: _Template, aid: str, action: ActionSpec, keys: list[Any]) -> Iterator[Diagnostic]:
-    tree: Any = _EXEC_OUT if action.kind == "exec" else action.output
+    tree: Any = _EXEC_OUT if isinstance(action, ExecAction) else output_of(action)
     if not isinstance(tree, dict) or not keys:
         return
     missing = _missing_key(tree, keys)
@@ -449,7 +454,7 @@ def read_by_templates(ctx: Context) -> set[str] | None:
     that does not parse reads nothing here (the template phase reports it)."""
     analyses = [found for _, found in _parsed(ctx) if not isinstance(found, Exception)]
     for action in ctx.spec.actions.values():
-        for part in action.command or [] if action.kind == "exec" else []:
+        for part in action.command if isinstance(action, ExecAction) else []:
             try:
                 analyses.append(_analyse(parse(part)))
             except TemplateFailure:

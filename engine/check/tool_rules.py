@@ -13,6 +13,7 @@ from engine.check.rules import Context, error, rule, warning
 from engine.errors import Diagnostic
 from engine.load.secrets import is_secret_name
 from engine.load.catalog import BUILTIN, END, expand_tools, experience_refusal, tool_problem
+from engine.load.spec import LlmAction
 
 __all__ = ["RULES"]
 
@@ -22,7 +23,7 @@ def known_tools(ctx: Context) -> Iterator[Diagnostic]:
     """Every `tools` item names a toolset, one of its commands, or a declared MCP server (and
     one of its tools, when the server declares them)."""
     for aid, action in ctx.spec.actions.items():
-        for index, item in enumerate(action.tools):
+        for index, item in enumerate(action.tools if isinstance(action, LlmAction) else ()):
             problem = tool_problem(ctx.spec, item)
             if problem is not None:
                 yield error("SOP221", f"/actions/{aid}/tools/{index}", *problem)
@@ -30,10 +31,12 @@ def known_tools(ctx: Context) -> Iterator[Diagnostic]:
 
 @rule("SOP222", "SOP224")
 def tool_actions(ctx: Context) -> Iterator[Diagnostic]:
-    """A tool loop is a model's: not an exec, ask or reply action, not a person's role, not a
-    review gate; `team` needs someone to address; `max_steps` only bounds a tool loop."""
+    """A tool loop is a model's (only kind llm has `tools`): not a person's role, not a review
+    gate; `team` needs someone to address; `max_steps` only bounds a tool loop."""
     spec = ctx.spec
     for aid, action in spec.actions.items():
+        if not isinstance(action, LlmAction):
+            continue
         here = f"/actions/{aid}"
         for index, rel in enumerate(action.experience):
             if experience_refusal(rel):
@@ -45,10 +48,7 @@ def tool_actions(ctx: Context) -> Iterator[Diagnostic]:
                     yield warning("SOP222", f"{here}/{key}", f"`{key}` is ignored: the action has no `tools`",
                                   f"list the tools the model may call, or drop `{key}`")
             continue
-        if action.kind != "llm":
-            yield error("SOP222", f"{here}/tools", f"`tools` on an action of kind {action.kind}",
-                        "only a model calls tools: use them on kind llm actions")
-        elif action.quick_think and action.output != "text":
+        if action.quick_think and action.output != "text":
             yield error("SOP222", f"{here}/quick_think", "`quick_think` needs `output: text`",
                         "a quick answer is text; drop quick_think or make the output text")
         elif action.review is not None:

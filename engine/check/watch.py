@@ -15,7 +15,7 @@ from engine.check.graph import (
 from engine.check.rules import Context, error, rule, warning
 from engine.check.template_rules import read_by_templates
 from engine.errors import Diagnostic, Related
-from engine.load.spec import USER_REQUIREMENT, Sop
+from engine.load.spec import USER_REQUIREMENT, ActionSpec, AnsweredAction, Sop
 
 __all__ = ["RULES"]
 
@@ -72,7 +72,7 @@ def _read_anywhere(ctx: Context) -> set[str] | None:
     if read is None:
         return None
     for action in ctx.spec.actions.values():
-        if isinstance(action.context, list):
+        if isinstance(action, AnsweredAction) and isinstance(action.context, list):
             read.update(action.context)
     return read
 
@@ -86,6 +86,11 @@ def _ends_turn(spec: Sop, rid: str, aid: str) -> bool:
     return role.react_mode == "react" and aid in role.actions
 
 
+def _sees_all(action: ActionSpec) -> bool:
+    """Whether the action's context is the role's whole memory (exec and reply have none)."""
+    return isinstance(action, AnsweredAction) and action.context == "all"
+
+
 def _read_later(spec: Sop, rid: str, aid: str) -> bool:
     """Another action of the same role sees `aid` in its context (MetaGPT memory), or the
     role's planner consumes it (the plan, and each task's result recorded in the plan)."""
@@ -95,7 +100,7 @@ def _read_later(spec: Sop, rid: str, aid: str) -> bool:
         return True
     own = role.runnable_actions()
     for other in own:
-        if other in spec.actions and other != aid and spec.actions[other].context == "all":
+        if other in spec.actions and other != aid and _sees_all(spec.actions[other]):
             return True
     return False
 

@@ -48,7 +48,7 @@ from engine.load.source import (
     load_path,
     load_text,
 )
-from engine.load.spec import Sop
+from engine.load.spec import Sop, output_of
 from engine.templates.code import compile_all
 
 if TYPE_CHECKING:
@@ -318,7 +318,10 @@ def _spec(data: dict[str, Any]) -> tuple[Sop | None, list[Diagnostic]]:
 
 
 def _from_pydantic(err: Any) -> Diagnostic:
-    loc = [p for p in err["loc"] if isinstance(p, (str, int)) and not _is_branch(p)]
+    loc = list(err["loc"])
+    if len(loc) > 2 and loc[0] == "actions":
+        del loc[2]   # the action union's tag (`llm`, `exec`...): the branch, not a key
+    loc = [p for p in loc if isinstance(p, (str, int)) and not _is_branch(p)]
     return Diagnostic(code="SOP108", severity="error", pointer=join_pointer("", *loc),
                       message=f"invalid value: {err['msg']}", hint="the SOP models refuse this value")
 
@@ -329,7 +332,7 @@ def _is_branch(part: Any) -> bool:
 
 
 def _make(spec: Sop, source: Source, graph: nx.DiGraph | None) -> CompiledSop:
-    schemas = {aid: output_schema(action.output) for aid, action in spec.actions.items()}
+    schemas = {aid: output_schema(output_of(action)) for aid, action in spec.actions.items()}
     return CompiledSop(spec=spec, file=source.file, source_hash=sources_digest(source.raw, source.included),
                        output_schemas=MappingProxyType(schemas), graph=graph, source=source,
                        plan=build_plan(spec, source.file))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from engine.load.spec import Sop
+from engine.load.spec import Sop, tools_of
 
 __all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "expand_tools",
            "tool_problem", "flags_needed", "team_targets", "builtin_command", "mcp_hosts", "team_reach",
@@ -146,7 +146,7 @@ def expand_tools(spec: Sop, items: list[str]) -> tuple[list[Command], dict[str, 
 
 def team_reach(spec: Sop, action_id: str) -> list[str]:
     """The roles an action's `team` tool can address (every role that does not run it)."""
-    commands, _ = expand_tools(spec, spec.actions[action_id].tools)
+    commands, _ = expand_tools(spec, tools_of(spec.actions[action_id]))
     if not any(c.name == "team.publish" for c in commands):
         return []
     return [rid for rid, role in spec.roles.items() if action_id not in role.runnable_actions()]
@@ -167,7 +167,7 @@ def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
     exec_users: list[str] = []
     hosts: list[str] = []
     for aid in _used_actions(spec):
-        commands, servers = expand_tools(spec, spec.actions[aid].tools)
+        commands, servers = expand_tools(spec, tools_of(spec.actions[aid]))
         if not replay and any(c.name.split(".")[0] in EXEC_TOOLSETS for c in commands):
             exec_users.append(f"terminal ({aid})")
         for name in servers:
@@ -184,7 +184,7 @@ def mcp_hosts(spec: Sop) -> dict[str, str]:
     """server name -> the host of each HTTP MCP server some action uses."""
     from urllib.parse import urlsplit
 
-    used = {name for aid in _used_actions(spec) for name in expand_tools(spec, spec.actions[aid].tools)[1]}
+    used = {name for aid in _used_actions(spec) for name in expand_tools(spec, tools_of(spec.actions[aid]))[1]}
     return {name: (urlsplit(server.url).hostname or "") for name, server in spec.mcp.items()
             if server.url and name in used}
 

@@ -1,10 +1,12 @@
 """JSON Schema validation of plain SOP data (`sop.schema.json`), turned into diagnostics.
 
-The schema is the language's single structural definition (editors use it through the YAML
-language server). Every error is collected, `anyOf`/`oneOf` noise is collapsed to the branch
-the user evidently meant, and each error becomes a `Diagnostic` with a stable code, a message
-that says what was expected and a did-you-mean hint where a close spelling exists. Remote
-`$ref`s are impossible: the validator gets an empty `referencing.Registry()`.
+The schema is generated from the pydantic models (engine/load/schema_gen.py) and shipped in
+the package; editors use a copy through the YAML language server. `validate` explains why the
+models refused a file: every error is collected, `anyOf`/`oneOf` noise is collapsed to the
+branch the user evidently meant (an action's branch is the one its `kind` names), and each
+error becomes a `Diagnostic` with a stable code, a message that says what was expected and a
+did-you-mean hint where a close spelling exists. Remote `$ref`s are impossible: the validator
+gets an empty `referencing.Registry()`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from typing import Any
 from engine.errors import Diagnostic
 from engine.load.source import join_pointer
 
-__all__ = ["did_you_mean", "pointer_of", "schema", "schema_text", "validate"]
+__all__ = ["closest", "did_you_mean", "pointer_of", "schema", "schema_text", "validate"]
 
 
 _PATTERNS = {
@@ -60,6 +62,12 @@ def _validator() -> Any:
 
 def did_you_mean(word: Any, choices: Iterable[str]) -> str:
     """A `did you mean 'x'?` hint when a choice is a close spelling of `word`, else ''."""
+    close = closest(word, choices)
+    return f"did you mean '{close}'?" if close else ""
+
+
+def closest(word: Any, choices: Iterable[str]) -> str:
+    """The choice that is a close spelling of `word` (or differs only in case), else ''."""
     import difflib
 
     if not isinstance(word, str):
@@ -69,7 +77,7 @@ def did_you_mean(word: Any, choices: Iterable[str]) -> str:
     if not close:
         lowered = {c.lower(): c for c in options}
         close = [lowered[word.lower()]] if word.lower() in lowered else []
-    return f"did you mean '{close[0]}'?" if close else ""
+    return close[0] if close else ""
 
 
 def pointer_of(path: Iterable[Any]) -> str:
@@ -98,7 +106,12 @@ def _unique(diagnostics: list[Diagnostic]) -> list[Diagnostic]:
 
 def _collapse(error: Any) -> list[Any]:
     """For anyOf/oneOf, the errors of the one branch the instance was evidently meant for."""
-    if error.validator not in ("anyOf", "oneOf") or not error.context:
+    if error.validator not in ("anyOf", "oneOf"):
+        return [error]
+    options = [_resolve(b) for b in error.validator_value]
+    if _discriminator(options) is not None:
+        return _by_kind(error, options)
+    if not error.context or _exclusive(options):
         return [error]
     branches: dict[Any, list[Any]] = {}
     for sub in error.context:
@@ -113,12 +126,59 @@ def _collapse(error: Any) -> list[Any]:
     return [error]
 
 
+def _resolve(node: Any) -> Any:
+    """A `#/$defs/X` reference's target (the schema's own definitions only)."""
+    while isinstance(node, dict) and isinstance(node.get("$ref"), str) and node["$ref"].startswith("#/$defs/"):
+        node = {**schema()["$defs"][node["$ref"].rsplit("/", 1)[1]],
+                **{k: v for k, v in node.items() if k != "$ref"}}
+    return node
+
+
+DISCRIMINATOR = "kind"
+"""The key that picks an action's branch (absent: the branch whose `kind` has a default, llm)."""
+
+
+def _discriminator(options: list[Any]) -> dict[Any, int] | None:
+    """kind value -> branch index, when every branch fixes `kind` to a constant (the action
+    union); the branch that defaults it also answers for an absent `kind` (key None)."""
+    table: dict[Any, int] = {}
+    for index, option in enumerate(options):
+        kind = option.get("properties", {}).get(DISCRIMINATOR, {}) if isinstance(option, dict) else {}
+        if "const" not in kind:
+            return None
+        table[kind["const"]] = index
+        if kind.get("default") == kind["const"]:
+            table[None] = index
+    return table
+
+
+def _by_kind(error: Any, options: list[Any]) -> list[Any]:
+    """The errors of the branch the action's `kind` names. Nothing when the instance is no
+    mapping or names no kind there is: the enclosing schema's `type` and `kind` enum say so."""
+    table = _discriminator(options) or {}
+    instance = error.instance
+    if not isinstance(instance, dict):
+        return []
+    chosen = table.get(instance.get(DISCRIMINATOR)) if isinstance(instance.get(DISCRIMINATOR, ""), str) else None
+    if chosen is None:
+        return []
+    subs = [sub for sub in error.context or [] if sub.relative_schema_path[0] == chosen]
+    return [leaf for sub in subs for leaf in _collapse(sub)]
+
+
+def _exclusive(options: list[Any]) -> bool:
+    """A oneOf of bare `required` branches: exactly one of these keys (an MCP server's
+    `command` or `url`), explained as such rather than branch by branch."""
+    return all(isinstance(o, dict) and set(o) <= {"title", "description", "required"} and "required" in o
+               for o in options)
+
+
 def _closest(branches: list[list[Any]], instance: Any) -> list[list[Any]]:
     """Among object branches, the one naming the most of the instance's keys (`{code: 3}`)."""
     if not isinstance(instance, dict):
         return branches
-    scores = [len(set(errs[0].parent.schema["anyOf" if "anyOf" in errs[0].parent.schema else "oneOf"]
-                      [errs[0].relative_schema_path[0]].get("properties", {})) & set(instance))
+    scores = [len(set(_resolve(errs[0].parent.validator_value[errs[0].relative_schema_path[0]])
+                      .get("properties", {})) & set(instance))
               for errs in branches]
     best = max(scores)
     chosen = [b for b, score in zip(branches, scores, strict=False) if score == best]
@@ -151,11 +211,57 @@ def _diag(code: str, pointer: str, message: str, hint: str = "") -> Diagnostic:
 def _unknown_keys(error: Any, pointer: str) -> Iterator[Diagnostic]:
     known = list(error.schema.get("properties", {}))
     where = _where(pointer)
+    kind = error.schema.get("properties", {}).get(DISCRIMINATOR, {}).get("const")
     for key in error.instance:
         if key in known:
             continue
-        hint = did_you_mean(key, known) or (f"allowed keys: {', '.join(known)}" if known else "")
+        owners = _KIND_KEYS().get(key, []) if kind is not None else []
+        if owners:
+            yield _other_kind(join_pointer(pointer, key), key, kind, owners, DISCRIMINATOR in error.instance)
+            continue
+        hint = did_you_mean(key, known) or _other_kind_spelling(key, kind) \
+            or (f"allowed keys: {', '.join(known)}" if known else "")
         yield _diag("SOP101", join_pointer(pointer, key), f"unknown key '{key}'{where}", hint)
+
+
+def _other_kind_spelling(key: str, kind: str | None) -> str:
+    """`comand` on an llm action: close to `command`, a key of another kind (say which)."""
+    name = closest(key, list(_KIND_KEYS())) if kind is not None else ""
+    return f"did you mean '{name}'? (a key of kind {' or '.join(_KIND_KEYS()[name])} actions)" if name else ""
+
+
+def _other_kind(pointer: str, key: str, kind: str, owners: list[str], kind_given: bool) -> Diagnostic:
+    """A key of another kind of action (`command` on an llm action): which kind has it."""
+    kinds = " or ".join(owners)
+    change = f"change `kind` to {kinds}" if kind_given else f"add `kind: {kinds}`"
+    return _diag("SOP110", pointer, f"`{key}` belongs to actions of kind {kinds}; this action is of kind {kind}"
+                 + ("" if kind_given else " (it has no `kind`)"), f"{change}, or drop `{key}`")
+
+
+@lru_cache(maxsize=1)
+def _KIND_KEYS() -> dict[str, list[str]]:
+    """key -> the kinds of action that have it (from the action union's branches)."""
+    table: dict[str, list[str]] = {}
+    for node in _all_nodes(schema()):
+        options = [_resolve(b) for b in node.get("oneOf", [])]
+        kinds = _discriminator(options) if options else None
+        if not kinds:
+            continue
+        for kind, index in kinds.items():
+            if kind is not None:
+                for key in options[index].get("properties", {}):
+                    table.setdefault(key, []).append(kind)
+    return table
+
+
+def _all_nodes(node: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(node, dict):
+        yield node
+        for value in node.values():
+            yield from _all_nodes(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _all_nodes(value)
 
 
 def _where(pointer: str) -> str:
@@ -166,8 +272,9 @@ def _required(error: Any, pointer: str) -> Iterator[Diagnostic]:
     missing = error.validator_value
     for key in missing:
         if isinstance(error.instance, dict) and key not in error.instance:
+            own = error.schema.get("properties", {}).get(key, {}).get("description", "")
             yield _diag("SOP104", pointer, f"missing required key '{key}'{_where(pointer)}{_needed_by(error)}",
-                        _required_hint(key, error.instance))
+                        _required_hint(key, error.instance, own))
 
 
 def _needed_by(error: Any) -> str:
@@ -178,30 +285,21 @@ def _needed_by(error: Any) -> str:
     return ""
 
 
-def _required_hint(key: str, instance: dict) -> str:
+def _required_hint(key: str, instance: dict, description: str = "") -> str:
     close = did_you_mean(key, list(instance))
     if close:
         return close.replace("did you mean", "is this it:")
-    description = _PROPERTY_DESCRIPTIONS().get(key, "")
+    description = description or _PROPERTY_DESCRIPTIONS().get(key, "")
     return f"`{key}`: {description}" if description else ""
 
 
 @lru_cache(maxsize=1)
 def _PROPERTY_DESCRIPTIONS() -> dict[str, str]:
     table: dict[str, str] = {}
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for name, sub in node.get("properties", {}).items():
-                if isinstance(sub, dict) and "description" in sub:
-                    table.setdefault(name, sub["description"])
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(schema())
+    for node in _all_nodes(schema()):
+        for name, sub in node.get("properties", {}).items():
+            if isinstance(sub, dict) and "description" in sub:
+                table.setdefault(name, sub["description"])
     return table
 
 
@@ -259,11 +357,25 @@ def _id_hint(name: Any) -> str:
 
 
 def _any_of(error: Any, pointer: str) -> Iterator[Diagnostic]:
-    titles = [branch.get("title", "") for branch in error.validator_value if isinstance(branch, dict)]
+    options = [_resolve(b) for b in error.validator_value if isinstance(b, dict)]
+    if _exclusive(options):
+        yield _one_of_keys(error, pointer, options)
+        return
+    titles = [branch.get("title", "") for branch in options]
     choices = ", ".join(t for t in titles if t) or "one of the allowed forms"
     consts = [str(b["const"]) for b in error.validator_value if isinstance(b, dict) and "const" in b]
     hint = did_you_mean(error.instance, consts)
     yield _diag("SOP103", pointer, f"expected {choices}; got {_describe(error.instance)}", hint)
+
+
+def _one_of_keys(error: Any, pointer: str, options: list[dict[str, Any]]) -> Diagnostic:
+    """An MCP server with both `command` and `url`, or neither: pick one."""
+    keys = [key for option in options for key in option["required"]]
+    given = [key for key in keys if isinstance(error.instance, dict) and key in error.instance]
+    named = [f"`{k}`" for k in keys]
+    hint = (f"it has {' and '.join(f'`{k}`' for k in given)}: keep one" if given
+            else f"it has neither {' nor '.join(named)}" if len(named) == 2 else f"it has none of {', '.join(named)}")
+    return _diag("SOP104", pointer, f"pick one of {' or '.join(o.get('title', '') for o in options)}", hint)
 
 
 def _generic(error: Any, pointer: str) -> Iterator[Diagnostic]:

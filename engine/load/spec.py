@@ -1,23 +1,26 @@
-"""The pydantic models of an SOP file (`apiVersion: sop/v1`).
+"""The pydantic models of an SOP file (`apiVersion: sop/v1`): the language's one definition.
 
-These models and `sop.schema.json` describe the same language; a test feeds every valid and
-invalid case through both. Models are frozen and forbid unknown keys. Trusted run-time
-switches (allow-exec, budget overrides...) are deliberately *not* fields here, so that a
-shared file can never set them.
+The JSON Schema (`engine/load/sop.schema.json`, `schemas/sop.schema.json`) and the key
+reference (docs/language.md) are generated from these models by `python -m engine.load.schema_gen`;
+every field's `description` is what an editor shows. Models are frozen and forbid unknown
+keys. Trusted run-time switches (allow-exec, budget overrides...) are deliberately *not*
+fields here, so that a shared file can never set them.
 """
 
 from __future__ import annotations
 
 import unicodedata
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstraints, Tag, model_validator
 
 __all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "InputSpec", "LLMSpec", "PriceSpec",
            "TeamSpec", "OutputNode", "ReviseSpec", "RecallSpec", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
            "JoinSpec", "McpServerSpec", "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir", "is_template",
-           "VAR_NAME"]
+           "VAR_NAME", "Absent", "Branch", "enum_docs", "LlmAction", "ExecAction", "AskAction",
+           "ReplyAction", "ActionBase", "PromptedAction", "AnsweredAction", "action_kind", "output_of", "tools_of",
+           "retries_of", "DEFAULT_RETRIES"]
 
 
 ACTION_ID = r"^[A-Z][A-Za-z0-9_]*$"
@@ -36,11 +39,43 @@ VAR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 """A role variable's name: an identifier, so that `role.vars.X` reads it."""
 
 
+MCP_NAME = r"^[a-z][a-z0-9_]*$"
+
+
 USER_REQUIREMENT = "UserRequirement"
 """Built-in action id of the run's first message (the idea)."""
 
 
 SPECIAL_ADDRESSES = ("<all>", "<self>", "<none>")
+
+
+class Absent:
+    """`Annotated[X | None, Absent()]`: None only means the key is absent (the default); a file
+    may not write `null` there. The model refuses an explicit null and the generated schema
+    does not offer it (an editor would otherwise propose `null` as, say, a node's type)."""
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: Any) -> Any:
+        schema = handler(source)
+        return schema["schema"] if schema.get("type") == "nullable" else schema
+
+
+class Branch:
+    """`Annotated[X, Branch(title, description)]` in a union: the title and description of
+    that branch in the schema (the diagnostics list a union's branches by title)."""
+
+    def __init__(self, title: str, description: str) -> None:
+        self.title, self.description = title, description
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
+        return {**handler(core_schema), "title": self.title, "description": self.description}
+
+
+def enum_docs(**values: str) -> dict[str, Any]:
+    """What each value of an enum means, as editors show it on completion and hover (the
+    YAML language server reads `markdownEnumDescriptions`, else `enumDescriptions`); the
+    generator checks that the values are the enum's, in its order."""
+    texts = list(values.values())
+    return {"x-enum-values": list(values), "markdownEnumDescriptions": texts, "enumDescriptions": texts}
 
 
 ActionId = Annotated[str, StringConstraints(pattern=ACTION_ID)]
@@ -55,6 +90,9 @@ EnvName = Annotated[str, StringConstraints(pattern=ENV_NAME)]
 VarName = Annotated[str, StringConstraints(pattern=VAR_NAME)]
 
 
+NonEmpty = Annotated[str, StringConstraints(min_length=1)]
+
+
 def is_template(text: str) -> bool:
     """Whether a `send_to` item is a template (rendered per role) rather than an address."""
     return "{{" in text or "{%" in text
@@ -62,65 +100,104 @@ def is_template(text: str) -> bool:
 
 class _Model(BaseModel):
     """Base of every model: unknown keys are errors, instances are immutable, and types are
-    strict (no "2" -> 2 coercion) so that the models accept what `sop.schema.json` accepts."""
+    strict (no "2" -> 2 coercion) so that the models accept what the schema accepts."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True, strict=True)
 
 
 class InputSpec(_Model):
-    """A run parameter, set with `--idea` (for `idea`) or `--input key=value`."""
+    """A run parameter, set with --idea (for `idea`) or --input key=value."""
 
-    type: Literal["str", "int", "float", "bool"] = "str"
-    required: bool = False
-    default: Any = None
-    description: str = ""
+    model_config = ConfigDict(title="Input")
+
+    type: Literal["str", "int", "float", "bool"] = Field(default="str", description="The value's type (default str).")
+    required: bool = Field(default=False, description="The run refuses to start without it.")
+    default: Any = Field(default=None, description="Value when the run does not set it.")
+    description: str = Field(default="", description="What the input means (shown by --help-style listings).")
 
 
 class PriceSpec(_Model):
-    """USD per million tokens of a model whose price litellm does not know (self-hosted)."""
+    """USD per million tokens of a model whose price litellm does not know (a self-hosted one),
+    for the budget and `sopctl show`. Never replaces a known price; `--price` on the command
+    line takes precedence."""
 
-    input_per_million: float = Field(ge=0)
-    output_per_million: float = Field(ge=0)
+    model_config = ConfigDict(title="Price")
+
+    input_per_million: float = Field(ge=0, description="USD per million prompt tokens.")
+    output_per_million: float = Field(ge=0, description="USD per million completion tokens.")
 
 
 class LLMSpec(_Model):
-    """Defaults for LLM calls; a role's and an action's `llm` override the file's."""
+    """Settings of LLM calls. The file's `llm` is the default; a role's and an action's `llm`
+    override it key by key."""
 
-    model: str | None = None
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    max_tokens: int | None = Field(default=None, ge=1)
-    timeout_s: float | None = Field(default=None, gt=0)
-    price: PriceSpec | None = None
+    model_config = ConfigDict(title="LLM settings")
+
+    model: str | None = Field(default=None, description=(
+        "Any litellm model string (e.g. `openai/gpt-4o-mini`), or `local` / `fake`. A shared file usually "
+        "leaves it out; `--model` and `SOPCTL_MODEL` take precedence."))
+    temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling temperature, 0 to 2.")
+    max_tokens: int | None = Field(default=None, ge=1, description="Upper bound on completion tokens of one call.")
+    timeout_s: float | None = Field(default=None, gt=0, description=(
+        "Seconds before one call is abandoned (then retried). Hosted models default to 120."))
+    price: Annotated[PriceSpec | None, Absent()] = None
 
 
 class TeamSpec(_Model):
     """MetaGPT's Team: rounds, investment and the environment description."""
 
-    max_rounds: int = Field(default=12, ge=1)
-    budget_usd: float = Field(default=0.0, ge=0)
-    env_desc: str = ""
-    send_to: list[str] = Field(default_factory=lambda: ["<all>"])
-    """Addresses of the first message, the idea (MetaGPT `run_project(idea, send_to=...)`)."""
+    model_config = ConfigDict(title="Team")
+
+    max_rounds: int = Field(default=12, ge=1, description="Most rounds of a run (MetaGPT n_round; default 12).")
+    budget_usd: float = Field(default=0.0, ge=0, description=(
+        "Most dollars a run may spend (MetaGPT investment); 0 = no limit."))
+    env_desc: str = Field(default="", description="MetaGPT Environment.desc: goes into every role's prompt prefix.")
+    send_to: list[Annotated[str, Field(description="A role id or name, or <all>.", examples=["<all>"])]] = Field(
+        default_factory=lambda: ["<all>"], min_length=1, description=(
+            "Addresses of the first message, the idea (MetaGPT `run_project(idea, send_to=...)`): role ids or "
+            "names, or `<all>` (default). An addressed role acts on the idea without watching UserRequirement; "
+            "`sopctl run --send-to ROLE` overrides it."))
 
 
 class OutputNode(_Model):
-    """One ActionNode: a typed leaf, an object (`children`), or a list of objects."""
+    """An ActionNode: a typed leaf, an object (`children`), or a list of objects (`type: list`
+    with `children`)."""
 
-    type: str | None = None
-    instruction: str = ""
-    example: Any = None
-    pattern: str | None = None
-    """A regular expression every string of the node must match (each item of a list[str])."""
-    children: dict[str, OutputNode] | None = None
+    model_config = ConfigDict(title="Output node")
+
+    type: Annotated[str | None, Absent()] = Field(default=None, examples=[
+        "str", "list[str]", "enum[P0|P1|P2]", "optional[int]", "list"], description=(
+        "`str`, `int`, `float`, `bool`, `list[T]`, `dict[str, T]`, `enum[a|b|c]` or `optional[T]`; with "
+        "`children`, leave it out for an object or write `list` for a list of objects. Default `str`."))
+    instruction: str = Field(default="", description="What the model must put in this key; shown to the model.")
+    example: Any = Field(default=None, description="An example value, shown to the model next to the instruction.")
+    pattern: str | None = Field(default=None, description=(
+        "A regular expression every string of this node must match (each item of a list[str], each value of a "
+        "dict[str, str]); it constrains the local model's grammar and is checked on every answer. RE2 syntax, "
+        "matched in linear time: no backreferences or lookaround. Example: "
+        "'^[A-Za-z0-9_][A-Za-z0-9_./-]*\\.[a-z]+$' for file paths."))
+    children: Annotated[dict[str, OutputNode] | None, Absent()] = Field(
+        default=None, description="Keys of an object node, in order: key -> node.")
 
 
 class CodeOutput(_Model):
     """`output: {code: python}`: the answer's first fenced code block."""
 
-    code: str = Field(pattern=r"^[a-z][a-z0-9_+-]*$")
+    model_config = ConfigDict(title="{code: LANG}")
+
+    code: str = Field(pattern=r"^[a-z][a-z0-9_+-]*$", description="Language of the fenced code block, e.g. python.")
 
 
-Output = Literal["text"] | CodeOutput | dict[str, OutputNode]
+OutputTree = dict[str, OutputNode]
+
+
+Output = (
+    Annotated[Literal["text"], Branch("'text'", "Free text.")]
+    | Annotated[CodeOutput, Branch("{code: LANG}", "The first fenced code block of the answer.")]
+    | Annotated[OutputTree, Branch("a tree of output nodes", (
+        "The ActionNode tree: ordered keys -> nodes. The answer is a JSON object with these keys, "
+        "validated against them."))]
+)
 
 
 ENGINE_DIR = ".sopctl"
@@ -140,157 +217,366 @@ def in_engine_dir(path: str) -> bool:
 
 
 class ArtifactSpec(_Model):
-    """A file written into the workspace when the action succeeds (path and content are templates)."""
+    """A file written into the workspace when the action succeeds."""
 
-    path: str = Field(min_length=1)
-    content: str
+    model_config = ConfigDict(title="Artifact")
+
+    path: str = Field(min_length=1, description=(
+        "Path relative to the workspace (a template); may not be absolute or leave the workspace."))
+    content: str = Field(description="The file's content (a template; `out` is the action's parsed output).")
 
 
 class JoinSpec(_Model):
-    """After `for_each`: the items' outputs made one message (and optionally one file), in item order."""
+    """for_each only: after the items, one message (and optionally one file) made from all
+    items' outputs, in item order."""
 
-    separator: str = "\n\n"
-    content: str | None = None
-    """A template (the prompt's variables, plus `outs` and `contents`, the items' outputs and
-    texts in item order); when given, it replaces joining the texts with `separator`."""
-    path: str | None = Field(default=None, min_length=1)
-    """A template: the workspace path the joined text is written to."""
+    model_config = ConfigDict(title="Join")
+
+    separator: str = Field(default="\n\n", description=(
+        "Put between the items' texts when `content` is not given (default a blank line)."))
+    content: str | None = Field(default=None, description=(
+        "A template for the joined text: the prompt's variables plus `outs` (the items' outputs) and "
+        "`contents` (the items' texts), in item order. Replaces the separator join."))
+    path: str | None = Field(default=None, min_length=1, description=(
+        "A template: the workspace path the joined text is written to (relative, inside the workspace), "
+        "as one artifact."))
 
 
 class ReviseSpec(_Model):
-    """MetaGPT's ActionNode review → revise, after the output tree is filled: a review names
-    each top-level key that misses its instruction (with a comment), a revise re-fills only
-    those keys; repeated until a review has no comment or `max_passes` revisions are made."""
+    """MetaGPT's ActionNode review → revise after the output tree is filled: a review comments
+    on each top-level key that misses its instruction, a revise re-fills only the commented
+    keys and merges them; repeated until a review has no comment, at most max_passes
+    revisions. Every model call goes through the journal; a person's part is asked as any
+    question. Only for kind llm with an output tree."""
 
-    review: Literal["auto", "human"] = "auto"
-    """Who writes the comments: the model (`auto`) or a person (`human`)."""
-    revise: Literal["auto", "human"] = "auto"
-    """Who re-fills the commented keys: the model, or a person. MetaGPT's `human_review` (a
-    person comments, the model revises) is `review: human` with `revise: auto`."""
-    max_passes: int = Field(default=2, ge=1, le=5)
-    """The most revisions; a review still commenting after them is logged, the output kept."""
+    model_config = ConfigDict(title="Review and revise")
+
+    review: Literal["auto", "human"] = Field(default="auto", json_schema_extra=enum_docs(
+        auto="The model writes the comments.", human="A person writes the comments."), description=(
+        "Who reviews: auto (the model, default) or human (a person writes the comments)."))
+    revise: Literal["auto", "human"] = Field(default="auto", json_schema_extra=enum_docs(
+        auto="The model re-fills the commented keys.", human="A person writes the new values."),
+        description=(
+            "Who re-fills the commented keys: auto (the model, default) or human (a person writes the new values). "
+            "MetaGPT's `human_review` (a person comments, the model revises) is `review: human` with `revise: auto`."))
+    max_passes: int = Field(default=2, ge=1, le=5, description=(
+        "The most revisions (1-5, default 2); a review still commenting after them is logged and the output kept."))
 
 
 class RecallSpec(_Model):
-    """Long-term memory (MetaGPT's `try_remember` and RoleZero's overflow): messages older
-    than the memory window, brought back into the context by keyword and relevance."""
+    """Long-term memory (MetaGPT's try_remember, RoleZero's overflow): messages older than the
+    memory window, brought back into the context: first those holding a keyword, then the
+    most relevant (BM25) to the keywords, else to the action's prompt; at most top_k. Needs a
+    memory_window (on the action or its role)."""
 
-    keywords: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
-    """Older messages holding any of these words (case-insensitive) come back first."""
-    top_k: int = Field(default=3, ge=1, le=50)
-    """The most older messages brought back; the rest ranked by BM25 relevance to the
-    keywords (else to the action's prompt)."""
+    model_config = ConfigDict(title="Recall")
+
+    keywords: list[NonEmpty] = Field(default_factory=list, description=(
+        "Older messages holding any of these words (case-insensitive) come back first."))
+    top_k: int = Field(default=3, ge=1, le=50, description="The most older messages brought back (1-50, default 3).")
 
 
-class ActionSpec(_Model):
-    """What a role can do: one LLM call filling an output tree, or (`kind: exec`) a command."""
+Context = (
+    Annotated[list[Annotated[str, Field(description="An action id or UserRequirement.")]],
+              Branch("a list of action ids", "The messages of these actions (or UserRequirement).")]
+    | Annotated[Literal["all", "none"], Branch("'all' or 'none'", "The whole memory, or no context."),
+                Field(json_schema_extra=enum_docs(all="The whole memory (default).", none="No context section."))]
+)
 
-    description: str = ""
-    kind: Literal["llm", "exec", "ask", "reply"] = "llm"
-    """`ask`: a person answers the rendered prompt against `output`; `reply`: the rendered
-    prompt is sent to the person (MetaGPT's ask_human / reply_to_human)."""
-    prompt: str = ""
-    system: str | None = None
-    """A template: this action's own system prompt, after the role's prefix."""
-    context: list[str] | Literal["all", "none"] = "all"
-    output: Output = "text"
-    format: Literal["json", "markdown", "content", "xml"] = "json"
-    """How a prompt-based fill is asked and read: a JSON object, `## Key` sections,
-    MetaGPT's `[CONTENT]{json}[/CONTENT]` raw fill, or `<key>value</key>` tags (xml)."""
-    fill: Literal["simple", "complex"] = "simple"
-    """`complex`: one call per top-level key of the output tree, concurrently, merged."""
-    revise: ReviseSpec | None = None
-    memory_window: int | None = Field(default=None, ge=1, le=10000)
-    """The `## Context` shows at most the last N messages `context` picks (over the role's)."""
-    recall: RecallSpec | None = None
-    """With a memory window: older messages brought back by keyword and relevance (over the role's)."""
-    max_retries: int = Field(default=2, ge=0, le=10)
-    review: Literal["human"] | None = None
-    """`human`: a person approves, edits or rejects (with a comment) the model's output
-    before it is published; a rejection asks the model again, up to `max_retries` times."""
-    send_to: list[str] = Field(default_factory=lambda: ["<all>"])
-    artifacts: list[ArtifactSpec] = Field(default_factory=list)
-    for_each: str | None = None
-    when: str | None = None
-    """A condition (jinja expression, same variables as the prompt): the action runs only when it
-    is true; otherwise it is skipped without a model call or a message. Lets a loop end on a
-    result (e.g. tests passing) instead of only on its `max_runs` counter."""
-    as_: str = Field(default="item", alias="as", pattern=r"^[a-z_][a-z0-9_]*$")
-    join: JoinSpec | None = None
-    max_concurrency: int = Field(default=8, ge=1, le=64)
-    max_runs: int | None = Field(default=None, ge=1)
-    publish: Literal["last", "each"] = "last"
-    command: list[str] | None = None
-    command_timeout_s: float = Field(default=60, gt=0, le=3600)
-    """kind exec: the command's wall-clock limit (a model request's is `llm.timeout_s`)."""
-    env: list[EnvName] = Field(default_factory=list)
-    """kind exec: names of the user's environment variables the command may see, besides PATH,
-    HOME, LANG, LC_*, TMPDIR and TERM. Names only: a shared file never sets a value."""
-    llm: LLMSpec | None = None
-    tools: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
-    """kind llm: the tools the model may call (toolsets, single commands, `mcp.<server>`); the
-    action then runs as a tool loop (RoleZero): each step one model call, until `end`."""
-    max_steps: int = Field(default=10, ge=1, le=100)
-    """The most model calls of one tool loop; reaching it without `end` fails the action."""
-    tool_top_k: int | None = Field(default=None, ge=1, le=100)
-    """With `tools`: offer only the k commands that rank best by BM25 against the prompt
-    (RoleZero's tool recommendation), plus `end`; for actions with many tools."""
-    quick_think: bool = False
-    """With `tools` and a text output: one model call first classifies the request (RoleZero's
-    quick think: QUICK, AMBIGUOUS, SEARCH or TASK) and answers a quick or ambiguous one at once,
-    without the loop."""
-    experience: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
-    """With `tools`: files beside the SOP whose text is shown in the loop's system prompt as
-    past experience (RoleZero's `_retrieve_experience`), e.g. a worked example."""
+
+KIND_DOCS = enum_docs(
+    llm="One LLM call filling the output (the default when `kind` is absent); with `tools`, a tool loop.",
+    exec="Run `command` in the workspace (needs --allow-exec).",
+    ask="Ask a person the rendered `prompt`, answered against `output`.",
+    reply="Send the rendered `prompt` to the person as a message (shown live, journaled; no answer).")
+
+
+KIND_DESCRIPTION = (
+    "`llm` (default): one LLM call; `exec`: run `command` in the workspace (needs --allow-exec); `ask`: ask a "
+    "person the rendered `prompt`, answered against `output`; `reply`: send the rendered `prompt` to the person "
+    "as a message (shown live, journaled; no answer). Each kind has its own keys.")
+
+
+DEFAULT_RETRIES = 2
+"""An llm action's `max_retries` when it sets none; also how often a plan written by an action of
+another kind (a person's) is asked again when it is not a valid plan."""
+
+
+def retries_of(action: ActionBase) -> int:
+    """How often an invalid answer to the action is asked again (only kind llm sets it)."""
+    return action.max_retries if isinstance(action, LlmAction) else DEFAULT_RETRIES
+
+
+class ActionBase(_Model):
+    """The keys every kind of action has: what it is, where its message goes, its files, its
+    fan-out and its bounds. A base class (as are PromptedAction and AnsweredAction): code that
+    reads a shared key narrows an ActionSpec with `isinstance` on it."""
+
+    description: str = Field(default="", description=(
+        "What the action does (documentation; shown in menus of react roles)."))
+    send_to: list[Annotated[str, Field(description="A role id or name, or <all>, <self>, <none>.",
+                                       examples=["<all>", "<self>", "<none>"])]] = Field(
+        default_factory=lambda: ["<all>"], description=(
+            "Addresses of the published message: role ids or names, `<all>` (default), `<self>`, `<none>`, or a "
+            "template using only `role` (e.g. \"{{ role.vars.opponent }}\"), resolved for each role that runs the "
+            "action and checked by validate."))
+    artifacts: list[ArtifactSpec] = Field(default_factory=list, description=(
+        "Files written into the workspace when the action succeeds."))
+    for_each: str | None = Field(default=None, description=(
+        "A template giving a list: the action runs once per element (concurrently), with the element as `item` "
+        "(or the `as` name) and its position as `index`."))
+    when: str | None = Field(default=None, description=(
+        "A condition, as a jinja expression with the prompt's variables (e.g. "
+        "\"{{ msgs.RunTests[-1].out.exit_code != 0 }}\"): the action runs only when it is true; otherwise it is "
+        "skipped with no model call and no message. This is how a loop ends on a result, not only on max_runs."))
+    as_: str = Field(default="item", alias="as", pattern=r"^[a-z_][a-z0-9_]*$", description=(
+        "Name of the element variable under for_each (default item)."))
+    join: Annotated[JoinSpec | None, Absent()] = Field(default=None, description=(
+        "for_each only: after the items, one message (and optionally one file) made from all items' outputs, "
+        "in item order."))
+    max_concurrency: int = Field(default=8, ge=1, le=64, description="Most for_each items in flight at once (default 8).")
+    max_runs: int | None = Field(default=None, ge=1, description=(
+        "Most times this action may run in one run: declares a loop through it bounded."))
+    publish: Literal["last", "each"] = Field(default="last", json_schema_extra=enum_docs(
+        last="Only the activation's last message is published (default, as MetaGPT).",
+        each="Every message this action makes is published."), description=(
+        "`last` (default, as MetaGPT): only the activation's last message is published; `each`: every message "
+        "this action makes is."))
 
     @model_validator(mode="after")
-    def _exec_needs_command(self) -> ActionSpec:
-        if self.kind == "exec" and not self.command:
-            raise ValueError("an action of kind exec needs a non-empty `command`")
+    def _join_needs_for_each(self) -> ActionBase:
         if "join" in self.model_fields_set and self.for_each is None:
             raise ValueError("`join` needs `for_each`")
         return self
 
 
-class McpServerSpec(_Model):
-    """An MCP server (official `mcp` SDK): a stdio server started with `command` (needs
-    --allow-exec), or a streamable HTTP server at `url` (needs --allow-host for its host)."""
+class PromptedAction(ActionBase):
+    """An action with a prompt: sent to a model or shown to a person."""
 
-    command: list[Annotated[str, StringConstraints(min_length=1)]] | None = Field(default=None, min_length=1)
-    url: str | None = Field(default=None, pattern=r"^https?://[^\s/]+")
-    env: list[EnvName] = Field(default_factory=list)
-    """Names of the user's environment variables the stdio server may see (never values)."""
-    headers: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9-]+$")], EnvName] = Field(default_factory=dict)
-    """HTTP header -> the name of the environment variable holding its value (e.g. a token)."""
-    tools: list[Annotated[str, StringConstraints(min_length=1)]] | None = None
-    """The tools the server offers, when known in advance: checked by validate and at start."""
-    call_timeout_s: float = Field(default=60, gt=0, le=3600)
-    """The longest one tool call may take."""
+    prompt: str = Field(default="", description=(
+        "The instruction to the model (or the person): a sandboxed jinja2 template. Variables: inputs, role, "
+        "msgs, news, run; item/index (or the `as` name) under for_each; task in a plan's task action."))
+
+
+class AnsweredAction(PromptedAction):
+    """An action whose prompt is answered against its `output` (by a model or a person), with
+    the messages its `context` picks."""
+
+    context: Context = Field(default="all", description=(
+        "Which observed/remembered messages are shown: a list of action ids (or UserRequirement), `all` (the "
+        "whole memory, default) or `none`."))
+    memory_window: int | None = Field(default=None, ge=1, le=10000, description=(
+        "The `## Context` section shows at most the last N messages the action's `context` picks (MetaGPT's "
+        "memory.get(k)); overrides the role's. `msgs` in templates still see every message."))
+    recall: Annotated[RecallSpec | None, Absent()] = Field(default=None, description=(
+        "Long-term memory past the memory window: older messages recalled by keyword and relevance "
+        "(overrides the role's)."))
+    output: Output = Field(default="text", description=(
+        "What the action produces: `text` (free text), `{code: LANG}` (the first fenced code block) or a tree of "
+        "output nodes. Default `text`."))
+    format: Literal["json", "markdown", "content", "xml"] = Field(default="json", json_schema_extra=enum_docs(
+        json="A JSON object (default).", markdown="`## Key` sections.",
+        content="MetaGPT's `[CONTENT]{json}[/CONTENT]` raw fill.",
+        xml="`<key>value</key>` per top-level key, values coerced to their types."), description=(
+        "How a prompt-based fill asks for and parses the answer: json (default), markdown (`## Key` sections), "
+        "content (MetaGPT's `[CONTENT]{json}[/CONTENT]` raw fill) or xml (`<key>value</key>` per top-level key, "
+        "values coerced to their types)."))
+
+
+class LlmAction(AnsweredAction):
+    """`kind: llm` (the default): one LLM call filling the output; with `tools`, a tool loop
+    (RoleZero) in which each step is one model call."""
+
+    model_config = ConfigDict(title="Action (kind llm)")
+
+    kind: Literal["llm"] = Field(default="llm", description=(
+        "`llm` (the default): one LLM call filling the output; with `tools`, a tool loop."))
+    system: str | None = Field(default=None, description=(
+        "This action's own system prompt (a template with the prompt's variables), sent after the role's prefix "
+        "(its name, profile, goal, constraints and team) and a blank line; for an action that needs its own "
+        "persona or rules."))
+    fill: Literal["simple", "complex"] = Field(default="simple", json_schema_extra=enum_docs(
+        simple="One call for the whole tree (default).",
+        complex="One call per top-level key, independent keys concurrently, merged."), description=(
+        "How an output tree is filled: simple (one call for the whole tree, default) or complex (one call per "
+        "top-level key, independent keys concurrently, merged: smaller prompts for weak models and long trees). "
+        "Only with an output tree."))
+    revise: Annotated[ReviseSpec | None, Absent()] = Field(default=None, description=(
+        "MetaGPT's review → revise of a filled output tree: a review comments on the keys that miss their "
+        "instruction, a revise re-fills them."))
+    max_retries: int = Field(default=DEFAULT_RETRIES, ge=0, le=10, description=(
+        "Re-asks on an unparseable or invalid answer, with the error shown (default 2). Was `retries` (deprecated)."))
+    review: Literal["human"] | None = Field(default=None, description=(
+        "`human`: before the model's output is published a person approves it, edits it, or rejects it with a "
+        "comment (the model is then asked again with the comment, up to `max_retries` times). On a plan_and_act "
+        "planner's action, the person reviews the plan."))
+    llm: Annotated[LLMSpec | None, Absent()] = Field(default=None, description=(
+        "This action's LLM settings, over its role's and the file's (key by key)."))
+    tools: list[NonEmpty] = Field(default_factory=list, description=(
+        "The tools the model may call, which makes the action a tool loop (RoleZero): a built-in toolset "
+        "(editor, terminal, plan, team, human), one command of it (e.g. editor.write), or `mcp.<server>` for a "
+        "server declared under `mcp`. Each step is one model call that gives commands or `end` (whose args are the "
+        "output); terminal and stdio MCP servers need --allow-exec, HTTP MCP servers --allow-host."))
+    max_steps: int = Field(default=10, ge=1, le=100, description=(
+        "With `tools`: the most model calls of one tool loop; reaching it without `end` fails the action "
+        "(default 10)."))
+    tool_top_k: int | None = Field(default=None, ge=1, le=100, description=(
+        "With `tools`: offer the model only the k commands that rank best by BM25 (rank-bm25) against the action's "
+        "prompt, plus `end` (RoleZero's tool recommendation, for actions with many tools, e.g. a big MCP server)."))
+    quick_think: bool = Field(default=False, description=(
+        "With `tools` and `output: text`: one model call first classifies the request (RoleZero's quick think: "
+        "QUICK, AMBIGUOUS, SEARCH or TASK) and answers a QUICK or AMBIGUOUS one directly, without the tool loop; "
+        "SEARCH and TASK run the loop."))
+    experience: list[NonEmpty] = Field(default_factory=list, description=(
+        "With `tools`: files beside the SOP (relative paths inside its folder, no `..`, no symlink out; at most "
+        "100,000 bytes each) whose text the tool loop's system prompt shows as past experience (RoleZero's "
+        "experience: a worked example of the commands)."))
+
+
+class ExecAction(ActionBase):
+    """`kind: exec`: a command run in the workspace without a shell (needs --allow-exec); its
+    output is `{exit_code, stdout, stderr}`."""
+
+    model_config = ConfigDict(title="Action (kind exec)")
+
+    kind: Literal["exec"] = Field(description="`exec`: run `command` in the workspace (needs --allow-exec).")
+    command: list[str] = Field(min_length=1, description=(
+        "The command and its arguments, run inside the workspace without a shell; each item is a template, "
+        "rendered into exactly one argument."))
+    command_timeout_s: float = Field(default=60, gt=0, le=3600, description=(
+        "Seconds before the command is killed (default 60; a model request's limit is `llm.timeout_s`). Was "
+        "`timeout_s` (deprecated)."))
+    env: list[Annotated[EnvName, Field(description="An environment variable name, e.g. PYTHONPATH.")]] = Field(
+        default_factory=list, description=(
+            "Names of the user's environment variables the command may see, besides PATH, HOME, LANG, LC_*, TMPDIR "
+            "and TERM (all others are withheld). Names only: the values come from the user's environment, never "
+            "from the file."))
+
+
+class AskAction(AnsweredAction):
+    """`kind: ask` (MetaGPT's ask_human): a person answers the rendered prompt against
+    `output`, on a terminal inline or through `sopctl answer`."""
+
+    model_config = ConfigDict(title="Action (kind ask)")
+
+    kind: Literal["ask"] = Field(description="`ask`: ask a person the rendered `prompt`, answered against `output`.")
+
+
+class ReplyAction(PromptedAction):
+    """`kind: reply` (MetaGPT's reply_to_human): the rendered prompt is sent to the person as
+    a message (shown live, journaled); no answer is awaited."""
+
+    model_config = ConfigDict(title="Action (kind reply)")
+
+    kind: Literal["reply"] = Field(description=(
+        "`reply`: send the rendered `prompt` to the person as a message (shown live, journaled; no answer)."))
+
+
+def action_kind(value: Any) -> str | None:
+    """The union's discriminator: an action's `kind`, `llm` when the key is absent."""
+    if isinstance(value, dict):
+        kind = value.get("kind", "llm")
+        return kind if isinstance(kind, str) else None
+    return getattr(value, "kind", None)
+
+
+class _ActionDoc:
+    """The action union's schema: titled, with `kind` (and what each kind means) on top of
+    the branches, so that an editor completes `kind` and then offers only that kind's keys."""
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: Any) -> dict[str, Any]:
+        branches = handler(core_schema)
+        kind = {"type": "string", "enum": list(KIND_DOCS["x-enum-values"]), "default": "llm",
+                "description": KIND_DESCRIPTION, **KIND_DOCS}
+        return {"title": "Action", "description": (
+                    "What a role can do: an LLM call (`kind: llm`, the default), a command (`exec`), a question to a "
+                    "person (`ask`) or a message to the person (`reply`); each kind has its own keys."),
+                "type": "object", "properties": {"kind": kind}, "oneOf": branches["oneOf"],
+                "dependentSchemas": {"join": {"required": ["for_each"], "properties": {"for_each": {
+                    "type": "string", "description": "`join` needs `for_each`: it joins the items' outputs."}}}}}
+
+
+ActionSpec = Annotated[
+    Annotated[LlmAction, Tag("llm")] | Annotated[ExecAction, Tag("exec")]
+    | Annotated[AskAction, Tag("ask")] | Annotated[ReplyAction, Tag("reply")],
+    Discriminator(action_kind), _ActionDoc(),
+]
+"""An action of any kind; narrow it with `isinstance` (LlmAction, ExecAction, AskAction, ReplyAction)."""
+
+
+def output_of(action: ActionBase) -> Output:
+    """An action's declared `output` (`text` for exec and reply, which declare none; an exec
+    action's `out` is its fixed `{exit_code, stdout, stderr}`)."""
+    return action.output if isinstance(action, AnsweredAction) else "text"
+
+
+def tools_of(action: ActionBase) -> list[str]:
+    """The tools an action's model may call (only kind llm has `tools`)."""
+    return action.tools if isinstance(action, LlmAction) else []
+
+
+class McpServerSpec(_Model):
+    """An MCP server (official `mcp` SDK): `command` starts a stdio server (needs
+    --allow-exec), `url` reaches a streamable HTTP server (needs --allow-host for its host);
+    exactly one of the two."""
+
+    model_config = ConfigDict(title="MCP server", json_schema_extra={"oneOf": [
+        {"title": "`command` (stdio)", "description": "A stdio server, started with `command` (needs --allow-exec).",
+         "required": ["command"]},
+        {"title": "`url` (HTTP)", "description": "A streamable HTTP server at `url` (needs --allow-host for its host).",
+         "required": ["url"]},
+    ]})
+
+    command: Annotated[list[NonEmpty] | None, Absent()] = Field(default=None, min_length=1, description=(
+        "stdio: the server's argv (no shell; `python` is the interpreter running sopctl)."))
+    url: Annotated[str | None, Absent()] = Field(default=None, pattern=r"^https?://[^\s/]+", description=(
+        "streamable HTTP: the server's URL."))
+    env: list[EnvName] = Field(default_factory=list, description=(
+        "stdio: names of the user's environment variables the server may see, besides PATH, HOME, LANG, LC_*, "
+        "TMPDIR and TERM. Names only."))
+    headers: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9-]+$")], EnvName] = Field(
+        default_factory=dict, description=(
+            "HTTP: header name -> the NAME of the environment variable holding its value (e.g. Authorization: "
+            "MY_TOKEN)."))
+    tools: list[NonEmpty] | None = Field(default=None, description=(
+        "The tools the server offers, when known: validate checks the names actions use, and the run checks the "
+        "server offers them."))
+    call_timeout_s: float = Field(default=60, gt=0, le=3600, description=(
+        "The longest one tool call may take (default 60). Was `timeout_s` (deprecated)."))
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerSpec:
         if (self.command is None) == (self.url is None):
-            raise ValueError("an MCP server needs exactly one of `command` (stdio) or `url` (HTTP)")
+            raise ValueError("pick one of `command` (stdio) or `url` (HTTP)")
         return self
 
 
 class PlannerSpec(_Model):
-    """`plan_and_act` (MetaGPT's Planner): the action that writes the plan, what runs each task
-    (one `task_action`, or by the task's `task_type` through `task_actions`), and how a failed
-    task is retried and then re-planned."""
+    """plan_and_act (MetaGPT's Planner): the action that writes the plan, what runs each task
+    (task_action, or task_actions by the task's task_type), and how a failed task is retried,
+    then re-planned."""
 
-    action: ActionId
-    task_action: ActionId | None = None
-    """The action that runs a task (of a type `task_actions` does not name)."""
-    task_actions: dict[Annotated[str, StringConstraints(min_length=1)],
-                       ActionId | Annotated[list[ActionId], Field(min_length=1)]] = Field(default_factory=dict)
-    """task type -> the action (or actions, run in order) that run a task of that type."""
-    max_tasks: int = Field(default=10, ge=1, le=100)
-    max_task_retries: int = Field(default=2, ge=0, le=10)
-    """A failed task (an exec step exits non-zero, an answer stays invalid) runs again, with
-    the error in its prompt, up to this many times; then the planner is asked to re-plan."""
-    max_replans: int = Field(default=1, ge=0, le=10)
-    """How often the plan may be updated after a task failed; then the run fails."""
+    model_config = ConfigDict(title="Planner")
+
+    action: ActionId = Field(description=(
+        "The action that writes the plan; its output tree must have `tasks`: a list of objects with task_id, "
+        "dependent_task_ids and instruction."))
+    task_action: Annotated[ActionId | None, Absent()] = Field(default=None, description=(
+        "The action that runs each task (sees it as `task`); with task_actions, the one for a type it does not "
+        "name. A planner needs task_action, task_actions or both."))
+    task_actions: dict[NonEmpty, (
+        Annotated[ActionId, Branch("an action id", "The action that runs a task of this type.")]
+        | Annotated[list[ActionId], Field(min_length=1),
+                    Branch("a list of action ids", "The actions that run a task of this type, in order.")]
+    )] = Field(default_factory=dict, description=(
+        "Task type -> the action (or list of actions, run in order) that runs a task of that type; the plan's "
+        "tasks then need a `task_type` (MetaGPT's Data Interpreter)."))
+    max_tasks: int = Field(default=10, ge=1, le=100, description="Most tasks one plan may run (default 10).")
+    max_task_retries: int = Field(default=2, ge=0, le=10, description=(
+        "How often a failed task (an exec step exits non-zero, an answer stays invalid) runs again with the error "
+        "shown, before the planner is asked to re-plan (default 2). Was `task_retries` (deprecated)."))
+    max_replans: int = Field(default=1, ge=0, le=10, description=(
+        "How often the plan may be updated after a task's retries are spent; then the run fails (default 1)."))
 
     def steps_for(self, task_type: object) -> list[str]:
         """The actions that run a task of this type, in order ([] when none does)."""
@@ -310,26 +596,45 @@ class PlannerSpec(_Model):
 class RoleSpec(_Model):
     """A MetaGPT Role: its prefix fields, its actions (states), what it watches, how it reacts."""
 
-    name: str | None = None
-    profile: str = ""
-    goal: str = ""
-    constraints: str = ""
-    vars: dict[VarName, str | int | float | bool] = Field(default_factory=dict)
-    """Values this role gives its actions' templates (`role.vars.X`) and `send_to` templates,
-    so that roles can share one action (each debater sends to its own opponent)."""
-    human: bool = False
-    """MetaGPT's is_human: a person answers this role's actions instead of a model."""
-    actions: list[ActionId] = Field(min_length=1)
-    watch: list[str] = Field(default_factory=list)
-    react_mode: Literal["react", "by_order", "plan_and_act"] = "react"
-    max_react_loop: int = Field(default=1, ge=1, le=100)
-    memory: bool = True
-    memory_window: int | None = Field(default=None, ge=1, le=10000)
-    """MetaGPT's `memory.get(k)`: the last N messages are what its actions' context shows."""
-    recall: RecallSpec | None = None
-    """Long-term memory past the window: older messages recalled by keyword and relevance."""
-    llm: LLMSpec | None = None
-    planner: PlannerSpec | None = None
+    model_config = ConfigDict(title="Role")
+
+    name: str | None = Field(default=None, description=(
+        "The role's address besides its id (MetaGPT name, e.g. Bob); defaults to the id."))
+    profile: str = Field(default="", description="The role's profile, e.g. Architect; part of every prompt's prefix.")
+    goal: str = Field(default="", description="The role's goal; part of every prompt's prefix.")
+    constraints: str = Field(default="", description="The role's constraints; part of every prompt's prefix.")
+    vars: dict[VarName, Annotated[str | int | float | bool, Field(description="A string, number or boolean.")]] = Field(
+        default_factory=dict, description=(
+            "Values this role gives its actions' templates as `role.vars.NAME`, and `send_to` templates such as "
+            "\"{{ role.vars.opponent }}\": roles can share one action, each with its own values. Every role running "
+            "an action must declare every `role.vars.X` the action reads."))
+    human: bool = Field(default=False, description=(
+        "true = MetaGPT is_human: a person answers this role's actions instead of a model, against the same "
+        "output trees (on a terminal inline; otherwise the run waits for `sopctl answer`). Its react_mode must be "
+        "by_order, or react with one action."))
+    actions: list[Annotated[ActionId, Field(description="An action id.")]] = Field(min_length=1, description=(
+        "The role's actions in order: the states of its state machine."))
+    watch: list[Annotated[str, Field(description="An action id or UserRequirement.")]] = Field(
+        default_factory=list, description="Action ids (or UserRequirement) whose messages this role observes.")
+    react_mode: Literal["react", "by_order", "plan_and_act"] = Field(default="react", json_schema_extra=enum_docs(
+        react="The model picks the next action (default).", by_order="The actions run in order.",
+        plan_and_act="A plan (the `planner`'s action), then its tasks."), description=(
+        "react (default): the model picks the next action; by_order: the actions run in order; plan_and_act: a "
+        "plan, then its tasks."))
+    max_react_loop: int = Field(default=1, ge=1, le=100, description=(
+        "Most think/act steps per activation in react mode (default 1, as MetaGPT)."))
+    memory: bool = Field(default=True, description=(
+        "false = MetaGPT enable_memory=False: messages already seen are processed again."))
+    memory_window: int | None = Field(default=None, ge=1, le=10000, description=(
+        "MetaGPT's memory.get(k): the `## Context` of this role's actions shows at most its last N messages, so "
+        "prompts stay bounded as a run grows (an action's own memory_window wins). `msgs` in templates still see "
+        "every message."))
+    recall: Annotated[RecallSpec | None, Absent()] = Field(default=None, description=(
+        "Long-term memory past the window: older messages recalled by keyword and relevance."))
+    llm: Annotated[LLMSpec | None, Absent()] = Field(default=None, description=(
+        "This role's LLM settings, over the file's (key by key); an action's own win."))
+    planner: Annotated[PlannerSpec | None, Absent()] = Field(default=None, description=(
+        "react_mode plan_and_act: the planner (MetaGPT's Planner)."))
 
     def runnable_actions(self) -> list[str]:
         """Every action the role may run: its `actions`, then its planner's (each once)."""
@@ -337,25 +642,46 @@ class RoleSpec(_Model):
         return list(dict.fromkeys([*self.actions, *planned]))
 
 
-class Sop(_Model):
-    """A whole SOP file."""
+_A = TypeVar("_A", bound=ActionBase)
 
-    schema_: str | None = Field(default=None, alias="$schema")
-    apiVersion: Literal["sop/v1"]
-    name: Annotated[str, StringConstraints(pattern=SOP_NAME)]
-    description: str = ""
-    include: list[Annotated[str, StringConstraints(min_length=1)]] = Field(default_factory=list)
-    """Library files merged in at load time (engine/load/includes.py); kept for the record."""
-    inputs: dict[str, InputSpec] = Field(default_factory=dict)
-    llm: LLMSpec = Field(default_factory=LLMSpec)
-    team: TeamSpec = Field(default_factory=TeamSpec)
-    actions: dict[ActionId, ActionSpec]
-    roles: dict[RoleId, RoleSpec] = Field(min_length=1)
-    mcp: dict[Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]*$")], McpServerSpec] = Field(default_factory=dict)
-    """MCP servers the actions' `tools` may name as `mcp.<server>`."""
+
+class Sop(_Model):
+    """A declarative multi-agent SOP: roles that watch each other's actions, with MetaGPT semantics."""
+
+    model_config = ConfigDict(title="sopctl SOP file (apiVersion sop/v1)")
+
+    schema_: str | None = Field(default=None, alias="$schema", description="Optional URI of this schema (for editors).")
+    apiVersion: Literal["sop/v1"] = Field(description="The language version; exactly sop/v1.")
+    name: Annotated[str, StringConstraints(pattern=SOP_NAME)] = Field(description=(
+        "The SOP's name: lower case, digits, _ and -."))
+    description: str = Field(default="", description="What the SOP does.")
+    include: list[NonEmpty] = Field(default_factory=list, description=(
+        "SOP library files whose inputs, actions and roles join this file's: paths relative to this file, inside "
+        "its folder or a folder given with --include-path (no .., no absolute path, no URL). A library holds "
+        "apiVersion, optional name and description, include, inputs, actions and roles."))
+    inputs: dict[str, InputSpec] = Field(default_factory=dict, description=(
+        "Run parameters, by name; `idea` is what --idea sets."))
+    llm: LLMSpec = Field(default_factory=LLMSpec, description=(
+        "The default LLM settings of every call; a role's and an action's `llm` override them key by key."))
+    team: TeamSpec = Field(default_factory=TeamSpec, description=(
+        "MetaGPT's Team: rounds, investment and the environment description."))
+    actions: dict[ActionId, ActionSpec] = Field(description="The actions, by id ([A-Z][A-Za-z0-9_]*).")
+    roles: dict[RoleId, RoleSpec] = Field(min_length=1, description=(
+        "The roles, by id ([A-Z][A-Za-z0-9_]*), in order: the order of each round's messages."))
+    mcp: dict[Annotated[str, StringConstraints(pattern=MCP_NAME)], McpServerSpec] = Field(
+        default_factory=dict, description=(
+            "MCP servers, by name ([a-z][a-z0-9_]*), that actions name in `tools` as `mcp.<name>`."))
 
     def role_name(self, role_id: str) -> str:
         return self.roles[role_id].name or role_id
+
+    def action_as(self, action_id: str, kind: type[_A]) -> _A:
+        """The action, as the kind the caller runs it as (a model fills only kind llm, a tool
+        loop is kind llm): a mismatch is an engine bug, never a file's mistake."""
+        action = self.actions[action_id]
+        if not isinstance(action, kind):
+            raise TypeError(f"action {action_id} is of kind {action.kind}, not {kind.__name__}")
+        return action
 
     def role_view(self, role_id: str) -> dict[str, Any]:
         """What templates see as `role` in an action this role runs."""

@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator, Mapping
 
+from engine.load.spec import LlmAction
 from engine.models.types import CallSpec, Price, Provider, RealModelBlocked
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str, override: s
     the file; the model by `choose_model`; `price` (per token) for a model litellm cannot
     price: the one given (`--price`), else the nearest layer's `llm.price`."""
     spec = compiled.spec
-    layers = [spec.actions[action_id].llm, spec.roles[role_id].llm, spec.llm]
+    action = spec.actions[action_id]
+    layers = [action.llm if isinstance(action, LlmAction) else None, spec.roles[role_id].llm, spec.llm]
     picked: dict[str, Any] = {}
     for key in ("model", "temperature", "max_tokens", "timeout_s"):
         picked[key] = next((getattr(layer, key) for layer in layers

@@ -23,7 +23,17 @@ from engine.templates.sandbox import MAX_RENDERED_CHARS, TemplateFailure
 from engine.errors import ActionFailed, BudgetExceeded, LLMError
 from engine.load.outputs import output_kind, with_absent_as_null
 from engine.load.source import join_pointer
-from engine.load.spec import ActionSpec, CodeOutput, JoinSpec
+from engine.load.spec import (
+    ActionBase,
+    AnsweredAction,
+    CodeOutput,
+    ExecAction,
+    JoinSpec,
+    LlmAction,
+    PromptedAction,
+    ReplyAction,
+    output_of,
+)
 from engine.models.answers import prepare_validator
 from engine.models.gateway import Gateway
 from engine.models.registry import resolve_llm
@@ -132,7 +142,7 @@ def role_label(compiled: CompiledSop, role_id: str) -> str:
     return f"{spec.role_name(role_id)} ({spec.roles[role_id].profile or role_id})"
 
 
-def context_section(compiled: CompiledSop, action: ActionSpec, memory: Memory,
+def context_section(compiled: CompiledSop, action: AnsweredAction, memory: Memory,
                     role_id: str | None = None, query: str = "") -> str:
     """The declared context only (`none`, `all` or action ids), as a `## Context` section;
     within the role's or action's `memory_window`, with `recall`ed older messages (longterm)."""
@@ -245,7 +255,7 @@ def _render(action_id: str, source: str, variables: dict[str, Any], pointer: str
                            template_line=exc.line) from None
 
 
-def _for_each_items(action_id: str, action: ActionSpec, variables: dict[str, Any]) -> list[Any]:
+def _for_each_items(action_id: str, action: ActionBase, variables: dict[str, Any]) -> list[Any]:
     """Evaluate the `for_each` expression in the sandbox; the value must be a list."""
     value = _evaluate(action_id, "for_each", action.for_each or "", variables)
     if isinstance(value, tuple):
@@ -261,7 +271,7 @@ def _for_each_items(action_id: str, action: ActionSpec, variables: dict[str, Any
     return value
 
 
-def action_applies(action_id: str, action: ActionSpec, variables: dict[str, Any]) -> bool:
+def action_applies(action_id: str, action: ActionBase, variables: dict[str, Any]) -> bool:
     """The action's `when` condition (true when it has none)."""
     if action.when is None:
         return True
@@ -287,14 +297,14 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
                     variables: dict[str, Any], round_: int, note: str, key: str,
                     effects: ToolEffects) -> tuple[Any, str]:
     action = ctx.compiled.spec.actions[action_id]
-    if action.kind == "exec":
+    if isinstance(action, ExecAction):
         await durable(ctx.gateway.store)   # the answers it acts on are on disk first
         out = await run_command(action_id, action, variables, workspace=ctx.workspace,
                                 allow_exec=ctx.allow_exec, sandbox=ctx.sandbox)
         return out, exec_content(out)
     here = join_pointer("/actions", action_id)
     prompt = _render(action_id, action.prompt, variables, f"{here}/prompt", "prompt")
-    if action.kind == "reply":   # MetaGPT's reply_to_human: a message, no answer
+    if isinstance(action, ReplyAction):   # MetaGPT's reply_to_human: a message, no answer
         text = prompt.strip()
         await durable(ctx.gateway.store)   # what the person is told rests on journaled answers
         tell_person(ctx.person, ctx.emit, round_=round_, role=role_id, action=action_id, text=text)
@@ -312,15 +322,16 @@ def _system_prompt(ctx: RunContext, role_id: str, action_id: str, variables: dic
     """The role's prefix, then the action's own `system` text (rendered) after a blank line."""
     system = role_prefix(ctx.compiled, role_id)
     action = ctx.compiled.spec.actions[action_id]
-    if action.system is not None:
+    if isinstance(action, LlmAction) and action.system is not None:
         here = join_pointer("/actions", action_id, "system")
         own = _render(action_id, action.system, variables, here, "system").strip()
         system = f"{system}\n\n{own}" if own else system
     return system
 
 
-def _code_lang(action: ActionSpec) -> str | None:
-    return action.output.code if isinstance(action.output, CodeOutput) else None
+def _code_lang(action: ActionBase) -> str | None:
+    output = output_of(action)
+    return output.code if isinstance(output, CodeOutput) else None
 
 
 async def _answer(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
@@ -328,7 +339,7 @@ async def _answer(ctx: RunContext, role_id: str, action_id: str, prompt: str, sy
     """The action's output: a person's (a `human` role, `kind: ask`), a model's reviewed by a
     person (`review: human`), a tool loop's (`tools`), or a model's."""
     action = ctx.compiled.spec.actions[action_id]
-    if action.kind == "ask" or ctx.compiled.spec.roles[role_id].human:
+    if not isinstance(action, LlmAction) or ctx.compiled.spec.roles[role_id].human:
         question = _question(ctx, role_id, action_id, prompt, round_, key, "answer")
         return (await _ask(ctx, question)).value
     if action.tools:
@@ -345,7 +356,7 @@ async def _filled(ctx: RunContext, role_id: str, action_id: str, prompt: str, sy
     """The model's output tree, filled as the action's `fill` says (one call, or one per
     top-level key, concurrently) and then reviewed and revised as its `revise` says
     (`engine.run.node`); every call goes through the gateway, every person's part is a question."""
-    action = ctx.compiled.spec.actions[action_id]
+    action = ctx.compiled.spec.action_as(action_id, LlmAction)
     schema = ctx.compiled.output_schemas.get(action_id)
     if schema is None or (action.fill == "simple" and action.revise is None):
         return await _model_value(ctx, role_id, action_id, prompt, system, round_)
@@ -388,7 +399,7 @@ async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: st
                        system: str, round_: int, schema: dict[str, Any] | None = None) -> Any:
     """The model's accepted answer to the action's prompt (one gateway call); `schema`: an
     object to fill instead of the action's output (a part of it, a review, a revision)."""
-    action = ctx.compiled.spec.actions[action_id]
+    action = ctx.compiled.spec.action_as(action_id, LlmAction)
     kind = "json" if schema is not None else output_kind(action.output)
     spec = model_call(ctx, role_id, action_id, round_, system=system, prompt=prompt, kind=kind,
                       schema=schema or ctx.compiled.output_schemas.get(action_id),
@@ -408,7 +419,7 @@ async def _reviewed(ctx: RunContext, role_id: str, action_id: str, prompt: str, 
                     round_: int, key: str) -> Any:
     """`review: human`: the model answers, a person approves, edits or rejects; a rejection
     asks the model again with the comment, up to the action's `max_retries`."""
-    attempts = ctx.compiled.spec.actions[action_id].max_retries + 1
+    attempts = ctx.compiled.spec.action_as(action_id, LlmAction).max_retries + 1
     comment = ""
     for attempt in range(attempts):
         asked = prompt + ("\n\n## Note\n" + _REJECTED_NOTE.format(comment=comment) if comment else "")
@@ -429,7 +440,7 @@ async def _reviewed(ctx: RunContext, role_id: str, action_id: str, prompt: str, 
 
 def _question(ctx: RunContext, role_id: str, action_id: str, prompt: str, round_: int, key: str,
               kind: str, draft: Any = None, attempt: int = 0) -> Question:
-    action = ctx.compiled.spec.actions[action_id]
+    action = ctx.compiled.spec.action_as(action_id, AnsweredAction)
     return Question(key=question_key(key, kind, attempt, prompt, draft), kind=kind,  # type: ignore[arg-type]
                     role=role_id, action=action_id, round=round_, prompt=prompt,
                     output=output_kind(action.output),
@@ -482,7 +493,7 @@ async def call_gateway(ctx: RunContext, spec: CallSpec) -> CallResult:
         raise ActionFailed(spec.action, exc.message, exc.hint) from None
 
 
-def _write_artifacts(action_id: str, action: ActionSpec, workspace: Workspace,
+def _write_artifacts(action_id: str, action: ActionBase, workspace: Workspace,
                      variables: dict[str, Any]) -> list[WrittenFile]:
     files = []
     for index, artifact in enumerate(action.artifacts):

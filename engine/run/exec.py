@@ -23,7 +23,7 @@ from engine.templates.render import render_template
 from engine.templates.sandbox import TemplateFailure
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
-from engine.load.spec import ActionSpec
+from engine.load.spec import ExecAction
 from engine.run.isolation import Sandbox
 from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.workspace import Workspace
@@ -35,7 +35,7 @@ MAX_STREAM_BYTES = 64 * 1024
 """Bound on each of an exec action's stdout and stderr kept in `out`."""
 
 
-async def run_command(action_id: str, action: ActionSpec, variables: dict[str, Any], *,
+async def run_command(action_id: str, action: ExecAction, variables: dict[str, Any], *,
                       workspace: Workspace, allow_exec: bool, sandbox: Sandbox | None = None
                       ) -> dict[str, Any]:
     """`kind: exec`: no shell, cwd = workspace, timeout kills the process group, bounded output,
@@ -112,10 +112,10 @@ def _cannot_start(action_id: str, command: str, program: str, why: str) -> Actio
                         pointer=f"{command}/0")
 
 
-def _argv(action_id: str, action: ActionSpec, variables: dict[str, Any], command: str) -> list[str]:
+def _argv(action_id: str, action: ExecAction, variables: dict[str, Any], command: str) -> list[str]:
     """The command's items rendered in the sandbox; a failure names the item that failed."""
     argv = []
-    for index, part in enumerate(action.command or []):
+    for index, part in enumerate(action.command):
         try:
             argv.append(render_template(part, variables, limit=64 * 1024))
         except TemplateFailure as exc:

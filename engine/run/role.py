@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
-from engine.load.spec import PlannerSpec, RoleSpec
+from engine.load.spec import PlannerSpec, RoleSpec, retries_of
 from engine.models.registry import resolve_llm
 from engine.models.types import CallSpec
 from engine.run.actions import (
@@ -240,7 +240,7 @@ class Role:
                          note: str, salt: str = "") -> list[dict[str, Any]] | None:
         """Ask for a plan until it is valid, up to the action's retries; then the action fails."""
         action_id = planner.action
-        attempts = self.ctx.compiled.spec.actions[action_id].max_retries + 1
+        attempts = retries_of(self.ctx.compiled.spec.actions[action_id]) + 1
         problem, asked = "", note
         for attempt in range(attempts):
             message = await self._act(action_id, news, made, note=asked, salt=f"{salt}plan{attempt}")

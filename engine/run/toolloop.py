@@ -38,8 +38,8 @@ from typing import Any
 from engine.errors import ActionFailed, BudgetExceeded, JournalError, ReplayDivergence
 from engine.load.outputs import output_kind
 from engine.load.source import join_pointer
-from engine.load.spec import CodeOutput
 from engine.load.catalog import END
+from engine.load.spec import CodeOutput, LlmAction
 from engine.models import answers
 from engine.models.types import CallSpec, StoredAnswer, durable
 from engine.run.actions import RunContext, ToolEffects, call_gateway, gather_or_cancel, model_call
@@ -98,7 +98,7 @@ def loop_tools(ctx: RunContext, role_id: str, action_id: str) -> dict[str, Tool]
 
 def end_schema(ctx: RunContext, action_id: str) -> dict[str, Any]:
     """`end`'s args: the output tree's schema; for text or code, one field holding it."""
-    action = ctx.compiled.spec.actions[action_id]
+    action = ctx.compiled.spec.action_as(action_id, LlmAction)
     schema = ctx.compiled.output_schemas.get(action_id)
     if schema is not None:
         return schema
@@ -165,7 +165,7 @@ class ToolLoop:
     def __init__(self, ctx: RunContext, role_id: str, action_id: str, round_: int, key: str,
                  effects: ToolEffects) -> None:
         self.ctx, self.role_id, self.action_id, self.round, self.key = ctx, role_id, action_id, round_, key
-        self.action = ctx.compiled.spec.actions[action_id]
+        self.action = ctx.compiled.spec.action_as(action_id, LlmAction)
         self.effects = effects
         self.tools = loop_tools(ctx, role_id, action_id)
         self.schema = step_schema(list(self.tools))

@@ -107,8 +107,9 @@ BY_ORDER = "  R: {actions: [A, B], watch: [UserRequirement], react_mode: by_orde
     "prompt: \"{% for k, v in msgs.items() %}{{ k }}{% endfor %}\"",  # msgs as a whole
 ])
 def test_an_output_read_by_a_later_template_is_used(reader: str) -> None:
+    no_context = "" if reader.startswith("kind: exec") else "context: none, "   # exec has no context
     actions = ("  A: {prompt: a, send_to: ['<none>'], output: {Items: {type: 'list[str]'}}}\n"
-               f"  B: {{context: none, {reader}}}\n")
+               f"  B: {{{no_context}{reader}}}\n")
     assert "SOP303" not in _codes(_sop(actions, BY_ORDER))
     unread = actions.replace("msgs.A", "msgs.B").replace("msgs['A']", "msgs['B']").replace("msgs.items()", "[]")
     assert "SOP303" in _codes(_sop(unread, BY_ORDER))

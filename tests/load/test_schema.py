@@ -1,4 +1,5 @@
-"""The JSON Schema: well formed, documented, local-only, and in agreement with the models."""
+"""The JSON Schema: generated from the models, well formed, documented, local-only, and in
+agreement with the models on every case."""
 
 from __future__ import annotations
 
@@ -67,6 +68,77 @@ def _properties(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
             yield from _properties(value, f"{path}/{i}")
 
 
+def test_committed_copies_are_what_the_models_generate() -> None:
+    """The schema (package data, schemas/) and docs/language.md are the models' output."""
+    from engine.load import schema_gen
+
+    assert schema_gen.stale() == [], "stale: run python -m engine.load.schema_gen"
+
+
+def test_check_mode_names_the_command_and_fails_on_a_stale_copy(tmp_path: Path) -> None:
+    from engine.load import schema_gen
+
+    (tmp_path / "README.md").write_text((ROOT / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
+    for path, text in schema_gen.generate().items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text, encoding="utf-8")
+    assert schema_gen.stale(tmp_path) == []
+    (tmp_path / "schemas" / "sop.schema.json").write_text("{}", encoding="utf-8")
+    assert schema_gen.stale(tmp_path) == ["schemas/sop.schema.json"]
+
+
+def test_definitions_are_titled_after_the_thing() -> None:
+    """An editor's hover names the role, the action's kind or the output node."""
+    defs = sop_schema.schema()["$defs"]
+    titles = {name: d.get("title") for name, d in defs.items()}
+    assert all(titles.values()), titles
+    assert titles["RoleSpec"] == "Role" and titles["OutputNode"] == "Output node"
+    assert titles["LlmAction"] == "Action (kind llm)" and titles["McpServerSpec"] == "MCP server"
+    action = sop_schema.schema()["properties"]["actions"]["additionalProperties"]
+    assert action["title"] == "Action"
+
+
+def test_each_kind_offers_only_its_keys() -> None:
+    defs = sop_schema.schema()["$defs"]
+    keys = {kind: set(defs[name]["properties"]) for kind, name in
+            (("llm", "LlmAction"), ("exec", "ExecAction"), ("ask", "AskAction"), ("reply", "ReplyAction"))}
+    assert {"command", "timeout_s", "env"} <= keys["exec"] and not {"command", "env"} & keys["llm"]
+    assert {"tools", "review", "retries", "system"} <= keys["llm"] - keys["ask"] - keys["exec"]
+    assert {"prompt", "context", "output"} <= keys["ask"] and "context" not in keys["reply"]
+    assert all(defs[name].get("additionalProperties") is False for name in defs)
+
+
+def test_enum_values_have_their_own_descriptions() -> None:
+    defs = sop_schema.schema()["$defs"]
+    action = sop_schema.schema()["properties"]["actions"]["additionalProperties"]
+    enums = [action["properties"]["kind"], defs["RoleSpec"]["properties"]["react_mode"],
+             defs["LlmAction"]["properties"]["format"], defs["LlmAction"]["properties"]["fill"],
+             defs["LlmAction"]["properties"]["publish"]]
+    for enum in enums:
+        assert len(enum["markdownEnumDescriptions"]) == len(enum["enum"]) == len(enum["enumDescriptions"])
+
+
+def test_null_is_offered_only_where_a_file_may_write_it() -> None:
+    defs = sop_schema.schema()["$defs"]
+    assert defs["OutputNode"]["properties"]["type"]["type"] == "string"
+    assert "null" not in json.dumps(defs["OutputNode"]["properties"]["children"])
+    assert "null" in defs["LlmAction"]["properties"]["system"]["type"]
+    assert not _models_accept({"apiVersion": "sop/v1", "name": "x", "roles": {"R": {"actions": ["A"]}},
+                               "actions": {"A": {"output": {"Key": {"type": None}}}}})
+
+
+def test_no_extra_named_that_pyproject_lacks() -> None:
+    """The schema once named a `bm25` extra; every extra it names must exist."""
+    import re
+
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    section = pyproject.split("[project.optional-dependencies]", 1)[1].split("\n[", 1)[0]
+    extras = set(re.findall(r"^([a-z0-9_-]+) = \[", section, flags=re.M))
+    assert {"mcp", "local"} <= extras
+    named = set(re.findall(r"the `(\w+)` extra", sop_schema.schema_text()))
+    assert named <= extras
+
+
 def test_every_key_has_a_description() -> None:
     document = sop_schema.schema()
     defs = document["$defs"]
@@ -93,16 +165,20 @@ def test_remote_reference_is_never_fetched() -> None:
 def test_model_fields_are_schema_keys() -> None:
     defs = sop_schema.schema()["$defs"]
     from engine.load.spec import (
-        ActionSpec,
         ArtifactSpec,
+        AskAction,
+        ExecAction,
         InputSpec,
+        LlmAction,
         LLMSpec,
         PlannerSpec,
+        ReplyAction,
         RoleSpec,
     )
 
-    pairs = {"action": ActionSpec, "role": RoleSpec, "planner": PlannerSpec, "input": InputSpec,
-             "llm": LLMSpec, "artifact": ArtifactSpec}
+    pairs = {"LlmAction": LlmAction, "ExecAction": ExecAction, "AskAction": AskAction,
+             "ReplyAction": ReplyAction, "RoleSpec": RoleSpec, "PlannerSpec": PlannerSpec, "InputSpec": InputSpec,
+             "LLMSpec": LLMSpec, "ArtifactSpec": ArtifactSpec}
     for name, model in pairs.items():
         fields = {f.alias or key for key, f in model.model_fields.items()}
         assert fields == set(defs[name]["properties"]), name
@@ -123,6 +199,13 @@ def test_model_only_refusal_becomes_a_diagnostic() -> None:
     assert {d.pointer for d in found} == {"/roles/R/actions", "/bogus"}
 
 
+def test_model_only_refusal_in_an_action_names_the_key_not_the_kind() -> None:
+    """pydantic puts the union's tag (`exec`) in an error's location; the pointer skips it."""
+    _, found = _spec({"apiVersion": "sop/v1", "name": "x", "roles": {"R": {"actions": ["A"]}},
+                      "actions": {"A": {"kind": "exec", "command": ["x"], "timeout_s": 0}}})
+    assert [(d.code, d.pointer) for d in found] == [("SOP108", "/actions/A/timeout_s")]
+
+
 def test_did_you_mean() -> None:
     assert sop_schema.did_you_mean("by_orderr", ["react", "by_order"]) == "did you mean 'by_order'?"
     assert sop_schema.did_you_mean("zzz", ["react", "by_order"]) == ""
@@ -137,16 +220,17 @@ def test_all_errors_of_the_phase_are_reported() -> None:
 
 def test_schema_defaults_are_the_model_defaults() -> None:
     from engine.load.spec import (
-        ActionSpec,
+        ExecAction,
         InputSpec,
+        LlmAction,
         OutputNode,
         PlannerSpec,
         RoleSpec,
     )
 
     defs = sop_schema.schema()["$defs"]
-    pairs = {"action": ActionSpec, "role": RoleSpec, "planner": PlannerSpec, "input": InputSpec,
-             "outputNode": OutputNode}
+    pairs = {"LlmAction": LlmAction, "ExecAction": ExecAction, "RoleSpec": RoleSpec, "PlannerSpec": PlannerSpec,
+             "InputSpec": InputSpec, "OutputNode": OutputNode}
     for name, model in pairs.items():
         by_alias = {(f.alias or key): f for key, f in model.model_fields.items()}
         for key, prop in defs[name]["properties"].items():

@@ -91,8 +91,11 @@ def test_env_must_be_names() -> None:
     assert "'A=b' is not an environment variable name" in str(err.value)
 
 
-def test_env_on_an_llm_action_is_ignored_with_a_warning() -> None:
-    compiled = sop_text("""
+def test_env_on_an_llm_action_is_an_error_naming_its_kind() -> None:
+    from engine.errors import CompileError
+
+    with pytest.raises(CompileError) as err:
+        compile_text("""
 apiVersion: sop/v1
 name: cmd
 actions:
@@ -100,8 +103,9 @@ actions:
 roles:
   Sayer: {actions: [Say], watch: [UserRequirement]}
 """)
-    found = [(d.code, d.pointer) for d in compiled.warnings if d.code == "SOP209"]
-    assert found == [("SOP209", "/actions/Say/env")]
+    found = [(d.code, d.pointer, d.message) for d in err.value.diagnostics]
+    assert found == [("SOP110", "/actions/Say/env",
+                      "`env` belongs to actions of kind exec; this action is of kind llm (it has no `kind`)")]
 
 
 def _sop_source(extra: str) -> str:

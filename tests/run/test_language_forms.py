@@ -180,11 +180,12 @@ def test_command_items_are_checked_like_prompts(item: str, code: str) -> None:
     assert [(c, p) for c, p, _, _ in found] == [(code, "/actions/RunScript/command/1")]
 
 
-def test_command_templates_of_an_llm_action_are_not_checked() -> None:
-    """A `command` on a kind llm action is ignored (SOP209), so it is not a template there."""
+def test_command_of_an_llm_action_is_an_error_not_a_template() -> None:
+    """A `command` on a kind llm action is a key of another kind (SOP110): its items are not
+    checked as templates (the file stops at its structure)."""
     text = SCRIPT.replace("    kind: exec\n", "").replace("{{ inputs.idea }}\"]", "{{ nope }}\"]")
     text = text.replace("{{ out.stdout }}", "{{ out }}")
-    assert _codes(text) == ["SOP209"]
+    assert _codes(text) == ["SOP110"]
 
 
 # --- join after for_each ----------------------------------------------------------------------
@@ -286,7 +287,7 @@ def test_the_schema_and_the_models_know_the_same_new_keys() -> None:
     from engine.load import schema as sop_schema
     from engine.load.spec import JoinSpec
 
-    action = sop_schema.schema()["$defs"]["action"]["properties"]
-    assert set(action["join"]["properties"]) == set(JoinSpec.model_fields)
-    assert {"system", "join"} <= set(action)
-    assert "vars" in sop_schema.schema()["$defs"]["role"]["properties"]
+    defs = sop_schema.schema()["$defs"]
+    assert set(defs["JoinSpec"]["properties"]) == set(JoinSpec.model_fields)
+    assert {"system", "join"} <= set(defs["LlmAction"]["properties"])
+    assert "vars" in defs["RoleSpec"]["properties"]

@@ -48,7 +48,6 @@ actions:
   Check:
     kind: exec
     command: [{sys.executable!r}, -c, "print('ok')"]
-    context: [Plan]
     send_to: ["<none>"]
 roles:
   Planner: {{actions: [Plan], watch: [UserRequirement]}}
