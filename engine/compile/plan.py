@@ -22,7 +22,7 @@ from engine.load.catalog import (
     read_experience,
     team_targets,
 )
-from engine.load.spec import Sop
+from engine.load.spec import ExecAction, LlmAction, PromptedAction, Sop, tools_of
 from engine.templates.code import expression_text
 from engine.templates.sandbox import TemplateFailure
 
@@ -96,7 +96,8 @@ class RunPlan:
 def build_plan(spec: Sop, file: str) -> RunPlan:
     """The RunPlan of a checked spec; `file` (the SOP's path) locates its experience files."""
     run_by = runners(spec)
-    tools = {aid: _tool_plan(spec, aid, file) for aid, action in spec.actions.items() if action.tools}
+    tools = {aid: _tool_plan(spec, action, file) for aid, action in spec.actions.items()
+             if isinstance(action, LlmAction) and action.tools}
     return RunPlan(
         exec_actions=tuple(aid for aid, rids in run_by.items() if rids and spec.actions[aid].kind == "exec"),
         flags=_frozen_flags(flags_needed(spec)),
@@ -118,8 +119,10 @@ def _templates(spec: Sop) -> tuple[str, ...]:
     found: list[str] = []
     for action in spec.actions.values():
         joined = [action.join.path or "", action.join.content or ""] if action.join else []
-        command = (action.command or []) if action.kind == "exec" else []
-        found += [action.prompt or "", action.system or "", *joined, *command,
+        command = action.command if isinstance(action, ExecAction) else []
+        prompt = action.prompt if isinstance(action, PromptedAction) else ""
+        system = (action.system or "") if isinstance(action, LlmAction) else ""
+        found += [prompt, system, *joined, *command,
                   *(text for a in action.artifacts for text in (a.path, a.content))]
     return tuple(dict.fromkeys(text for text in found if "{" in text or "\r" in text))
 
@@ -133,14 +136,13 @@ def _servers(spec: Sop) -> dict[str, frozenset[str] | None]:
     used: dict[str, frozenset[str] | None] = {}
     for role in spec.roles.values():
         for aid in role.runnable_actions():
-            for server, tools in expand_tools(spec, spec.actions[aid].tools)[1].items():
+            for server, tools in expand_tools(spec, tools_of(spec.actions[aid]))[1].items():
                 known = used.get(server, frozenset())
                 used[server] = None if tools is None or known is None else known | frozenset(tools)
     return used
 
 
-def _tool_plan(spec: Sop, action_id: str, file: str) -> ToolPlan:
-    action = spec.actions[action_id]
+def _tool_plan(spec: Sop, action: LlmAction, file: str) -> ToolPlan:
     commands, servers = expand_tools(spec, action.tools)
     named = {server: None if tools is None else tuple(tools) for server, tools in servers.items()}
     return ToolPlan(commands=tuple(commands), servers=named,

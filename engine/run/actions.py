@@ -30,7 +30,6 @@ from engine.load.spec import (
     ExecAction,
     JoinSpec,
     LlmAction,
-    PromptedAction,
     ReplyAction,
     output_of,
 )

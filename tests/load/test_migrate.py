@@ -164,10 +164,12 @@ def test_llm_timeout_keeps_its_name() -> None:
     assert check_text(text).diagnostics == ()
 
 
-def test_command_timeout_on_an_llm_action_is_ignored_and_said() -> None:
+def test_an_old_timeout_on_an_llm_action_is_a_key_of_another_kind() -> None:
     text = ("apiVersion: sop/v1\nname: x\nactions:\n  A: {prompt: p, timeout_s: 5}\n"
             "roles:\n  R: {actions: [A], watch: [UserRequirement]}\n")
-    assert [d.code for d in check_text(text).diagnostics] == ["SOP015", "SOP209"]
+    found = check_text(text).diagnostics
+    assert [d.code for d in found] == ["SOP015", "SOP110"]
+    assert "belongs to actions of kind exec" in found[1].message and found[1].line == 4
 
 
 # ----------------------------------------------------------------------------- includes

@@ -102,8 +102,8 @@ def test_each_kind_offers_only_its_keys() -> None:
     defs = sop_schema.schema()["$defs"]
     keys = {kind: set(defs[name]["properties"]) for kind, name in
             (("llm", "LlmAction"), ("exec", "ExecAction"), ("ask", "AskAction"), ("reply", "ReplyAction"))}
-    assert {"command", "timeout_s", "env"} <= keys["exec"] and not {"command", "env"} & keys["llm"]
-    assert {"tools", "review", "retries", "system"} <= keys["llm"] - keys["ask"] - keys["exec"]
+    assert {"command", "command_timeout_s", "env"} <= keys["exec"] and not {"command", "env"} & keys["llm"]
+    assert {"tools", "review", "max_retries", "system"} <= keys["llm"] - keys["ask"] - keys["exec"]
     assert {"prompt", "context", "output"} <= keys["ask"] and "context" not in keys["reply"]
     assert all(defs[name].get("additionalProperties") is False for name in defs)
 
