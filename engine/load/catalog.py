@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import urlsplit
 
 from engine.load.spec import Sop, tools_of
 
@@ -162,8 +163,6 @@ def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
     servers) and `--allow-host` (streamable HTTP servers, by host), each with what needs it.
     A replay runs no tool (their results come from the journal), but still starts the MCP
     servers to learn their tools, which the prompts list."""
-    from urllib.parse import urlsplit
-
     exec_users: list[str] = []
     hosts: list[str] = []
     for aid in _used_actions(spec):
@@ -182,8 +181,6 @@ def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
 
 def mcp_hosts(spec: Sop) -> dict[str, str]:
     """server name -> the host of each HTTP MCP server some action uses."""
-    from urllib.parse import urlsplit
-
     used = {name for aid in _used_actions(spec) for name in expand_tools(spec, tools_of(spec.actions[aid]))[1]}
     return {name: (urlsplit(server.url).hostname or "") for name, server in spec.mcp.items()
             if server.url and name in used}

@@ -24,6 +24,7 @@ from typing import Any
 
 from engine.errors import Diagnostic, LoadError, Related
 from engine.load.migrations import migrate
+from engine.load.schema import did_you_mean
 from engine.load.source import Source, join_pointer, load_path
 
 __all__ = ["MAX_INCLUDED_FILES", "MERGED_SECTIONS", "LIBRARY_KEYS", "resolve_includes",
@@ -173,8 +174,6 @@ def _refusal(entry: Any) -> str:
 
 def _library_shape(merge: _Merge, library: Source) -> bool:
     """A library holds apiVersion sop/v1 and only the keys a library may have."""
-    from engine.load.schema import did_you_mean
-
     ok = True
     if library.data.get("apiVersion") != "sop/v1":
         _report(merge, library, "/apiVersion", "SOP102",

@@ -6,6 +6,7 @@ keys: what each is (type, default, range) and what it means, as an editor would 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 __all__ = ["reference_text"]
@@ -108,8 +109,6 @@ def _kind(prop: dict[str, Any], defs: dict[str, Any]) -> str:
 
 
 def _show(value: Any) -> str:
-    import json
-
     return value if isinstance(value, str) else json.dumps(value)
 
 

@@ -11,9 +11,11 @@ gets an empty `referencing.Registry()`.
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
+from importlib import resources
 from typing import Any
 
 from engine.errors import Diagnostic
@@ -37,8 +39,6 @@ _JSON_TYPES = {"object": "a mapping", "array": "a list", "string": "a string", "
 
 def schema_text() -> str:
     """The schema file as shipped in the package (what `sopctl schema` prints)."""
-    from importlib import resources
-
     return resources.files("engine.load").joinpath("sop.schema.json").read_text(encoding="utf-8")
 
 
@@ -49,6 +49,7 @@ def schema() -> dict[str, Any]:
 
 @lru_cache(maxsize=1)
 def _validator() -> Any:
+    # jsonschema takes ~0.3 s to import: `sopctl --help` loads this module, only a check pays it
     from jsonschema import Draft202012Validator, validators
     from referencing import Registry
 
@@ -68,8 +69,6 @@ def did_you_mean(word: Any, choices: Iterable[str]) -> str:
 
 def closest(word: Any, choices: Iterable[str]) -> str:
     """The choice that is a close spelling of `word` (or differs only in case), else ''."""
-    import difflib
-
     if not isinstance(word, str):
         return ""
     options = [c for c in choices if isinstance(c, str)]

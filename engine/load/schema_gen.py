@@ -146,7 +146,7 @@ def schema_text() -> str:
 def generate(root: Path = ROOT) -> dict[str, str]:
     """Every generated file's path (relative to the checkout) and its text; the README's is
     its own text with the "keys at a glance" table made anew."""
-    from engine.load.reference import reference_text, with_glance
+    from engine.load.reference import reference_text, with_glance  # only the generator writes the docs
 
     text, document = schema_text(), schema_document()
     readme = with_glance((root / README_FILE).read_text(encoding="utf-8"), document)

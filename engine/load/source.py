@@ -237,6 +237,7 @@ def _flow_depth(text: str, file: str) -> None:
 
 def _compose(text: str, file: str) -> Any:
     """Compose the single document into ruamel nodes (no object is constructed)."""
+    # ruamel is imported when a file is parsed, not with this module (which `sopctl --help` loads)
     from ruamel.yaml.error import YAMLError
 
     try:
@@ -249,14 +250,14 @@ def _composer(*, pure: bool) -> Any:
     """A fresh safe loader (no state shared between files); only its composer runs, which
     gives every node its position, tag and alias identity. `pure=False` is libyaml where
     ruamel.yaml.clib is installed, the pure-Python parser otherwise."""
-    from ruamel.yaml import YAML
+    from ruamel.yaml import YAML  # as in _compose: when a file is parsed
 
     return YAML(typ="safe", pure=pure)
 
 
 def _compose_pure(text: str, file: str) -> Any:
     """Compose with the pure-Python parser; its failures as located SOP005/SOP009 errors."""
-    from ruamel.yaml.error import MarkedYAMLError, YAMLError
+    from ruamel.yaml.error import MarkedYAMLError, YAMLError  # as in _compose
 
     try:
         return _composer(pure=True).compose(text)
@@ -365,7 +366,7 @@ class _Converter:
             raise _Abort
 
     def _convert_kind(self, node: Any, pointer: str, depth: int) -> Any:
-        from ruamel.yaml.nodes import MappingNode, SequenceNode
+        from ruamel.yaml.nodes import MappingNode, SequenceNode  # loaded by now: a file is being parsed
 
         if isinstance(node, MappingNode):
             self.map.containers.add(pointer)
@@ -379,7 +380,7 @@ class _Converter:
         return self._scalar(node, pointer)
 
     def _mapping(self, node: Any, pointer: str, depth: int) -> dict[str, Any]:
-        from ruamel.yaml.nodes import ScalarNode
+        from ruamel.yaml.nodes import ScalarNode  # as above
 
         result: dict[str, Any] = {}
         first: dict[str, Any] = {}
