@@ -188,10 +188,6 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
     """Runs in a fresh process: import, then one `sopctl run --format json`, measured
     (and with `warm` a second one in the same process, one-time costs already paid)."""
     os.environ["SOPCTL_FAKE_LATENCY_MS"] = str(latency_ms)
-    if os.environ.get("SOPCTL_BENCH_NO_SOP_CACHE"):  # bench.sop_cache_bench: the compiled-SOP cache alone off
-        from engine.compile import cache
-
-        cache.lookup = lambda path, include_dirs: None
     t0 = time.perf_counter()
     import engine.cli.commands  # noqa: F401 - what a run loads, counted here, not in the run
     import engine.cli.live  # noqa: F401
@@ -209,10 +205,10 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
     api.load(_copy(sop, copies, "import"))
     import_s = time.perf_counter() - t0
     t0 = time.perf_counter()
-    api.load(sop)  # what compiling costs inside the run (reported apart): from the on-disk
-    compile_s = time.perf_counter() - t0  # cache when it holds the file, else in full
+    api.load(sop)  # what compiling the file costs inside the run (reported apart)
+    compile_s = time.perf_counter() - t0
     from engine.compile import compiler
-    compiler._CHECKED.clear()  # the run compiles (or reads the disk cache) itself, as the CLI does
+    compiler._CHECKED.clear()  # the run compiles the file itself, as the CLI does
 
     names = task_files(files)
     result, model, run_s = _run_cli(sop, files, idea)
@@ -276,14 +272,12 @@ def _profile_child(sop: str, files: int, idea: str) -> dict[str, Any]:
 
 
 def run_sopctl(files: int, latency_ms: float, sop: Path = SOP, idea: str = IDEA,
-               warm: bool = False, cache: bool = True, sop_cache: bool = True) -> dict[str, Any]:
+               warm: bool = False, cache: bool = True) -> dict[str, Any]:
     """One fresh process running the SOP on the widened fake (twice with `warm`); its JSON
-    result. `cache=False`: with the on-disk cache off (a file's very first run); `sop_cache=False`:
-    only the compiled-SOP entries off (templates' code and schema checks still cached)."""
+    result. `cache=False`: with the on-disk cache off (a file's very first run)."""
     cmd = [sys.executable, "-m", "bench.compare", "--child", str(sop), "--files", str(files),
            "--latency-ms", str(latency_ms), "--idea", idea] + (["--warm"] if warm else [])
-    env = {**os.environ, **({} if cache else {"SOPCTL_NO_CACHE": "1"}),
-           **({} if sop_cache else {"SOPCTL_BENCH_NO_SOP_CACHE": "1"})}
+    env = {**os.environ, **({} if cache else {"SOPCTL_NO_CACHE": "1"})}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"sopctl bench run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -6,21 +6,18 @@ rewritten; SOPCTL_NO_CACHE turns it off; the sandbox's bounds hold for cached co
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from jsonschema.exceptions import SchemaError
 
 from engine import diskcache
-from engine.compile import cache as compile_cache
 from engine.compile import compiler
 from engine.templates import code
 from engine.templates.render import compile_expression, render_template
 from engine.templates.sandbox import TemplateFailure
 from engine.models import answers
 
-from run_helpers import ROOT
 
 SOP = """\
 apiVersion: sop/v1
@@ -63,12 +60,6 @@ def _sop(folder: Path, include: str = "") -> Path:
     return path
 
 
-def _same(a: compiler.CompiledSop, b: compiler.CompiledSop) -> bool:
-    """Equal SOPs (a graph compares by identity: its nodes and edges with their data here)."""
-    graphs = [(sorted(g.nodes(data=True)), sorted(g.edges(data=True))) for g in (a.graph, b.graph)]
-    return replace(a, graph=None) == replace(b, graph=None) and graphs[0] == graphs[1]
-
-
 def _entries(cache: Path, kind: str) -> list[Path]:
     return sorted((cache / kind).glob("*")) if (cache / kind).is_dir() else []
 
@@ -79,75 +70,61 @@ def _fresh_check(path: Path) -> compiler.CheckResult:
     return compiler.check_path(path)
 
 
-def test_a_compiled_file_is_read_back_from_disk_as_it_compiled(cache: Path, tmp_path: Path) -> None:
+def test_compiled_sops_are_not_kept_on_disk(cache: Path, tmp_path: Path) -> None:
+    """Compiling is a small share of a run (bench.compile_share): no pickled SOP is stored,
+    only the templates' code (read back as code, never unpickled)."""
     path = _sop(tmp_path)
-    first = _fresh_check(path)
-    assert first.ok and len(_entries(cache, "sop")) == 1
-    assert oct(cache.stat().st_mode & 0o777) == oct(0o700)
-    stored = compile_cache.lookup(path, ())
-    assert stored is not None
-    assert _same(stored.compiled, first.compiled) and stored.diagnostics == first.diagnostics
-    assert dict(stored.compiled.output_schemas) == dict(first.compiled.output_schemas)
-    assert stored.compiled.source.text == first.compiled.source.text
-    assert _same(_fresh_check(path).compiled, first.compiled)
+    assert _fresh_check(path).ok
+    compiler._CHECKED.clear()
+    assert compiler.compile_path(path).templates        # a run's compile: its templates' code too
+    assert _entries(cache, "sop") == []
+    assert {p.name for p in cache.iterdir()} <= {"template", "expression", "bundle", "schema"}
 
 
-def test_a_changed_file_is_compiled_again(cache: Path, tmp_path: Path) -> None:
+def test_a_changed_file_is_compiled_again_in_the_same_process(tmp_path: Path) -> None:
+    compiler._CHECKED.clear()
     path = _sop(tmp_path)
-    _fresh_check(path)
+    compiler.check_path(path)
     path.write_text(path.read_text().replace("Write about", "Write a poem about"))
-    again = _fresh_check(path)
-    assert "a poem" in again.compiled.spec.actions["Write"].prompt
-    assert len(_entries(cache, "sop")) == 2
+    assert "a poem" in compiler.check_path(path).compiled.spec.actions["Write"].prompt
 
 
-def test_a_changed_included_file_is_compiled_again(cache: Path, tmp_path: Path) -> None:
+def test_a_changed_included_file_is_compiled_again_in_the_same_process(tmp_path: Path) -> None:
+    compiler._CHECKED.clear()
     (tmp_path / "lib.sop.yaml").write_text(LIBRARY.replace("{name}", "Shared"))
     path = _sop(tmp_path, include="include: [lib.sop.yaml]\n")
-    assert "Shared" in _fresh_check(path).compiled.spec.actions
+    assert "Shared" in compiler.check_path(path).compiled.spec.actions
     (tmp_path / "lib.sop.yaml").write_text(LIBRARY.replace("{name}", "Renamed"))
-    assert compile_cache.lookup(path, ()) is None          # same main file, stale library
-    again = _fresh_check(path)
+    again = compiler.check_path(path)
     assert "Renamed" in again.compiled.spec.actions and "Shared" not in again.compiled.spec.actions
-    assert compile_cache.lookup(path, ()) is not None      # rewritten for the new library
 
 
-def test_an_include_shadowed_by_a_new_file_is_compiled_again(cache: Path, tmp_path: Path) -> None:
-    shared = tmp_path / "shared"
-    shared.mkdir()
-    (shared / "lib.sop.yaml").write_text(LIBRARY.replace("{name}", "FromPath"))
-    main = tmp_path / "main"
-    main.mkdir()
-    path = _sop(main, include="include: [lib.sop.yaml]\n")
-    compiler._CHECKED.clear()
-    assert "FromPath" in compiler.check_path(path, (shared,)).compiled.spec.actions
-    (main / "lib.sop.yaml").write_text(LIBRARY.replace("{name}", "Beside"))  # found first now
-    assert compile_cache.lookup(path, (shared,)) is None
-    compiler._CHECKED.clear()
-    assert "Beside" in compiler.check_path(path, (shared,)).compiled.spec.actions
+def _template_entry(cache: Path, source: str = "T {{ x }}") -> Path:
+    """The on-disk entry of one template's code, written by a render in a fresh process."""
+    code.template.cache_clear()
+    render_template(source, {"x": 1})
+    [entry] = _entries(cache, "template")
+    return entry
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped", "foreign", "empty"])
-def test_a_corrupt_or_foreign_entry_is_ignored_and_rewritten(cache: Path, tmp_path: Path, damage: str) -> None:
-    path = _sop(tmp_path)
-    first = _fresh_check(path)
-    [entry] = _entries(cache, "sop")
+def test_a_corrupt_or_foreign_entry_is_ignored_and_rewritten(cache: Path, damage: str) -> None:
+    entry = _template_entry(cache)
     blob = entry.read_bytes()
     entry.write_bytes({"truncated": blob[: len(blob) // 2],
                        "flipped": blob[:-10] + bytes(b ^ 0xFF for b in blob[-10:]),
                        "foreign": b"not a sopctl entry" + blob,
                        "empty": b""}[damage])
-    assert compile_cache.lookup(path, ()) is None
-    assert _same(_fresh_check(path).compiled, first.compiled)
+    assert diskcache.read("template", entry.name) is None
+    code.template.cache_clear()
+    assert render_template("T {{ x }}", {"x": 2}) == "T 2"
     assert entry.read_bytes() == blob                        # rewritten whole
 
 
-def test_an_entry_others_can_write_is_not_trusted(cache: Path, tmp_path: Path) -> None:
-    path = _sop(tmp_path)
-    _fresh_check(path)
-    [entry] = _entries(cache, "sop")
+def test_an_entry_others_can_write_is_not_trusted(cache: Path) -> None:
+    entry = _template_entry(cache)
     entry.chmod(0o666)
-    assert compile_cache.lookup(path, ()) is None
+    assert diskcache.read("template", entry.name) is None
 
 
 def test_a_cache_folder_others_can_write_is_not_used(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,13 +149,6 @@ def test_the_cache_follows_xdg_cache_home(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.delenv("SOPCTL_NO_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert diskcache.cache_dir() == tmp_path / "xdg" / "sopctl"
-
-
-def test_a_file_with_errors_is_never_stored(cache: Path, tmp_path: Path) -> None:
-    path = tmp_path / "bad.sop.yaml"
-    path.write_text(SOP.replace("{include}", "").replace("[Write]", "[Missing]"))
-    assert not _fresh_check(path).ok
-    assert _entries(cache, "sop") == []
 
 
 def test_a_template_is_compiled_once_and_read_back(cache: Path) -> None:
@@ -258,41 +228,27 @@ def test_a_schema_the_meta_schema_refuses_is_never_marked_valid(cache: Path) -> 
     assert _entries(cache, "schema") == []
 
 
-def test_entries_are_written_whole_and_private(cache: Path, tmp_path: Path) -> None:
-    _fresh_check(_sop(tmp_path))
-    [entry] = _entries(cache, "sop")
+def test_entries_are_written_whole_and_private(cache: Path) -> None:
+    entry = _template_entry(cache)
     assert entry.stat().st_mode & 0o077 == 0
-    assert not [p for p in (cache / "sop").iterdir() if p.name.startswith(".tmp-")]
-    assert os.stat(cache / "sop").st_mode & 0o077 == 0
+    assert not [p for p in (cache / "template").iterdir() if p.name.startswith(".tmp-")]
+    assert os.stat(cache / "template").st_mode & 0o077 == 0
+    assert oct(cache.stat().st_mode & 0o777) == oct(0o700)
 
 
 def test_a_link_or_a_fifo_in_place_of_an_entry_is_a_miss(cache: Path, tmp_path: Path) -> None:
-    path = _sop(tmp_path)
-    first = _fresh_check(path)
-    [entry] = _entries(cache, "sop")
+    entry = _template_entry(cache)
     elsewhere = tmp_path / "planted"
     elsewhere.write_bytes(entry.read_bytes())
     entry.unlink()
     entry.symlink_to(elsewhere)
-    assert compile_cache.lookup(path, ()) is None
+    assert diskcache.read("template", entry.name) is None
     entry.unlink()
     os.mkfifo(entry)
-    assert compile_cache.lookup(path, ()) is None           # not waited on
+    assert diskcache.read("template", entry.name) is None   # not waited on
     entry.unlink()
-    assert _same(_fresh_check(path).compiled, first.compiled)
-
-
-SHIPPED = sorted([*(ROOT / "sops").glob("*.sop.yaml"), *(ROOT / "examples").glob("*.sop.yaml")])
-
-
-@pytest.mark.parametrize("sop", SHIPPED, ids=[p.name for p in SHIPPED])
-def test_every_shipped_sop_reads_back_as_it_compiled(cache: Path, sop: Path) -> None:
-    first = _fresh_check(sop)
-    assert first.ok
-    again = _fresh_check(sop)                                # from the disk this time
-    assert _same(again.compiled, first.compiled)
-    assert again.diagnostics == first.diagnostics and again.lines == first.lines
-    assert dict(again.compiled.output_schemas) == dict(first.compiled.output_schemas)
+    code.template.cache_clear()
+    assert render_template("T {{ x }}", {"x": 3}) == "T 3"
 
 
 def test_a_full_folder_drops_its_oldest_entries(cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
