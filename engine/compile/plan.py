@@ -22,7 +22,7 @@ from engine.load.catalog import (
     read_experience,
     team_targets,
 )
-from engine.load.spec import ExecAction, LlmAction, PromptedAction, Sop, tools_of
+from engine.load.spec import ExecAction, LLMSpec, LlmAction, PromptedAction, Sop, tools_of
 from engine.templates.code import expression_text
 from engine.templates.sandbox import TemplateFailure
 
@@ -87,6 +87,10 @@ class RunPlan:
     once: what `compile_path` compiles (CompiledSop.templates)."""
     expressions: tuple[str, ...] = ()
     """Every `for_each` and `when` expression (inside its braces), each once."""
+    llm: Mapping[tuple[str, str], LLMSpec] = field(default_factory=dict)
+    """(role, action it runs) -> the LLM settings the file declares for it, key by key from the
+    action, else the role, else the file; `--model` and $SOPCTL_MODEL apply over it at run time
+    (engine.models.registry.resolve_llm, the one model-choice rule)."""
 
     def idea_address_problem(self, address: str) -> tuple[str, str] | None:
         """(message, hint) when `--send-to` names no address the idea can go to."""
@@ -109,6 +113,7 @@ def build_plan(spec: Sop, file: str) -> RunPlan:
         routes=_routes(spec, run_by),
         idea_addresses=tuple(idea_addresses(spec)),
         templates=_templates(spec),
+        llm=_llm_settings(spec),
         expressions=tuple(dict.fromkeys(expression_text(e) for a in spec.actions.values()
                                         for e in (a.for_each, a.when) if e)),
     )
@@ -125,6 +130,20 @@ def _templates(spec: Sop) -> tuple[str, ...]:
         found += [prompt, system, *joined, *command,
                   *(text for a in action.artifacts for text in (a.path, a.content))]
     return tuple(dict.fromkeys(text for text in found if "{" in text or "\r" in text))
+
+
+def _llm_settings(spec: Sop) -> dict[tuple[str, str], LLMSpec]:
+    """Every (role, action) a role may run: its declared LLM settings, nearest layer first."""
+    table: dict[tuple[str, str], LLMSpec] = {}
+    for rid, role in spec.roles.items():
+        for aid in role.runnable_actions():
+            action = spec.actions[aid]
+            layers = [layer for layer in (action.llm if isinstance(action, LlmAction) else None, role.llm, spec.llm)
+                      if layer is not None]
+            nearest = {key: next((value for layer in layers if (value := getattr(layer, key)) is not None), None)
+                       for key in LLMSpec.model_fields}
+            table[(rid, aid)] = LLMSpec(**{key: value for key, value in nearest.items() if value is not None})
+    return table
 
 
 def _frozen_flags(needs: dict[str, list[str]]) -> dict[str, tuple[str, ...]]:

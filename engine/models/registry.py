@@ -14,7 +14,6 @@ import os
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Iterator, Mapping
 
-from engine.load.spec import LlmAction
 from engine.models.types import CallSpec, Price, Provider, RealModelBlocked
 
 if TYPE_CHECKING:
@@ -35,22 +34,16 @@ def choose_model(override: str | None, declared: str | None) -> str:
 
 def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str, override: str | None,
                 price: Price | None = None) -> dict[str, Any]:
-    """Model and sampling settings of one action: each from the action, else its role, else
-    the file; the model by `choose_model`; `price` (per token) for a model litellm cannot
-    price: the one given (`--price`), else the nearest layer's `llm.price`."""
-    spec = compiled.spec
-    action = spec.actions[action_id]
-    layers = [action.llm if isinstance(action, LlmAction) else None, spec.roles[role_id].llm, spec.llm]
-    picked: dict[str, Any] = {}
-    for key in ("model", "temperature", "max_tokens", "timeout_s"):
-        picked[key] = next((getattr(layer, key) for layer in layers
-                            if layer and getattr(layer, key) is not None), None)
-    picked["model"] = choose_model(override, picked["model"])
-    given = next((layer.price for layer in layers if layer and layer.price is not None), None)
-    declared = (Price(given.input_per_million / 1e6, given.output_per_million / 1e6)
-                if given is not None else None)
-    picked["price"] = price or declared
-    return picked
+    """Model and sampling settings of one action as the role runs it: what the compiler
+    found declared (action, else role, else file: `CompiledSop.plan.llm`), the model by
+    `choose_model`; `price` (per token) for a model litellm cannot price: the one given
+    (`--price`), else the declared `llm.price`."""
+    declared = compiled.plan.llm[(role_id, action_id)]
+    given = declared.price
+    return {"model": choose_model(override, declared.model), "temperature": declared.temperature,
+            "max_tokens": declared.max_tokens, "timeout_s": declared.timeout_s,
+            "price": price or (Price(given.input_per_million / 1e6, given.output_per_million / 1e6)
+                               if given is not None else None)}
 
 
 def default_model(compiled: CompiledSop, override: str | None = None) -> str:

@@ -166,3 +166,34 @@ def test_a_sop_only_checked_still_runs_its_templates_compiled_on_the_way(tmp_pat
     assert checked is not None and checked.templates is None
     assert checked.plan.templates == ("Write {{ inputs.idea }}", "Read {{ msgs | length }}")
     assert run_sop(checked, ScriptedModel(["written", "read"]), tmp_path / "ws").status == "idle"
+
+
+LAYERED = """\
+apiVersion: sop/v1
+name: layered
+llm: {model: fake, temperature: 0.1, max_tokens: 100}
+actions:
+  Draft: {prompt: d, llm: {temperature: 0.9}}
+  Check: {prompt: c}
+roles:
+  Writer: {actions: [Draft, Check], react_mode: by_order, watch: [UserRequirement], llm: {max_tokens: 50}}
+  Reader: {actions: [Check], watch: [Draft]}
+"""
+
+
+def test_each_role_s_actions_carry_their_declared_llm_settings_nearest_layer_first() -> None:
+    plan = compile_text(LAYERED).plan
+    draft, writer_check, reader_check = (plan.llm[("Writer", "Draft")], plan.llm[("Writer", "Check")],
+                                         plan.llm[("Reader", "Check")])
+    assert (draft.model, draft.temperature, draft.max_tokens) == ("fake", 0.9, 50)   # action > role > file
+    assert (writer_check.temperature, writer_check.max_tokens) == (0.1, 50)
+    assert (reader_check.temperature, reader_check.max_tokens) == (0.1, 100)
+    assert ("Reader", "Draft") not in plan.llm                                         # a role runs only its own
+
+
+def test_the_command_line_model_still_wins_over_what_the_file_declares() -> None:
+    from engine.models.registry import resolve_llm
+
+    compiled = compile_text(LAYERED)
+    assert resolve_llm(compiled, "Writer", "Draft", None)["model"] == "fake"
+    assert resolve_llm(compiled, "Writer", "Draft", "openai/gpt-4o-mini")["model"] == "openai/gpt-4o-mini"
