@@ -22,7 +22,10 @@ benchmarks call these functions and hold no copy of them.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+import signal
+import sys
+import threading
+from collections.abc import AsyncIterator, Coroutine, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -49,7 +52,7 @@ from engine.run.team import RunResult, Team, new_run_id
 __all__ = ["load", "resolve_inputs", "parse_input_flags", "prepare", "check_limits", "run",
            "run_async", "iter_run", "resume", "resume_async", "replay", "replay_async", "Replayed", "open_for_resume",
            "open_for_replay", "RunFolder", "RunResult", "RunOptions", "ResumeOptions", "ReplayOptions",
-           "new_run_id", "answer",
+           "new_run_id", "answer", "run_coroutine",
            "PersonAnswer", "Question"]
 
 
@@ -94,7 +97,7 @@ def run(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
         options: RunOptions | None = None, *, journal: bool = True, **unknown: NoReturn) -> RunResult:
     """The synchronous `run_async` (not from inside a running event loop)."""
     checked = _given("run", options, RunOptions, unknown)
-    return asyncio.run(run_async(compiled, inputs, checked, journal=journal))
+    return run_coroutine(run_async(compiled, inputs, checked, journal=journal))
 
 
 async def run_async(compiled: CompiledSop, inputs: Mapping[str, Any] | None = None,
@@ -171,7 +174,7 @@ def resume(run: str | Path | RunFolder, options: ResumeOptions | None = None, *,
            force: bool = False, **unknown: NoReturn) -> RunResult:
     """The synchronous `resume_async` (not from inside a running event loop)."""
     checked = _given("resume", options, ResumeOptions, unknown)
-    return asyncio.run(resume_async(run, checked, force=force))
+    return run_coroutine(resume_async(run, checked, force=force))
 
 
 async def resume_async(run: str | Path | RunFolder, options: ResumeOptions | None = None, *,
@@ -219,7 +222,7 @@ class Replayed:
 def replay(run: str | Path | RunFolder, out: str | Path, options: ReplayOptions | None = None,
            **unknown: NoReturn) -> Replayed:
     """The synchronous `replay_async` (not from inside a running event loop)."""
-    return asyncio.run(replay_async(run, out, _given("replay", options, ReplayOptions, unknown)))
+    return run_coroutine(replay_async(run, out, _given("replay", options, ReplayOptions, unknown)))
 
 
 async def replay_async(run: str | Path | RunFolder, out: str | Path,
@@ -239,3 +242,36 @@ async def replay_async(run: str | Path | RunFolder, out: str | Path,
         store = ReplayStore(folder.journal, target)
         result = await _drive(team, target, store)
     return Replayed(result, bool(store.misses))
+
+
+_T = TypeVar("_T")
+
+
+def run_coroutine(coro: Coroutine[Any, Any, _T]) -> _T:
+    """`asyncio.run`, with Ctrl-C (and SIGTERM, which the CLI hands to Ctrl-C's handler)
+    cancelling the run's task on every Python we support: 3.11's `asyncio.run` does that
+    itself, so that a run ends `interrupted` with its end journaled; on 3.10 Ctrl-C would be
+    a KeyboardInterrupt wherever the run was. A second Ctrl-C stops at once, as on 3.11."""
+    if sys.version_info >= (3, 11) or threading.current_thread() is not threading.main_thread():
+        return asyncio.run(coro)
+    return asyncio.run(_cancelled_by_ctrl_c(coro))
+
+
+async def _cancelled_by_ctrl_c(coro: Coroutine[Any, Any, _T]) -> _T:
+    task, loop = asyncio.current_task(), asyncio.get_running_loop()
+    previous = signal.getsignal(signal.SIGINT)
+    if task is None or previous is not signal.default_int_handler:   # Ctrl-C is someone else's
+        return await coro
+    asked: list[int] = []
+
+    def cancel(signum: int, frame: Any) -> None:
+        if asked:
+            signal.default_int_handler(signum, frame)
+        asked.append(signum)
+        loop.call_soon_threadsafe(task.cancel)
+
+    signal.signal(signal.SIGINT, cancel)
+    try:
+        return await coro
+    finally:
+        signal.signal(signal.SIGINT, previous)

@@ -8,7 +8,6 @@ code. `engine.cli.commands` imports it only when `batch` runs (it imports the ru
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import time
@@ -53,7 +52,7 @@ def _batch(args: argparse.Namespace) -> int:
     progress = ProgressLine(count_rows(args.inputs))
     started = time.monotonic()
     try:
-        totals, interrupted = asyncio.run(run_batch(ctx, args.inputs, concurrency=args.concurrency,
+        totals, interrupted = api.run_coroutine(run_batch(ctx, args.inputs, concurrency=args.concurrency,
                                                     budget_usd=args.batch_budget, progress=progress,
                                                     launch=launch))
     finally:
@@ -96,7 +95,7 @@ def _replay(args: argparse.Namespace) -> int:
     progress = ProgressLine(len(run_folders(args.replay)))
     started = time.monotonic()
     try:
-        totals, interrupted = asyncio.run(
+        totals, interrupted = api.run_coroutine(
             replay_runs(args.replay, out, concurrency=args.concurrency, progress=progress))
     finally:
         progress.close()
