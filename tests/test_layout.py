@@ -84,3 +84,27 @@ def test_the_run_reads_the_compiled_plan_not_the_checker() -> None:
                      if isinstance(node, ast.ImportFrom) for alias in node.names
                      if alias.name in _COMPILED_FACTS)
     assert refound == []
+
+
+def _unexplained_inline_imports(path: Path) -> list[str]:
+    """Imports inside functions with no comment on their line, or on the first line of the
+    block of imports they stand in (why they are not at the top: an optional extra, a heavy
+    package a light command must not load)."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    found = []
+    for func in ast.walk(ast.parse("\n".join(lines))):
+        if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(func):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                row = node.lineno - 1
+                while row > 0 and "#" not in lines[row] and lines[row - 1].strip().startswith(("import ", "from ", "#")):
+                    row -= 1
+                if "#" not in lines[row]:
+                    found.append(f"{path.relative_to(ENGINE.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
+    return found
+
+
+def test_every_import_inside_a_function_says_why() -> None:
+    unexplained = [line for path in sorted(ENGINE.rglob("*.py")) for line in _unexplained_inline_imports(path)]
+    assert unexplained == [], "move these to the top, or say on the line why they stay inside"

@@ -20,7 +20,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.check.diagnostics import format_diagnostic
+from engine.compile.compiler import check_text, source_lines
 from engine.errors import Diagnostic, LoadError, SopError
+from engine.load.includes import LIBRARY_KEYS
+from engine.load.migrations import apply_changes, find_changes, rewrite_text
+from engine.load.source import load_path, load_text
 
 if TYPE_CHECKING:
     import argparse
@@ -44,8 +49,6 @@ def migrate_files(args: argparse.Namespace) -> int:
 
 
 def _migrate_file(file: str, args: argparse.Namespace) -> int:
-    from engine.load.migrations import find_changes, rewrite_text
-    from engine.load.source import load_path
 
     try:
         source = load_path(file)
@@ -83,8 +86,6 @@ def _why(change: Change) -> str:
 
 def _loads_as_expected(source: Source, text: str, done: list[Change], file: str) -> bool:
     """The safety net: the new text must load as the old data with exactly these renames."""
-    from engine.load.migrations import apply_changes
-    from engine.load.source import load_text
 
     try:
         ok = load_text(text, file).data == apply_changes(source.data, done)
@@ -146,9 +147,6 @@ def _replace_atomically(path: Path, expected: bytes, data: bytes) -> None:
 
 def _other_problems(file: str, text: str, args: argparse.Namespace) -> int:
     """1 (said) when the migrated file still has errors: they are for `validate` to show."""
-    from engine.compile.compiler import check_text
-    from engine.load.includes import LIBRARY_KEYS
-    from engine.load.source import load_text
 
     data = load_text(text, file).data
     if set(data) <= set(LIBRARY_KEYS) and not {"name", "roles"} <= set(data):
@@ -162,8 +160,6 @@ def _other_problems(file: str, text: str, args: argparse.Namespace) -> int:
 
 
 def _print_diagnostics(diagnostics: list[Diagnostic], file: str) -> None:
-    from engine.compile.compiler import source_lines
-    from engine.check.diagnostics import format_diagnostic
 
     for diagnostic in diagnostics:
         print(format_diagnostic(diagnostic, source_lines(diagnostic.file or file)), file=sys.stderr)
