@@ -314,7 +314,8 @@ def sopctl_cold_start() -> dict[str, float]:
 
 # --------------------------------------------------------------------------- the comparison
 
-def _stats(values: list[float]) -> dict[str, float]:
+def stats(values: list[float]) -> dict[str, float]:
+    """Median, min, max and count of a figure's repetitions (the form every table reports)."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
@@ -327,22 +328,22 @@ def _summarise(runs: list[dict[str, Any]], tokens: int) -> dict[str, Any]:
     first = runs[0]
     extra = {}
     if "run_cpu_s" in first:
-        extra["cpu_per_call_ms"] = _stats([1000 * r["run_cpu_s"] / r["llm_calls"] for r in runs])
+        extra["cpu_per_call_ms"] = stats([1000 * r["run_cpu_s"] / r["llm_calls"] for r in runs])
     if "warm_run_cpu_s" in first:
-        extra["warm_cpu_per_call_ms"] = _stats(
+        extra["warm_cpu_per_call_ms"] = stats(
             [1000 * r["warm_run_cpu_s"] / r["warm_llm_calls"] for r in runs])
     if "warm_run_s" in first:
-        extra["warm_overhead_per_call_ms"] = _stats(
+        extra["warm_overhead_per_call_ms"] = stats(
             [1000 * (r["warm_run_s"] - r["warm_llm_s"]) / r["warm_llm_calls"] for r in runs])
     if "compile_s" in first:
-        extra["overhead_ex_compile_ms"] = _stats(
+        extra["overhead_ex_compile_ms"] = stats(
             [1000 * (_per_call_overhead(r) - r["compile_s"] / r["llm_calls"]) for r in runs])
     return {**extra,
-        "run_s": _stats([r["run_s"] for r in runs]),
-        "llm_busy_s": _stats([r.get("llm_busy_s", r["llm_s"]) for r in runs]),
-        "overhead_per_call_ms": _stats([1000 * _per_call_overhead(r) for r in runs]),
-        "import_s": _stats([r["import_s"] for r in runs]),
-        "peak_rss_mb": _stats([r["peak_rss_mb"] for r in runs]),
+        "run_s": stats([r["run_s"] for r in runs]),
+        "llm_busy_s": stats([r.get("llm_busy_s", r["llm_s"]) for r in runs]),
+        "overhead_per_call_ms": stats([1000 * _per_call_overhead(r) for r in runs]),
+        "import_s": stats([r["import_s"] for r in runs]),
+        "peak_rss_mb": stats([r["peak_rss_mb"] for r in runs]),
         "llm_calls": first["llm_calls"], "prompt_chars": first["prompt_chars"],
         "prompt_tokens": tokens, "files_written": len(first["files_written"]),
     }
@@ -429,7 +430,7 @@ def _cold(reps: int, with_metagpt: bool, log) -> dict[str, Any]:
             pairs.update({f"metagpt_{k}": v for k, v in cold_start().items()})
         for key, value in pairs.items():
             samples.setdefault(key, []).append(value)
-    return {key: _stats(values) for key, values in samples.items()}
+    return {key: stats(values) for key, values in samples.items()}
 
 
 def _ratios(out: dict[str, Any], with_metagpt: bool) -> dict[str, float]:

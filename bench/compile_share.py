@@ -11,25 +11,20 @@ only shrinks the share) and at 0 ms (the engine alone). A cache could save at mo
 from __future__ import annotations
 
 import argparse
-import statistics
 from typing import Any
 
-from bench.compare import SOP, run_sopctl
+from bench.compare import SOP, run_sopctl, stats
 
 BAR = 0.05
-
-
-def _stats(values: list[float]) -> dict[str, float]:
-    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
 
 
 def measure(reps: int, files: int = 10, latencies: tuple[float, ...] = (200.0, 0.0)) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for latency in latencies:
         runs = [run_sopctl(files, latency, SOP) for _ in range(reps)]
-        out[f"{latency:g}"] = {"compile_s": _stats([r["compile_s"] for r in runs]),
-                               "run_s": _stats([r["run_s"] for r in runs]),
-                               "share": _stats([r["compile_s"] / r["run_s"] for r in runs])}
+        out[f"{latency:g}"] = {"compile_s": stats([r["compile_s"] for r in runs]),
+                               "run_s": stats([r["run_s"] for r in runs]),
+                               "share": stats([r["compile_s"] / r["run_s"] for r in runs])}
     return out
 
 

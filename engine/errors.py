@@ -8,8 +8,10 @@ converted into these at the edge so that no traceback ever reaches a user.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 __all__ = ["Severity", "Related", "Diagnostic", "SopError", "LoadError", "CompileError",
            "UsageError", "RunError", "ActionFailed", "LLMError", "BudgetExceeded", "JournalError",
@@ -183,3 +185,21 @@ class PoolError(SopError):
 
 class ReplayDivergence(SopError):
     """Replay asked for a model call that the journal does not have."""
+
+
+def did_you_mean(word: Any, choices: Iterable[str]) -> str:
+    """A `did you mean 'x'?` hint when a choice is a close spelling of `word`, else ''."""
+    close = closest(word, choices)
+    return f"did you mean '{close}'?" if close else ""
+
+
+def closest(word: Any, choices: Iterable[str]) -> str:
+    """The choice that is a close spelling of `word` (or differs only in case), else ''."""
+    if not isinstance(word, str):
+        return ""
+    options = [c for c in choices if isinstance(c, str)]
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
+    if not close:
+        lowered = {c.lower(): c for c in options}
+        close = [lowered[word.lower()]] if word.lower() in lowered else []
+    return close[0] if close else ""

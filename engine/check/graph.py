@@ -22,10 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.load.catalog import team_reach
+from engine.load.spec import USER_REQUIREMENT, Sop, is_template
 from engine.templates.render import render_template
 from engine.templates.sandbox import TemplateFailure
-from engine.load.spec import USER_REQUIREMENT, Sop, is_template
-from engine.load.catalog import team_reach
 
 if TYPE_CHECKING:
     import networkx as nx  # ~0.3 s to import: paid only by a file whose checks reach its graph

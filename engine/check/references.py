@@ -16,10 +16,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from engine.check.rules import Context, error, rule, unknown, warning
-from engine.errors import Diagnostic
+from engine.errors import Diagnostic, did_you_mean
 from engine.load import patterns
 from engine.load.outputs import TypeSyntaxError, parse_type
-from engine.load.schema import did_you_mean
 from engine.load.secrets import is_secret_name
 from engine.load.source import escape_pointer, join_pointer
 from engine.load.spec import (

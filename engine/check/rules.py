@@ -6,8 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from engine.errors import Diagnostic
-from engine.load.schema import did_you_mean
+from engine.errors import Diagnostic, did_you_mean
 from engine.load.spec import Sop
 
 if TYPE_CHECKING:

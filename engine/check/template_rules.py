@@ -19,9 +19,7 @@ from jinja2 import nodes
 from engine.check.graph import delivered, render_address, runners, send_targets
 from engine.check.references import known_addresses
 from engine.check.rules import Context, error, rule, unknown, warning
-from engine.templates.sandbox import TemplateFailure, environment, parse
-from engine.errors import Diagnostic
-from engine.load.schema import did_you_mean
+from engine.errors import Diagnostic, did_you_mean
 from engine.load.spec import (
     ENGINE_DIR,
     USER_REQUIREMENT,
@@ -36,6 +34,7 @@ from engine.load.spec import (
     is_template,
     output_of,
 )
+from engine.templates.sandbox import TemplateFailure, environment, parse
 
 __all__ = ["BASE_VARIABLES", "JOIN_VARIABLES", "RULES", "REFERENCE_RULES", "read_by_templates"]
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 from engine.check.rules import Context, error, rule, warning
 from engine.errors import Diagnostic
-from engine.load.secrets import is_secret_name
 from engine.load.catalog import BUILTIN, END, expand_tools, experience_refusal, tool_problem
+from engine.load.secrets import is_secret_name
 from engine.load.spec import LlmAction
 
 __all__ = ["RULES"]

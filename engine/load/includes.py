@@ -22,9 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from engine.errors import Diagnostic, LoadError, Related
+from engine.errors import Diagnostic, LoadError, Related, did_you_mean
 from engine.load.migrations import migrate
-from engine.load.schema import did_you_mean
 from engine.load.source import Source, join_pointer, load_path
 
 __all__ = ["MAX_INCLUDED_FILES", "MERGED_SECTIONS", "LIBRARY_KEYS", "resolve_includes",

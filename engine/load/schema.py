@@ -11,17 +11,16 @@ gets an empty `referencing.Registry()`.
 
 from __future__ import annotations
 
-import difflib
 import json
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-from engine.errors import Diagnostic
+from engine.errors import Diagnostic, closest, did_you_mean
 from engine.load.source import join_pointer
 
-__all__ = ["closest", "did_you_mean", "pointer_of", "schema", "schema_text", "validate"]
+__all__ = ["pointer_of", "schema", "schema_text", "validate"]
 
 
 _PATTERNS = {
@@ -59,24 +58,6 @@ def _validator() -> Any:
         "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool))
     strict_validator = validators.extend(Draft202012Validator, type_checker=checker)
     return strict_validator(schema(), registry=Registry())
-
-
-def did_you_mean(word: Any, choices: Iterable[str]) -> str:
-    """A `did you mean 'x'?` hint when a choice is a close spelling of `word`, else ''."""
-    close = closest(word, choices)
-    return f"did you mean '{close}'?" if close else ""
-
-
-def closest(word: Any, choices: Iterable[str]) -> str:
-    """The choice that is a close spelling of `word` (or differs only in case), else ''."""
-    if not isinstance(word, str):
-        return ""
-    options = [c for c in choices if isinstance(c, str)]
-    close = difflib.get_close_matches(word, options, n=1, cutoff=0.6)
-    if not close:
-        lowered = {c.lower(): c for c in options}
-        close = [lowered[word.lower()]] if word.lower() in lowered else []
-    return close[0] if close else ""
 
 
 def pointer_of(path: Iterable[Any]) -> str:

@@ -5,15 +5,14 @@ Inputs are checked here (unknown keys, missing required ones, types), so every f
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import stat
-from typing import Any
 from collections.abc import Mapping
+from typing import Any
 
 from engine.compile.compiler import CompiledSop
-from engine.errors import UsageError, require_utf8
+from engine.errors import UsageError, did_you_mean, require_utf8
 from engine.load.spec import InputSpec
 
 __all__ = ["resolve_inputs", "parse_input_flags", "read_input_file", "check_limits", "INPUT_FILE_LIMIT"]
@@ -53,10 +52,8 @@ def resolve_inputs(compiled: CompiledSop, given: Mapping[str, Any]) -> dict[str,
 
 def _did_you_mean(key: str, declared: Mapping[str, InputSpec]) -> str:
     names = sorted(set(declared) | {"idea"})
-    close = difflib.get_close_matches(key, names, n=1)
-    if close:
-        return f"did you mean '{close[0]}'? declared inputs: {', '.join(names)}"
-    return f"declared inputs: {', '.join(names)}"
+    close = did_you_mean(key, names)
+    return f"{close} declared inputs: {', '.join(names)}" if close else f"declared inputs: {', '.join(names)}"
 
 
 def _coerce(key: str, spec: InputSpec, value: Any) -> Any:

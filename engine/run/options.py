@@ -17,16 +17,15 @@ runs; sequences are kept as tuples.
 
 from __future__ import annotations
 
-import difflib
 import functools
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
-from collections.abc import Sequence
 
-from engine.errors import UsageError
+from engine.errors import UsageError, did_you_mean
 from engine.models.gateway import Gateway
 from engine.models.types import AnswerStore, Price
 from engine.run.events import RunObserver
@@ -61,9 +60,8 @@ class ReplayOptions:
         names = [f.name for f in fields(cls)]
         for name in kwargs:
             if name not in names:
-                close = difflib.get_close_matches(name, names, n=1)
-                raise UsageError(f"{cls.__name__} has no option {name!r}"
-                                 + (f"; did you mean {close[0]!r}?" if close else ""),
+                close = did_you_mean(name, names)
+                raise UsageError(f"{cls.__name__} has no option {name!r}" + (f"; {close}" if close else ""),
                                  hint=f"its options: {', '.join(names)}")
         return super().__new__(cls)
 

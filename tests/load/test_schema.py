@@ -13,7 +13,7 @@ from jsonschema import Draft202012Validator
 from pydantic import ValidationError
 
 from engine.compile.compiler import _spec
-from engine.errors import LoadError
+from engine.errors import LoadError, did_you_mean
 from engine.load import schema as sop_schema
 from engine.load.source import load_path
 from engine.load.spec import Sop
@@ -207,9 +207,9 @@ def test_model_only_refusal_in_an_action_names_the_key_not_the_kind() -> None:
 
 
 def test_did_you_mean() -> None:
-    assert sop_schema.did_you_mean("by_orderr", ["react", "by_order"]) == "did you mean 'by_order'?"
-    assert sop_schema.did_you_mean("zzz", ["react", "by_order"]) == ""
-    assert sop_schema.did_you_mean(3, ["react"]) == ""
+    assert did_you_mean("by_orderr", ["react", "by_order"]) == "did you mean 'by_order'?"
+    assert did_you_mean("zzz", ["react", "by_order"]) == ""
+    assert did_you_mean(3, ["react"]) == ""
 
 
 def test_all_errors_of_the_phase_are_reported() -> None:
