@@ -170,10 +170,9 @@ def loads(text: str, seq: int) -> dict[str, Any]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise JournalError(f"journal event {seq} is not valid JSON ({exc})",
-                           "the journal was damaged outside sopctl") from None
+        raise JournalError(f"journal event {seq} is not valid JSON ({exc})", DAMAGED) from None
     if not isinstance(data, dict):
-        raise JournalError(f"journal event {seq} is not a JSON object")
+        raise JournalError(f"journal event {seq} is not a JSON object", DAMAGED)
     return data
 
 
