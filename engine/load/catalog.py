@@ -2,7 +2,7 @@
 and what each needs from the command line. Plain data, so that the checker (`sopctl
 validate`) and the compiler read one catalog; the compiler expands a file's tools and works
 out their flags once (engine.compile.plan), and the run reads that; the run's
-implementations live in `engine.run.toolsets` and `engine.run.mcp`.
+implementations live in `engine.run.tools` and `engine.run.mcp`.
 
 A `tools` item is a toolset (`editor`: all its commands), one command (`editor.write`), or
 an MCP server declared under the file's `mcp:` (`mcp.notes`: every tool the server offers).

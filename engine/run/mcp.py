@@ -30,7 +30,7 @@ from engine.compile.compiler import CompiledSop
 from engine.errors import RunError
 from engine.load.spec import McpServerSpec
 from engine.run.exec import child_env
-from engine.run.toolsets import Outcome, Tool
+from engine.run.tools import Outcome, Tool
 
 __all__ = ["McpServerFailed", "McpServers"]
 

@@ -1,6 +1,6 @@
 """Plans as MetaGPT's Planner and RoleZero's `Plan` keep them: tasks with ids and
 dependencies, in dependency order (ties in plan order); used by `plan_and_act` (role.py) and
-by the `plan` tool (toolsets.py)."""
+by the `plan` tool (tools/plan.py)."""
 
 from __future__ import annotations
 

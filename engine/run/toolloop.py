@@ -46,7 +46,7 @@ from engine.run.actions import RunContext, ToolEffects, call_gateway, gather_or_
 from engine.run.events import ToolCalled
 from engine.run.people import WaitingForPerson
 from engine.run.mcp import McpServerFailed
-from engine.run.toolsets import Builtins, Outcome, Tool, ToolError
+from engine.run.tools import Builtins, Outcome, Tool, ToolError
 from engine.run.workspace import WrittenFile, sha256_text
 
 __all__ = ["TOOL", "MAX_OUTPUT_CHARS", "loop_tools", "run_tool_loop", "step_schema"]

@@ -301,7 +301,7 @@ roles:
 
 def test_a_tool_that_acts_outside_waits_for_the_answer_that_asked_for_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from engine.run import toolsets
+    from engine.run.tools import terminal as toolsets
 
     probe = Probe(monkeypatch)
     real_argv = toolsets.run_argv

@@ -1,0 +1,53 @@
+"""The built-in toolsets at run time, one module each: editor, terminal, plan, team, human
+(MetaGPT's Editor, Terminal, Plan, TeamLeader.publish_team_message and
+RoleZero.ask_human/reply_to_human).
+
+What the model may call and the schema of each command's args are in engine/load/catalog.py;
+the tool loop (engine/run/toolloop.py) checks the args against that schema before a command
+runs here. A command `<toolset>.<name>` runs the method `do_<name>` of that toolset's object
+(as `cmd.Cmd` does).
+Every failure a model can cause is a `ToolError`, whose message goes back to the model as the
+command's output; nothing here ends a run except what must (a person the run waits for, the
+budget).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from engine.run.actions import RunContext
+from engine.run.tools.base import Outcome, Tool, ToolError
+from engine.run.tools.editor import Editor
+from engine.run.tools.human import Human
+from engine.run.tools.plan import Plan
+from engine.run.tools.team import Team
+from engine.run.tools.terminal import Terminal
+
+__all__ = ["ToolError", "Outcome", "Tool", "Plan", "Builtins"]
+
+
+class Builtins:
+    """The built-in commands of one tool loop: its plan and the team messages it sends."""
+
+    def __init__(self, ctx: RunContext, role_id: str, action_id: str, round_: int) -> None:
+        self.plan = Plan()
+        self.team = Team(ctx.compiled.spec, role_id)
+        self.toolsets: dict[str, Any] = {
+            "editor": Editor(ctx.workspace), "terminal": Terminal(ctx, action_id), "plan": self.plan,
+            "team": self.team, "human": Human(ctx, role_id, action_id, round_)}
+
+    @property
+    def messages(self) -> list[tuple[str, str]]:
+        """team.publish: (content, role id), in the order they were sent."""
+        return self.team.messages
+
+    async def run(self, name: str, args: dict[str, Any], call_key: str) -> Outcome:
+        toolset, _, command = name.partition(".")
+        handler = getattr(self.toolsets.get(toolset), "do_" + command, None)
+        if handler is None or not inspect.iscoroutinefunction(handler):
+            raise ToolError(f"command {name} not found")
+        if "call_key" in inspect.signature(handler).parameters:   # journaled by its own key (human.ask)
+            args = {**args, "call_key": call_key}
+        result = await handler(**args)
+        return result if isinstance(result, Outcome) else Outcome(str(result))

@@ -1,0 +1,109 @@
+"""The `plan` toolset: RoleZero's Plan, tasks in dependency order; the current task is the
+first unfinished one. Its status is shown to the model at every step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.run.plans import PlanError, order_plan
+from engine.run.tools.base import ToolError
+
+__all__ = ["Plan"]
+
+
+class Plan:
+    """RoleZero's Plan: tasks in dependency order; the current task is the first unfinished."""
+
+    def __init__(self) -> None:
+        self.tasks: list[dict[str, Any]] = []
+
+    def append(self, task_id: str, instruction: str, dependent_task_ids: list[str] | None = None,
+               assignee: str = "", task_type: str = "") -> str:
+        deps = [str(d) for d in dependent_task_ids or []]
+        known = {t["task_id"] for t in self.tasks}
+        missing = [d for d in deps if d not in known]
+        if missing:
+            raise ToolError(f"task {task_id} depends on unknown task(s) {', '.join(missing)}; "
+                            "append those first")
+        task = {"task_id": str(task_id), "instruction": instruction, "dependent_task_ids": deps,
+                "assignee": assignee, "task_type": task_type, "is_finished": False}
+        self._set([t for t in self.tasks if t["task_id"] != str(task_id)] + [task])
+        return f"task {task_id} added"
+
+    def replace(self, task_id: str, instruction: str, dependent_task_ids: list[str] | None = None,
+                assignee: str = "") -> str:
+        self._task(task_id)
+        tasks = [dict(t) for t in self.tasks]
+        for task in tasks:
+            if task["task_id"] == str(task_id):
+                task.update(instruction=instruction, assignee=assignee, is_finished=False,
+                            dependent_task_ids=[str(d) for d in dependent_task_ids or []])
+        self._set(tasks)
+        self._reset_dependents(str(task_id))
+        return f"task {task_id} replaced"
+
+    def reset(self, task_id: str) -> str:
+        if any(t["task_id"] == str(task_id) for t in self.tasks):
+            self._task(task_id)["is_finished"] = False
+            self._reset_dependents(str(task_id))
+        return f"task {task_id} reset"
+
+    def finish_current(self) -> str:
+        current = self.current()
+        if current is None:
+            return "no task is left to finish; use `end` if you are done"
+        current["is_finished"] = True
+        nxt = self.current()
+        return (f"task {current['task_id']} finished" +
+                (f"; the current task is now {nxt['task_id']}" if nxt else "; every task is finished: use `end`"))
+
+    def current(self) -> dict[str, Any] | None:
+        return next((t for t in self.tasks if not t["is_finished"]), None)
+
+    def status(self) -> str:
+        """The plan as the model sees it each step (RoleZero's plan status, our wording)."""
+        if not self.tasks:
+            return "No plan yet."
+        lines = []
+        for task in self.tasks:
+            done = "(finished) " if task["is_finished"] else ""
+            deps = f" Depends on tasks {task['dependent_task_ids']}." if task["dependent_task_ids"] else ""
+            who = f" [Assigned to {task['assignee']}]" if task["assignee"] else ""
+            lines.append(f"[TASK_ID {task['task_id']}] {done}{task['instruction']}{deps}{who}")
+        current = self.current()
+        lines.append(f"Current task: {current['task_id']}: {current['instruction']}" if current
+                     else "Current task: none (every task is finished)")
+        return "\n".join(lines)
+
+    def _task(self, task_id: str) -> dict[str, Any]:
+        for task in self.tasks:
+            if task["task_id"] == str(task_id):
+                return task
+        raise ToolError(f"no task {task_id} in the plan")
+
+    def _set(self, tasks: list[dict[str, Any]]) -> None:
+        try:
+            self.tasks, _ = order_plan({"tasks": tasks})
+        except PlanError as exc:
+            raise ToolError(str(exc)) from None
+
+    def _reset_dependents(self, task_id: str) -> None:
+        for task in self.tasks:
+            if task_id in task["dependent_task_ids"] and task["is_finished"]:
+                task["is_finished"] = False
+                self._reset_dependents(task["task_id"])
+
+    # -- the commands (`plan.append_task` -> `do_append_task`) ---------------------------
+    async def do_append_task(self, task_id: str, instruction: str, dependent_task_ids: list[str] | None = None,
+                          assignee: str = "", task_type: str = "") -> str:
+        return self.append(task_id, instruction, dependent_task_ids, assignee, task_type)
+
+    async def do_reset_task(self, task_id: str) -> str:
+        return self.reset(task_id)
+
+    async def do_replace_task(self, task_id: str, instruction: str, dependent_task_ids: list[str] | None = None,
+                           assignee: str = "") -> str:
+        return self.replace(task_id, instruction, dependent_task_ids, assignee)
+
+    async def do_finish_current_task(self) -> str:
+        return self.finish_current()
