@@ -20,7 +20,7 @@ from engine.load.spec import Sop, tools_of
 
 __all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "expand_tools",
            "tool_problem", "flags_needed", "team_targets", "builtin_command", "mcp_hosts", "team_reach",
-           "experience_refusal", "read_experience", "MAX_EXPERIENCE_BYTES"]
+           "experience_refusal", "read_experience", "MAX_EXPERIENCE_BYTES", "MAX_WRITE_BYTES"]
 
 
 END = "end"
@@ -30,11 +30,16 @@ END = "end"
 MCP_PREFIX = "mcp."
 
 
+MAX_WRITE_BYTES = 1_000_000
+"""The largest file an editor command may leave (told to the model, here and in the error)."""
+
+
 @dataclass(frozen=True)
 class Command:
     """One built-in command: what the model is told, the JSON Schema of its args, and how the
-    loop treats it (`exclusive`: one editing command per step, as RoleZero's
-    `exclusive_tool_commands`; `readonly`: may run concurrently with its neighbours)."""
+    loop treats it (`exclusive`: an edit of the file named by its `path`, one per file per step,
+    after RoleZero's `exclusive_tool_commands`; `readonly`: may run concurrently with its
+    neighbours)."""
 
     name: str
     description: str
@@ -50,21 +55,46 @@ def _args(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
 _STR = {"type": "string"}
 _PATH = {"type": "string", "description": "a path relative to the workspace", "pattern": r"^[^\s]+$"}
 _IDS = {"type": "array", "items": {"type": "string"}}
+_LINE = {"type": "integer", "minimum": 1}
 
 
 BUILTIN: dict[str, tuple[Command, ...]] = {
     "editor": (
-        Command("editor.write", "Write a whole file (created or replaced).",
+        Command("editor.write", f"Write a whole file (created or replaced; at most {MAX_WRITE_BYTES:,} bytes).",
                 _args(["path", "content"], path=_PATH, content=_STR), exclusive=True),
-        Command("editor.read", "Read a file, each line numbered `N|`.",
-                _args(["path"], path=_PATH), readonly=True),
+        Command("editor.read", "Read a file, each line numbered `N|`: all of it, or lines `start` to "
+                "`end`; the header says which lines of how many and what shows the rest.",
+                _args(["path"], path=_PATH, start=_LINE, end=_LINE), readonly=True),
         Command("editor.replace", "Replace the one occurrence of `old` in a file by `new` "
                 "(`old` must occur exactly once).",
                 _args(["path", "old", "new"], path=_PATH, old=_STR, new=_STR), exclusive=True),
         Command("editor.list", "List the files under a folder of the workspace.",
                 _args([], path={**_PATH, "default": "."}), readonly=True),
-        Command("editor.search", "Find the lines that contain `term` in the files under a folder.",
+        Command("editor.search", "Find the lines that contain `term` in a file, or in the files under "
+                "a folder.",
                 _args(["term"], term=_STR, path={**_PATH, "default": "."}), readonly=True),
+        # open and the scrolls move the editor's window (its state for the rest of the loop), so
+        # they run in the order given, not beside other reads.
+        Command("editor.open", "Show a window of `window` lines (default 100) of a file around "
+                "`line`; the editor keeps each file's window for the rest of this loop.",
+                _args(["path"], path=_PATH, line=_LINE, window={**_LINE, "maximum": 500})),
+        Command("editor.scroll_down", "Move a file's window down by its size (default: the file "
+                "opened last).", _args([], path=_PATH)),
+        Command("editor.scroll_up", "Move a file's window up by its size (default: the file opened "
+                "last).", _args([], path=_PATH)),
+        Command("editor.insert", "Insert `content` before line `line` of a file (the line count "
+                "plus 1 appends).",
+                _args(["path", "line", "content"], path=_PATH, line=_LINE, content=_STR), exclusive=True),
+        Command("editor.replace_lines", "Replace lines `start` to `end` of a file (both included) by "
+                "`content` (empty: delete them).",
+                _args(["path", "start", "end", "content"], path=_PATH, start=_LINE, end=_LINE,
+                      content=_STR), exclusive=True),
+        Command("editor.append", "Add `content` at the end of a file (created if missing).",
+                _args(["path", "content"], path=_PATH, content=_STR), exclusive=True),
+        Command("editor.find", "Find files by name: a glob such as `*.py` or `test_*` (with a `/`, "
+                "matched against the path under `path`).",
+                _args(["pattern"], pattern={"type": "string", "minLength": 1},
+                      path={**_PATH, "default": "."}), readonly=True),
     ),
     "terminal": (
         Command("terminal.run", "Run a shell command in the workspace (stdout, stderr and exit "

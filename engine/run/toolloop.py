@@ -10,8 +10,9 @@ action (SOP505), naming `max_steps`. The last step offers only `end` (its schema
 output's), so a model bound by a grammar (`local`) always finishes.
 
 Within one step: commands run in the order given; neighbouring read-only commands (editor
-reads, lists and searches, MCP tools) run concurrently; when a step holds two or more editing
-commands, the list is cut after the first (RoleZero's `exclusive_tool_commands`). Bad
+reads, lists and searches, MCP tools) run concurrently; editing commands may change several
+files in one step, but a second edit of one file (RoleZero's `exclusive_tool_commands`, per
+file here) is not run, nor anything after it: its line numbers would be a guess. Bad
 arguments (checked against the command's JSON Schema), a command that fails or times out:
 the error is that command's output, the rest of the step does not run, and the model sees
 why. Every output is capped (MAX_OUTPUT_CHARS).
@@ -30,9 +31,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import posixpath
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.errors import ActionFailed, BudgetExceeded, JournalError, ReplayDivergence
@@ -47,6 +49,7 @@ from engine.run.events import ToolCalled
 from engine.run.people import WaitingForPerson
 from engine.run.mcp import McpServerFailed
 from engine.run.tools import Builtins, Outcome, Tool, ToolError
+from engine.run.tools.base import MAX_OUTPUT_CHARS
 from engine.run.workspace import WrittenFile, sha256_text
 
 __all__ = ["TOOL", "MAX_OUTPUT_CHARS", "loop_tools", "run_tool_loop", "step_schema"]
@@ -54,10 +57,6 @@ __all__ = ["TOOL", "MAX_OUTPUT_CHARS", "loop_tools", "run_tool_loop", "step_sche
 
 TOOL = "tool"
 """The `model` of a tool result journaled in the answers table (its origin there too)."""
-
-
-MAX_OUTPUT_CHARS = 8000
-"""A command's output as the model sees it (and the journal keeps it) is cut to this."""
 
 
 _FULL_STEPS = 5
@@ -248,7 +247,9 @@ class ToolLoop:
         lines = [f"- {t.name}: {t.description} Args (JSON Schema): "
                  f"{json.dumps(t.args, ensure_ascii=False, separators=(',', ':'))}" for t in self.tools.values()]
         exclusive = ", ".join(t.name for t in self.tools.values() if t.exclusive)
-        rule = f" At most one editing command ({exclusive}) per step." if exclusive else ""
+        rule = (f" Editing commands ({exclusive}) may change several files in one step, but only one "
+                "edit per file: a second edit of the same file, and every command after it, is not "
+                "run (give it in the next step, once you have seen the file).") if exclusive else ""
         return ("## Commands\nYou work by giving commands. The engine runs them in order and shows you "
                 "their output in the next step. The commands you can give:\n" + "\n".join(lines) +
                 "\nGive independent commands together in one step." + rule +
@@ -312,16 +313,26 @@ class ToolLoop:
                 current.outputs.append(f"Command {name} {verb}: {outcome.output}")
                 failed = failed or outcome.error
         if dropped:
-            current.outputs.append("Not run, only one editing command per step: " + ", ".join(dropped))
+            current.outputs.append(dropped)
         return _NOT_DONE
 
-    def _exclusive_cut(self, calls: list[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], list[str]]:
-        """RoleZero: with two or more editing commands, the list is cut after the first."""
-        exclusive = [i for i, (name, _) in enumerate(calls) if name in self.tools and self.tools[name].exclusive]
-        if len(exclusive) < 2:
-            return calls, []
-        cut = exclusive[0] + 1
-        return calls[:cut], [name for name, _ in calls[cut:]]
+    def _exclusive_cut(self, calls: list[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], str]:
+        """RoleZero's exclusive commands, per file: the list is cut before a second edit of a
+        file this step already edits (its line numbers would be the model's guess); what was
+        cut and why, for the model."""
+        edited: set[str] = set()
+        for index, (name, args) in enumerate(calls):
+            tool = self.tools.get(name)
+            if tool is None or not tool.exclusive:
+                continue
+            path = args.get("path")
+            target = posixpath.normpath(path) if isinstance(path, str) else name
+            if target in edited:
+                cut = ", ".join(n for n, _ in calls[index:])
+                return calls[:index], (f"Not run, a second edit of {target} in one step: {cut}. "
+                                       "Give it in the next step, once you have seen the first edit's result.")
+            edited.add(target)
+        return calls, ""
 
     def _groups(self, calls: list[tuple[str, Any]]) -> list[list[tuple[int, str, Any]]]:
         """Consecutive read-only commands together (run concurrently); every other alone."""
@@ -369,6 +380,7 @@ class ToolLoop:
         elif tool.journaled and (stored := self._stored(call)) is not None:
             outcome, reused = stored, True
             self._reconcile(outcome)
+            self.builtins.restore(name, outcome)
         else:
             if tool.journaled and self.ctx.gateway.replay:
                 raise ReplayDivergence(
@@ -441,4 +453,4 @@ def _capped(outcome: Outcome) -> Outcome:
     if len(text) <= MAX_OUTPUT_CHARS:
         return outcome
     cut = f"\n[output cut: {len(text) - MAX_OUTPUT_CHARS} more characters not shown]"
-    return Outcome(text[:MAX_OUTPUT_CHARS] + cut, outcome.error, outcome.files)
+    return replace(outcome, output=text[:MAX_OUTPUT_CHARS] + cut)

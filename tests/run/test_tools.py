@@ -13,7 +13,8 @@ from run_helpers import run_sop, sop_text
 from engine.errors import RunError
 from engine.models.types import CallSpec, Price
 from engine.run.events import ToolCalled
-from engine.run.toolloop import MAX_OUTPUT_CHARS
+from engine.run.toolloop import MAX_OUTPUT_CHARS, _capped
+from engine.run.tools import Outcome
 from engine.testing import ScriptedModel
 
 WRITER = """
@@ -91,22 +92,25 @@ def test_bad_arguments_and_failures_go_back_to_the_model(tmp_path: Path) -> None
 
 
 def test_a_huge_output_is_capped(tmp_path: Path) -> None:
+    """The editor shortens its own output (saying so); the loop's cut is for every other tool."""
     big = "x" * (MAX_OUTPUT_CHARS * 3)
     model = ScriptedModel([step(("editor.write", {"path": "big.txt", "content": big})),
                            step(("editor.read", {"path": "big.txt"})), end()])
     result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
     assert result.status == "idle", result.error
-    assert "[output cut:" in model.prompts()[2]
+    assert f"[line 1 is {len(big):,} characters; the first" in model.prompts()[2]
     assert "x" * (MAX_OUTPUT_CHARS + 1) not in model.prompts()[2]
+    cut = _capped(Outcome("y" * (MAX_OUTPUT_CHARS + 5), state={"kept": 1}))
+    assert cut.output.endswith("[output cut: 5 more characters not shown]") and cut.state == {"kept": 1}
 
 
-def test_only_one_editing_command_runs_per_step(tmp_path: Path) -> None:
+def test_edits_of_different_files_run_in_one_step(tmp_path: Path) -> None:
     model = ScriptedModel([step(("editor.write", {"path": "a.md", "content": "a"}),
                                 ("editor.write", {"path": "b.md", "content": "b"})), end()])
     result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
     assert result.status == "idle", result.error
-    assert (tmp_path / "ws" / "a.md").exists() and not (tmp_path / "ws" / "b.md").exists()
-    assert "Not run, only one editing command per step: editor.write" in model.prompts()[1]
+    assert (tmp_path / "ws" / "a.md").exists() and (tmp_path / "ws" / "b.md").exists()
+    assert "may change several files in one step, but only one edit per file" in model.requests[0].spec.system
 
 
 def test_an_invalid_end_is_refused_and_the_loop_goes_on(tmp_path: Path) -> None:

@@ -42,6 +42,13 @@ class Builtins:
         """team.publish: (content, role id), in the order they were sent."""
         return self.team.messages
 
+    def restore(self, name: str, outcome: Outcome) -> None:
+        """An outcome taken from the journal: the state it left in its toolset is set again
+        (the editor's window), as running the command did."""
+        restore = getattr(self.toolsets.get(name.partition(".")[0]), "restore", None)
+        if outcome.state and restore is not None:
+            restore(outcome.state)
+
     async def run(self, name: str, args: dict[str, Any], call_key: str) -> Outcome:
         toolset, _, command = name.partition(".")
         handler = getattr(self.toolsets.get(toolset), "do_" + command, None)

@@ -6,7 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ToolError", "Outcome", "Tool"]
+__all__ = ["ToolError", "Outcome", "Tool", "MAX_OUTPUT_CHARS"]
+
+
+MAX_OUTPUT_CHARS = 8000
+"""A command's output as the model sees it (and the journal keeps it); the loop cuts what
+passes it, and a toolset that can say how to see the rest (the editor) shortens its own first."""
 
 
 class ToolError(Exception):
@@ -21,13 +26,18 @@ class Outcome:
     output: str
     error: bool = False
     files: dict[str, str] = field(default_factory=dict)
+    state: dict[str, Any] = field(default_factory=dict)
+    """What the command left in its toolset's own state (the editor's window on a file), so
+    that a resumed loop taking this outcome from the journal sets that state again."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"output": self.output, "error": self.error, "files": self.files}
+        data = {"output": self.output, "error": self.error, "files": self.files}
+        return {**data, "state": self.state} if self.state else data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Outcome:
-        return cls(str(data.get("output", "")), bool(data.get("error")), dict(data.get("files") or {}))
+        return cls(str(data.get("output", "")), bool(data.get("error")), dict(data.get("files") or {}),
+                   dict(data.get("state") or {}))
 
 
 @dataclass(frozen=True)
