@@ -336,7 +336,7 @@ class _ReadNav:
         return f"editor.read {_args(path=self.path, start=max(1, first - WINDOW), end=first - 1)}"
 
     def below(self, last: int, asked: int) -> str:
-        if last < asked:   # shortened: the rest of the range asked for
+        if self.end is not None and last < asked:   # shortened: the rest of the range asked for
             return f"editor.read {_args(path=self.path, start=last + 1, end=asked)}"
         return f"editor.read {_args(path=self.path, start=last + 1)}"
 
