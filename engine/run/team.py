@@ -242,6 +242,7 @@ class Team:
         except Exception as exc:  # noqa: BLE001 - a bug must still end the run as failed
             status, error = RunStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}"
         finally:
+            await self.ctx.sessions.close()   # the roles' shells and kernels end with the run
             if self.ctx.mcp is not None:
                 await self.ctx.mcp.close()
             self._end(status, error)

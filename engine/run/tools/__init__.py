@@ -34,7 +34,7 @@ class Builtins:
         self.plan = Plan()
         self.team = Team(ctx.compiled.spec, role_id)
         self.toolsets: dict[str, Any] = {
-            "editor": Editor(ctx.workspace), "terminal": Terminal(ctx, action_id), "plan": self.plan,
+            "editor": Editor(ctx.workspace), "terminal": Terminal(ctx, role_id, action_id), "plan": self.plan,
             "team": self.team, "human": Human(ctx, role_id, action_id, round_)}
 
     @property
