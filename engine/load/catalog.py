@@ -68,8 +68,9 @@ BUILTIN: dict[str, tuple[Command, ...]] = {
                 _args(["term"], term=_STR, path={**_PATH, "default": "."}), readonly=True),
     ),
     "terminal": (
-        Command("terminal.run", "Run a shell command in the workspace (stdout, stderr and exit "
-                "code come back; it is killed after `timeout_s`).",
+        Command("terminal.run", "Run a command in your shell (bash), which starts in the workspace "
+                "and keeps its working folder, variables and background jobs from command to command "
+                "(stdout, stderr and exit code come back; it is interrupted after `timeout_s`).",
                 _args(["command"], command=_STR,
                       timeout_s={"type": "number", "exclusiveMinimum": 0, "maximum": 600})),
     ),
