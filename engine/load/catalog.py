@@ -118,7 +118,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"notebook": ("notebook", ("jup
 def missing_modules(toolset: str) -> list[str]:
     """The modules of the toolset's extra that are not installed here (found, never imported:
     `sopctl validate` imports no extra)."""
-    import importlib.util
+    import importlib.util   # only here: the rest of the catalog is plain data
 
     _, modules = EXTRAS.get(toolset, ("", ()))
     return [m for m in modules if importlib.util.find_spec(m) is None]
