@@ -179,4 +179,8 @@ def needs_lines(file: str, compiled: Any) -> list[str]:
     """What a file's tools need from the command line: `file: needs --allow-exec: terminal (A)`."""
     if compiled is None:
         return []
-    return [f"{file}: needs {flag}: {', '.join(users)}" for flag, users in compiled.plan.flags.items()]
+    from engine.load.catalog import missing_extras   # the loader's; loaded already when a file compiled
+
+    lines = [f"{file}: needs {flag}: {', '.join(users)}" for flag, users in compiled.plan.flags.items()]
+    return lines + [f"{file}: needs the `{extra}` extra, not installed here (pip install 'sopctl[{extra}]'): "
+                    f"{', '.join(users)}" for extra, users in missing_extras(compiled.spec).items()]

@@ -20,7 +20,8 @@ from engine.load.spec import Sop, tools_of
 
 __all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "expand_tools",
            "tool_problem", "flags_needed", "team_targets", "builtin_command", "mcp_hosts", "team_reach",
-           "experience_refusal", "read_experience", "MAX_EXPERIENCE_BYTES", "MAX_WRITE_BYTES"]
+           "experience_refusal", "read_experience", "MAX_EXPERIENCE_BYTES", "MAX_WRITE_BYTES", "EXTRAS",
+           "missing_modules", "missing_extras"]
 
 
 END = "end"
@@ -97,9 +98,18 @@ BUILTIN: dict[str, tuple[Command, ...]] = {
                       path={**_PATH, "default": "."}), readonly=True),
     ),
     "terminal": (
-        Command("terminal.run", "Run a shell command in the workspace (stdout, stderr and exit "
-                "code come back; it is killed after `timeout_s`).",
+        Command("terminal.run", "Run a command in your shell (bash), which starts in the workspace "
+                "and keeps its working folder, variables and background jobs from command to command "
+                "(stdout, stderr and exit code come back; it is interrupted after `timeout_s`).",
                 _args(["command"], command=_STR,
+                      timeout_s={"type": "number", "exclusiveMinimum": 0, "maximum": 600})),
+    ),
+    "notebook": (
+        Command("notebook.run", "Run a cell of Python code in your Jupyter kernel (IPython): variables, "
+                "imports and functions stay from cell to cell. Printed text, the last expression's value, "
+                "an error with its traceback's last lines, and images (saved as files in the workspace, "
+                "their paths given) come back; it is interrupted after `timeout_s`.",
+                _args(["code"], code=_STR,
                       timeout_s={"type": "number", "exclusiveMinimum": 0, "maximum": 600})),
     ),
     "plan": (
@@ -127,8 +137,32 @@ BUILTIN: dict[str, tuple[Command, ...]] = {
 }
 
 
-EXEC_TOOLSETS = ("terminal",)
+EXEC_TOOLSETS = ("terminal", "notebook")
 """Built-in toolsets that run commands: only with --allow-exec."""
+
+
+EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {"notebook": ("notebook", ("jupyter_client", "ipykernel"))}
+"""Toolsets that need an optional extra: toolset -> (the extra, the modules it installs)."""
+
+
+def missing_modules(toolset: str) -> list[str]:
+    """The modules of the toolset's extra that are not installed here (found, never imported:
+    `sopctl validate` imports no extra)."""
+    import importlib.util   # only here: the rest of the catalog is plain data
+
+    _, modules = EXTRAS.get(toolset, ("", ()))
+    return [m for m in modules if importlib.util.find_spec(m) is None]
+
+
+def missing_extras(spec: Sop) -> dict[str, list[str]]:
+    """extra -> the actions whose tools need it, for each extra not installed here."""
+    found: dict[str, list[str]] = {}
+    for aid in _used_actions(spec):
+        commands, _ = expand_tools(spec, tools_of(spec.actions[aid]))
+        for toolset in dict.fromkeys(c.name.split(".")[0] for c in commands):
+            if toolset in EXTRAS and missing_modules(toolset):
+                found.setdefault(EXTRAS[toolset][0], []).append(f"{toolset} ({aid})")
+    return found
 
 
 _COMMANDS: dict[str, Command] = {c.name: c for cmds in BUILTIN.values() for c in cmds}
@@ -189,7 +223,7 @@ def team_targets(spec: Sop, role_id: str) -> list[str]:
 
 
 def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
-    """What a file's tools need from the command line: `--allow-exec` (terminal, stdio MCP
+    """What a file's tools need from the command line: `--allow-exec` (terminal, notebook, stdio MCP
     servers) and `--allow-host` (streamable HTTP servers, by host), each with what needs it.
     A replay runs no tool (their results come from the journal), but still starts the MCP
     servers to learn their tools, which the prompts list."""
@@ -197,8 +231,9 @@ def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
     hosts: list[str] = []
     for aid in _used_actions(spec):
         commands, servers = expand_tools(spec, tools_of(spec.actions[aid]))
-        if not replay and any(c.name.split(".")[0] in EXEC_TOOLSETS for c in commands):
-            exec_users.append(f"terminal ({aid})")
+        if not replay:
+            toolsets = dict.fromkeys(c.name.split(".")[0] for c in commands)
+            exec_users += [f"{name} ({aid})" for name in toolsets if name in EXEC_TOOLSETS]
         for name in servers:
             server = spec.mcp[name]
             if server.command:

@@ -54,6 +54,7 @@ from engine.run.people import (
     question_key,
     tell_person,
 )
+from engine.run.sessions import Sessions
 from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
 
 __all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ToolEffects", "ActionResult", "role_prefix", "role_label", "context_section",
@@ -90,6 +91,8 @@ class RunContext:
     """The run's MCP servers, started before the first round (engine/run/mcp.py)."""
     allow_hosts: tuple[str, ...] = ()
     """`--allow-host`: the hosts HTTP MCP servers may be reached at."""
+    sessions: Sessions = field(default_factory=Sessions)
+    """Each role's shell and notebook kernel, kept for the run (engine.run.sessions.py)."""
 
 
 @dataclass

@@ -28,7 +28,8 @@ from engine.run.isolation import Sandbox
 from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.workspace import Workspace
 
-__all__ = ["MAX_STREAM_BYTES", "CHILD_ENV_ALLOWED", "child_env", "run_command", "run_argv", "exec_content"]
+__all__ = ["MAX_STREAM_BYTES", "CHILD_ENV_ALLOWED", "child_env", "run_command", "run_argv", "exec_content",
+           "start_process", "program_path", "kill_group"]
 
 
 MAX_STREAM_BYTES = 64 * 1024
@@ -61,13 +62,13 @@ async def run_argv(action_id: str, argv: list[str], *, workspace: Workspace, tim
     env = {**child_env(env_names), MARK_ENV: mark}
     if sandbox is not None:
         env["TMPDIR"] = "/tmp"  # the sandbox's own; the user's may be read-only in there
-        program = _program(argv[0], env, workspace.root)
+        program = program_path(argv[0], env, workspace.root)
         if program is None:
             raise _cannot_start(action_id, pointer, argv[0], os.strerror(errno.ENOENT))
         argv = sandbox.wrap([program, *argv[1:]], workspace.root)
     with subreaper():
         try:
-            proc, exited = await _start(argv, cwd=workspace.root, env=env)
+            proc, exited = await start_process(argv, cwd=workspace.root, env=env)
         except OSError as exc:
             raise _cannot_start(action_id, pointer, argv[0], exc.strerror or str(exc)) from None
         return await _collect(proc, exited, timeout_s, mark)
@@ -87,18 +88,20 @@ class _ExitAware(asyncio.subprocess.SubprocessStreamProtocol):
             self.exited.set_result(None)
 
 
-async def _start(argv: list[str], *, cwd: Path, env: dict[str, str]
-                 ) -> tuple[asyncio.subprocess.Process, asyncio.Future[None]]:
-    """`asyncio.create_subprocess_exec`, plus a future done when the command exits."""
+async def start_process(argv: list[str], *, cwd: Path, env: dict[str, str],
+                        stdin: int = asyncio.subprocess.DEVNULL
+                        ) -> tuple[asyncio.subprocess.Process, asyncio.Future[None]]:
+    """`asyncio.create_subprocess_exec` in a session of its own (a group to kill), plus a
+    future done when the command exits (also the terminal's and the notebook's way)."""
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(
         lambda: _ExitAware(limit=2 ** 16, loop=loop), *argv, cwd=cwd,  # asyncio's default limit
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        stdin=stdin, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE, env=env, start_new_session=True)
     return asyncio.subprocess.Process(transport, protocol, loop), protocol.exited
 
 
-def _program(name: str, env: dict[str, str], cwd: Path) -> str | None:
+def program_path(name: str, env: dict[str, str], cwd: Path) -> str | None:
     """The program as the child would find it (PATH, or a path from the workspace), looked up
     now: inside the sandbox a missing one would only be bwrap's exit code 1."""
     if os.sep in name:
@@ -151,7 +154,7 @@ async def _collect(proc: asyncio.subprocess.Process, exited: asyncio.Future[None
         except asyncio.TimeoutError:
             code = None
         finally:  # also when cancelled (Ctrl-C, SIGTERM, a failing sibling)
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             reap(mark, proc.pid)
         try:  # a process that escaped the mark may still hold the pipes: do not wait forever
             stdout, stderr = await asyncio.wait_for(asyncio.shield(streams), DRAIN_AFTER_KILL_S)
@@ -181,7 +184,7 @@ def _close_pipes(proc: asyncio.subprocess.Process) -> None:
 DRAIN_AFTER_KILL_S = 5.0
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

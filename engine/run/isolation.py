@@ -40,10 +40,12 @@ class Sandbox:
     bwrap: str
     allow_network: bool = False
 
-    def wrap(self, argv: list[str], workspace: Path) -> list[str]:
-        """`argv` as run inside the sandbox, in the workspace (its journal folder read-only)."""
+    def wrap(self, argv: list[str], workspace: Path, binds: tuple[Path, ...] = ()) -> list[str]:
+        """`argv` as run inside the sandbox, in the workspace (its journal folder read-only);
+        `binds`: folders of sopctl's own shared read-write with it (a kernel's sockets)."""
         engine_dir = str(workspace / ENGINE_DIR)
-        return [self.bwrap, *self._options(), *_programs_under_tmp(argv),
+        shared = [arg for folder in binds for arg in ("--bind", str(folder), str(folder))]
+        return [self.bwrap, *self._options(), *_programs_under_tmp(argv), *shared,
                 "--bind", str(workspace), str(workspace),
                 "--ro-bind-try", engine_dir, engine_dir, "--chdir", str(workspace), "--", *argv]
 

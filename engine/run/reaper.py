@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-__all__ = ["MARK_ENV", "subreaper", "reap"]
+__all__ = ["MARK_ENV", "subreaper", "reap", "session_leaders_below"]
 
 
 MARK_ENV = "SOPCTL_EXEC_MARK"
@@ -103,6 +103,22 @@ def reap(mark: str, leader: int) -> None:
         if not alive:
             return
         time.sleep(0.005)
+
+
+def session_leaders_below(root: int) -> list[int]:
+    """The descendants of `root` that lead a session of their own (nearest first): a command
+    bubblewrap runs with `--new-session` is one; its group is the one a Ctrl-C reaches."""
+    if not _LINUX:
+        return []
+    procs = _processes()
+    children: dict[int, list[int]] = {}
+    for pid, proc in procs.items():
+        children.setdefault(proc.ppid, []).append(pid)
+    found, level = [], children.get(root, [])
+    while level:
+        found += [pid for pid in level if procs[pid].session == pid]
+        level = [child for pid in level for child in children.get(pid, [])]
+    return found
 
 
 def _processes() -> dict[int, _Proc]:

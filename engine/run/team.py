@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from engine import __version__
 from engine.compile.compiler import CompiledSop, locate_failure
+from engine.load.catalog import missing_extras
 from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError, format_failure
 from engine.templates.render import stop_renders_on_cancel
 from engine.models.gateway import Gateway
@@ -191,6 +192,10 @@ class Team:
             raise RunError("this SOP's tools run commands; they need --allow-exec: "
                            + ", ".join(needs["--allow-exec"]),
                            hint="read what they run first; then pass --allow-exec")
+        missing = {} if self.options.replay else missing_extras(self.compiled.spec)   # a replay runs no tool
+        for extra, users in missing.items():
+            raise RunError(f"this SOP's tools need the `{extra}` extra, which is not installed: {', '.join(users)}",
+                           hint=f"pip install 'sopctl[{extra}]'")
         hosts = plan.mcp_hosts
         refused = [f"{host} (mcp server {name})" for name, host in hosts.items()
                    if host not in self.options.allow_hosts]
@@ -242,6 +247,7 @@ class Team:
         except Exception as exc:  # noqa: BLE001 - a bug must still end the run as failed
             status, error = RunStatus.FAILED, f"internal error: {type(exc).__name__}: {exc}"
         finally:
+            await self.ctx.sessions.close()   # the roles' shells and kernels end with the run
             if self.ctx.mcp is not None:
                 await self.ctx.mcp.close()
             self._end(status, error)

@@ -83,10 +83,11 @@ class Workspace:
             raise _symlink_refusal(rel, root, real)
         return Path(target)
 
-    def write(self, rel: str, content: str) -> WrittenFile:
-        """Write atomically; unchanged content is not rewritten (same mtime, same inode)."""
+    def write(self, rel: str, content: str | bytes) -> WrittenFile:
+        """Write atomically; unchanged content is not rewritten (same mtime, same inode).
+        Text is written as UTF-8; bytes as they are (a notebook's image)."""
         path = _check_syntax(rel)
-        data = content.encode("utf-8")
+        data = content if isinstance(content, bytes) else content.encode("utf-8")
         if not path.parts:   # `.`: the root itself
             raise WorkspaceError(f"artifact path '{rel}' is a folder")
         try:   # every OSError here (a name too long, a permission) is the workspace's refusal

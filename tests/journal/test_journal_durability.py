@@ -304,13 +304,13 @@ def test_a_tool_that_acts_outside_waits_for_the_answer_that_asked_for_it(
     from engine.run.tools import terminal as toolsets
 
     probe = Probe(monkeypatch)
-    real_argv = toolsets.run_argv
+    real_run = toolsets.ShellSession.run
 
-    async def run_argv(*args: Any, **kwargs: Any) -> Any:
+    async def run(*args: Any, **kwargs: Any) -> Any:
         probe.note("terminal command")
-        return await real_argv(*args, **kwargs)
+        return await real_run(*args, **kwargs)
 
-    monkeypatch.setattr(toolsets, "run_argv", run_argv)
+    monkeypatch.setattr(toolsets.ShellSession, "run", run)
     model = CheckedModel([{"thought": "t", "commands": [{"command_name": "terminal.run",
                                                          "args": {"command": "echo hi"}}]},
                           {"thought": "t", "commands": [{"command_name": "end",

@@ -1,5 +1,5 @@
-"""The built-in toolsets at run time, one module each: editor, terminal, plan, team, human
-(MetaGPT's Editor, Terminal, Plan, TeamLeader.publish_team_message and
+"""The built-in toolsets at run time, one module each: editor, terminal, notebook, plan, team,
+human (MetaGPT's Editor, Terminal, ExecuteNbCode, Plan, TeamLeader.publish_team_message and
 RoleZero.ask_human/reply_to_human).
 
 What the model may call and the schema of each command's args are in engine/load/catalog.py;
@@ -20,6 +20,7 @@ from engine.run.actions import RunContext
 from engine.run.tools.base import Outcome, Tool, ToolError
 from engine.run.tools.editor import Editor
 from engine.run.tools.human import Human
+from engine.run.tools.notebook import Notebook
 from engine.run.tools.plan import Plan
 from engine.run.tools.team import Team
 from engine.run.tools.terminal import Terminal
@@ -34,8 +35,9 @@ class Builtins:
         self.plan = Plan()
         self.team = Team(ctx.compiled.spec, role_id)
         self.toolsets: dict[str, Any] = {
-            "editor": Editor(ctx.workspace), "terminal": Terminal(ctx, action_id), "plan": self.plan,
-            "team": self.team, "human": Human(ctx, role_id, action_id, round_)}
+            "editor": Editor(ctx.workspace), "terminal": Terminal(ctx, role_id, action_id), "plan": self.plan,
+            "team": self.team, "human": Human(ctx, role_id, action_id, round_),
+            "notebook": Notebook(ctx, role_id)}
 
     @property
     def messages(self) -> list[tuple[str, str]]:
