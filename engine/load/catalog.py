@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 
 from engine.load.spec import Sop, tools_of
 
-__all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "expand_tools",
+__all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "NETWORK_TOOLSETS", "BROWSER_FLAGS",
+           "expand_tools",
            "tool_problem", "flags_needed", "team_targets", "builtin_command", "mcp_hosts", "team_reach",
            "experience_refusal", "read_experience", "MAX_EXPERIENCE_BYTES"]
 
@@ -88,6 +89,22 @@ BUILTIN: dict[str, tuple[Command, ...]] = {
                 "publish_team_message): give them everything they need.",
                 _args(["content", "send_to"], content=_STR, send_to=_STR)),
     ),
+    "browser": (
+        Command("browser.goto", "Open a web page (http or https); its title and text come back.",
+                _args(["url"], url={"type": "string", "pattern": "^https?://"})),
+        Command("browser.click", "Click an element, by its visible text (a link, a button) or a CSS "
+                "`selector`; the page after the click comes back.",
+                _args([], text=_STR, selector=_STR)),
+        Command("browser.type", "Type `text` into a field found by its label, placeholder or name "
+                "(`field`) or a CSS `selector`; `submit: true` presses Enter after.",
+                _args(["text"], text=_STR, field=_STR, selector=_STR, submit={"type": "boolean"})),
+        Command("browser.scroll", "Scroll the page one screen down (or up); the text now in view "
+                "comes back.", _args([], direction={"type": "string", "enum": ["down", "up"]})),
+        Command("browser.read", "Read the page's text, from character `offset` (long pages come "
+                "back in parts, each saying where the next starts).",
+                _args([], offset={"type": "integer", "minimum": 0})),
+        Command("browser.back", "Go back to the previous page.", _args([])),
+    ),
     "human": (
         Command("human.ask", "Ask the person a question and wait for the answer.",
                 _args(["question"], question=_STR)),
@@ -99,6 +116,14 @@ BUILTIN: dict[str, tuple[Command, ...]] = {
 
 EXEC_TOOLSETS = ("terminal",)
 """Built-in toolsets that run commands: only with --allow-exec."""
+
+
+NETWORK_TOOLSETS = ("browser",)
+"""Built-in toolsets that reach hosts no file names: only with --allow-network or --allow-host."""
+
+
+BROWSER_FLAGS = "--allow-network or --allow-host"
+"""The `flags_needed` key of the browser: every host, or the hosts named."""
 
 
 _COMMANDS: dict[str, Command] = {c.name: c for cmds in BUILTIN.values() for c in cmds}
@@ -160,22 +185,27 @@ def team_targets(spec: Sop, role_id: str) -> list[str]:
 
 def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
     """What a file's tools need from the command line: `--allow-exec` (terminal, stdio MCP
-    servers) and `--allow-host` (streamable HTTP servers, by host), each with what needs it.
+    servers), `--allow-host` (streamable HTTP servers, by host) and `--allow-network or
+    --allow-host` (the browser), each with what needs it.
     A replay runs no tool (their results come from the journal), but still starts the MCP
     servers to learn their tools, which the prompts list."""
     exec_users: list[str] = []
     hosts: list[str] = []
+    browsing: list[str] = []
     for aid in _used_actions(spec):
         commands, servers = expand_tools(spec, tools_of(spec.actions[aid]))
         if not replay and any(c.name.split(".")[0] in EXEC_TOOLSETS for c in commands):
             exec_users.append(f"terminal ({aid})")
+        if not replay and any(c.name.split(".")[0] in NETWORK_TOOLSETS for c in commands):
+            browsing.append(f"browser ({aid})")
         for name in servers:
             server = spec.mcp[name]
             if server.command:
                 exec_users.append(f"mcp server {name}")
             elif server.url:
                 hosts.append(f"{urlsplit(server.url).hostname or server.url} (mcp server {name})")
-    found = {"--allow-exec": list(dict.fromkeys(exec_users)), "--allow-host": list(dict.fromkeys(hosts))}
+    found = {"--allow-exec": list(dict.fromkeys(exec_users)), "--allow-host": list(dict.fromkeys(hosts)),
+             BROWSER_FLAGS: browsing}
     return {flag: users for flag, users in found.items() if users}
 
 

@@ -89,7 +89,11 @@ class RunContext:
     mcp: Any = None
     """The run's MCP servers, started before the first round (engine/run/mcp.py)."""
     allow_hosts: tuple[str, ...] = ()
-    """`--allow-host`: the hosts HTTP MCP servers may be reached at."""
+    """`--allow-host`: the hosts HTTP MCP servers (and the browser, and search) may be reached at."""
+    allow_network: bool = False
+    """`--allow-network`: the browser may reach every host."""
+    browsers: Any = None
+    """The run's browser, one page per role, started at the first browser command (tools/browser.py)."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
-"""The built-in toolsets at run time, one module each: editor, terminal, plan, team, human
-(MetaGPT's Editor, Terminal, Plan, TeamLeader.publish_team_message and
-RoleZero.ask_human/reply_to_human).
+"""The built-in toolsets at run time, one module each: editor, terminal, plan, team, human,
+browser (MetaGPT's Editor, Terminal, Plan, TeamLeader.publish_team_message,
+RoleZero.ask_human/reply_to_human and Browser).
 
 What the model may call and the schema of each command's args are in engine/load/catalog.py;
 the tool loop (engine/run/toolloop.py) checks the args against that schema before a command
@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.run.actions import RunContext
 from engine.run.tools.base import Outcome, Tool, ToolError
+from engine.run.tools.browser import Browser
 from engine.run.tools.editor import Editor
 from engine.run.tools.human import Human
 from engine.run.tools.plan import Plan
@@ -35,7 +36,8 @@ class Builtins:
         self.team = Team(ctx.compiled.spec, role_id)
         self.toolsets: dict[str, Any] = {
             "editor": Editor(ctx.workspace), "terminal": Terminal(ctx, action_id), "plan": self.plan,
-            "team": self.team, "human": Human(ctx, role_id, action_id, round_)}
+            "team": self.team, "human": Human(ctx, role_id, action_id, round_),
+            "browser": Browser(ctx, role_id)}
 
     @property
     def messages(self) -> list[tuple[str, str]]:
