@@ -37,7 +37,7 @@ from engine.run.events import (
     RunStarted,
     RunStatus,
 )
-from engine.load.catalog import BROWSER_FLAGS
+from engine.load.catalog import BROWSER_FLAGS, search_host, uses_search
 from engine.run.isolation import find_sandbox
 from engine.run.mcp import McpServers
 from engine.run.options import RunOptions
@@ -201,6 +201,10 @@ class Team:
         if refused:
             raise RunError("this SOP's MCP servers reach hosts; each needs --allow-host HOST: "
                            + ", ".join(refused), hint="pass --allow-host for each host you trust")
+        spec = self.compiled.spec
+        if not self.options.replay and uses_search(spec) and search_host(spec) not in self.options.allow_hosts:
+            raise RunError(f"this SOP's search endpoint is at {search_host(spec)}; it needs --allow-host "
+                           f"{search_host(spec)}", hint="pass --allow-host for each host you trust")
         if BROWSER_FLAGS in needs:
             self._check_browser(needs[BROWSER_FLAGS])
 
