@@ -89,6 +89,12 @@ BUILTIN: dict[str, tuple[Command, ...]] = {
                 "publish_team_message): give them everything they need.",
                 _args(["content", "send_to"], content=_STR, send_to=_STR)),
     ),
+    "human": (
+        Command("human.ask", "Ask the person a question and wait for the answer.",
+                _args(["question"], question=_STR)),
+        Command("human.reply", "Tell the person something (no answer expected).",
+                _args(["text"], text=_STR)),
+    ),
     "browser": (
         Command("browser.goto", "Open a web page (http or https); its title and text come back.",
                 _args(["url"], url={"type": "string", "pattern": "^https?://"})),
@@ -110,12 +116,6 @@ BUILTIN: dict[str, tuple[Command, ...]] = {
                 "urls and snippets come back, best first.",
                 _args(["query"], query={"type": "string", "minLength": 1},
                       limit={"type": "integer", "minimum": 1, "maximum": 20})),
-    ),
-    "human": (
-        Command("human.ask", "Ask the person a question and wait for the answer.",
-                _args(["question"], question=_STR)),
-        Command("human.reply", "Tell the person something (no answer expected).",
-                _args(["text"], text=_STR)),
     ),
 }
 

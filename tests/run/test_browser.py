@@ -282,3 +282,17 @@ def test_only_http_to_a_named_host_is_allowed() -> None:
     assert not host_allowed("ftp://example.org/", None)
     assert host_allowed("https://anything.example/", None)
 
+
+
+def test_validate_never_imports_playwright(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    path = tmp_path / "browse.sop.yaml"
+    path.write_text(BROWSE, encoding="utf-8")
+    probe = ("import sys\nfrom engine.cli import main\n"
+             f"code = main(['validate', {str(path)!r}])\n"
+             "print('LOADED', sorted(m for m in sys.modules if m.split('.')[0] in ('playwright', 'asyncio')), code)\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
+    assert done.stdout.strip().endswith("LOADED [] 0"), done.stdout + done.stderr
+    assert "needs --allow-network or --allow-host: browser (Browse)" in done.stdout
