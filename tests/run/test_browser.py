@@ -296,3 +296,43 @@ def test_validate_never_imports_playwright(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert done.stdout.strip().endswith("LOADED [] 0"), done.stdout + done.stderr
     assert "needs --allow-network or --allow-host: browser (Browse)" in done.stdout
+
+
+def _browser_descendants() -> list[str]:
+    """Command lines of this process's descendants that are Chromium or Playwright's driver."""
+    import os
+
+    parents: dict[int, int] = {}
+    lines: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            lines[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+    found = []
+    for pid, line in lines.items():
+        up = parents.get(pid, 0)
+        while up > 1 and up != os.getpid():
+            up = parents.get(up, 0)
+        if up == os.getpid() and ("chrom" in line or "playwright" in line):
+            found.append(line)
+    return found
+
+
+@needs_browser
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_the_browser_is_closed_with_the_run(site: str, tmp_path: Path) -> None:
+    seen: list[list[str]] = []
+
+    class Watch:
+        def on_event(self, event: Any) -> None:
+            if isinstance(event, ToolCalled):
+                seen.append(_browser_descendants())
+
+    browse(tmp_path, [step(("browser.goto", {"url": site + "/"}))], observers=[Watch()])
+    assert seen and seen[0], "Chromium ran during the run"
+    assert _browser_descendants() == []

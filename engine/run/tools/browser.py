@@ -17,6 +17,7 @@ loop, so a resume reuses them; a resumed run's browser starts on no page, and sa
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 import re
@@ -138,12 +139,13 @@ class Browsers:
         return state
 
     async def close(self) -> None:
+        """End Chromium and Playwright's driver; one that died already is no error of the run's."""
         browser, playwright, self._browser, self._playwright = self._browser, self._playwright, None, None
         self._pages.clear()
-        if browser is not None:
-            await browser.close()
-        if playwright is not None:
-            await playwright.stop()
+        for end in (browser.close if browser is not None else None, playwright.stop if playwright else None):
+            if end is not None:
+                with contextlib.suppress(Exception):
+                    await end()
 
 
 _TEXT_IN_VIEW = """() => {
