@@ -120,11 +120,14 @@ def browse(tmp_path: Path, steps: list[dict[str, Any]], **options: Any) -> tuple
 def test_go_to_a_page_click_a_link_and_go_back(site: str, tmp_path: Path) -> None:
     _, out = browse(tmp_path, [step(("browser.goto", {"url": site + "/"})),
                                step(("browser.click", {"text": "About us"})),
-                               step(("browser.back", {}))])
+                               step(("browser.back", {})), step(("browser.back", {})),
+                               step(("browser.read", {}))])
     assert out[0].startswith(f"[page] Home - {site}/")
     assert "Welcome home" in out[0] and "About us" in out[0]
     assert out[1].startswith(f"[page] About - {site}/about") and "We make tiny websites." in out[1]
     assert out[2].startswith("[page] Home")
+    assert out[3] == "there is no earlier page"
+    assert out[4].startswith("[page] Home")                   # still where it was
 
 
 @needs_browser

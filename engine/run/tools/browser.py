@@ -232,8 +232,12 @@ class Browser:
 
     async def do_back(self) -> str:
         state = await self._state()
+        before = state.page.url
         response = await _attempt(state, "could not go back", state.page.go_back())
-        if response is None and state.page.url in ("", "about:blank"):
+        if state.page.url == "about:blank" != before:   # the empty page the browser started on
+            await _attempt(state, "could not come back", state.page.go_forward())
+            raise ToolError("there is no earlier page")
+        if response is None and state.page.url == before:   # None too for a move within the page
             raise ToolError("there is no earlier page")
         return await self._view(state)
 
