@@ -339,3 +339,28 @@ def test_the_browser_is_closed_with_the_run(site: str, tmp_path: Path) -> None:
     browse(tmp_path, [step(("browser.goto", {"url": site + "/"}))], observers=[Watch()])
     assert seen and seen[0], "Chromium ran during the run"
     assert _browser_descendants() == []
+
+
+@needs_browser
+def test_a_resumed_run_reuses_journaled_pages_and_tells_the_model_the_browser_restarted(
+        site: str, tmp_path: Path) -> None:
+    from engine import api
+    from engine.testing import use_model
+
+    path = tmp_path / "browse.sop.yaml"
+    path.write_text(BROWSE, encoding="utf-8")
+    hosts = api.ResumeOptions(allow_hosts=["127.0.0.1"])
+    with use_model(ScriptedModel([step(("browser.goto", {"url": site + "/about"}))])):   # then it fails
+        first = api.run(api.load(path), {"idea": "x"}, api.RunOptions(workspace=tmp_path / "ws",
+                                                                      allow_hosts=["127.0.0.1"]))
+    assert first.status == "failed"
+    served = len(_Site.served)
+    again = ScriptedModel([step(("browser.read", {})), step(("browser.goto", {"url": site + "/about"})), end()])
+    with use_model(again):
+        resumed = api.resume(tmp_path / "ws", hosts)
+    assert resumed.status == "idle", resumed.error
+    prompts = again.prompts()
+    assert "We make tiny websites." in prompts[0]                    # the journaled goto, not run again
+    assert "no page is open: give browser.goto first (a resumed run starts a new browser" in prompts[1]
+    assert "We make tiny websites." in prompts[2].split("no page is open")[1]
+    assert len([p for p, _ in _Site.served[served:] if p == "/about"]) == 1   # the model's own second goto
