@@ -285,14 +285,16 @@ def _price(text: str) -> Price:
 
 def _add_allow_host_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-host", action="append", default=[], metavar="HOST",
-                   help="let the file's HTTP MCP servers at HOST be reached; repeatable")
+                   help="let the file's HTTP MCP servers, its search endpoint and the browser reach HOST; "
+                        "repeatable")
 
 
 def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isolate", action="store_true",
                    help="run exec commands under bubblewrap: / read-only, the workspace writable, "
                         "no view of other processes, no network")
-    p.add_argument("--allow-network", action="store_true", help="with --isolate: keep the network")
+    p.add_argument("--allow-network", action="store_true",
+                   help="the browser tool may reach every host; with --isolate: keep the network")
 
 
 def _add_include_flag(p: argparse.ArgumentParser) -> None:

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 
 from engine.load.spec import Sop, tools_of
 
-__all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "expand_tools",
+__all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "NETWORK_TOOLSETS", "BROWSER_FLAGS",
+           "SEARCH", "search_host", "uses_search", "expand_tools",
            "tool_problem", "flags_needed", "team_targets", "builtin_command", "mcp_hosts", "team_reach",
            "experience_refusal", "read_experience", "MAX_EXPERIENCE_BYTES", "MAX_WRITE_BYTES", "EXTRAS",
            "missing_modules", "missing_extras"]
@@ -134,6 +135,28 @@ BUILTIN: dict[str, tuple[Command, ...]] = {
         Command("human.reply", "Tell the person something (no answer expected).",
                 _args(["text"], text=_STR)),
     ),
+    "browser": (
+        Command("browser.goto", "Open a web page (http or https); its title and text come back.",
+                _args(["url"], url={"type": "string", "pattern": "^https?://"})),
+        Command("browser.click", "Click an element, by its visible text (a link, a button) or a CSS "
+                "`selector`; the page after the click comes back.",
+                _args([], text=_STR, selector=_STR)),
+        Command("browser.type", "Type `text` into a field found by its label, placeholder or name "
+                "(`field`) or a CSS `selector`; `submit: true` presses Enter after.",
+                _args(["text"], text=_STR, field=_STR, selector=_STR, submit={"type": "boolean"})),
+        Command("browser.scroll", "Scroll the page one screen down (or up); the text now in view "
+                "comes back.", _args([], direction={"type": "string", "enum": ["down", "up"]})),
+        Command("browser.read", "Read the page's text, from character `offset` (long pages come "
+                "back in parts, each saying where the next starts).",
+                _args([], offset={"type": "integer", "minimum": 0})),
+        Command("browser.back", "Go back to the previous page.", _args([])),
+    ),
+    "search": (
+        Command("search.query", "Search the web (the file's search endpoint): the results' titles, "
+                "urls and snippets come back, best first.",
+                _args(["query"], query={"type": "string", "minLength": 1},
+                      limit={"type": "integer", "minimum": 1, "maximum": 20})),
+    ),
 }
 
 
@@ -165,6 +188,18 @@ def missing_extras(spec: Sop) -> dict[str, list[str]]:
     return found
 
 
+NETWORK_TOOLSETS = ("browser",)
+"""Built-in toolsets that reach hosts no file names: only with --allow-network or --allow-host."""
+
+
+SEARCH = "search"
+"""The toolset that queries the file's `search:` endpoint (needs --allow-host for its host)."""
+
+
+BROWSER_FLAGS = "--allow-network or --allow-host"
+"""The `flags_needed` key of the browser: every host, or the hosts named."""
+
+
 _COMMANDS: dict[str, Command] = {c.name: c for cmds in BUILTIN.values() for c in cmds}
 
 
@@ -174,6 +209,9 @@ def builtin_command(name: str) -> Command | None:
 
 def tool_problem(spec: Sop, item: str) -> tuple[str, str] | None:
     """Why a `tools` item is unknown (message, hint), or None when it names a tool."""
+    if item.split(".")[0] == SEARCH and (item in BUILTIN or item in _COMMANDS) and spec.search is None:
+        return ("the search tool needs a search endpoint", "declare one at the top of the file: "
+                "`search: {url: http://HOST/search}` (see the README's search section)")
     if item in BUILTIN or item in _COMMANDS:
         return None
     if item.startswith(MCP_PREFIX):
@@ -224,23 +262,30 @@ def team_targets(spec: Sop, role_id: str) -> list[str]:
 
 def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
     """What a file's tools need from the command line: `--allow-exec` (terminal, notebook, stdio MCP
-    servers) and `--allow-host` (streamable HTTP servers, by host), each with what needs it.
+    servers), `--allow-host` (streamable HTTP servers and the search endpoint, by host) and `--allow-network or
+    --allow-host` (the browser), each with what needs it.
     A replay runs no tool (their results come from the journal), but still starts the MCP
     servers to learn their tools, which the prompts list."""
     exec_users: list[str] = []
     hosts: list[str] = []
+    browsing: list[str] = []
     for aid in _used_actions(spec):
         commands, servers = expand_tools(spec, tools_of(spec.actions[aid]))
         if not replay:
             toolsets = dict.fromkeys(c.name.split(".")[0] for c in commands)
             exec_users += [f"{name} ({aid})" for name in toolsets if name in EXEC_TOOLSETS]
+        if not replay and any(c.name.split(".")[0] in NETWORK_TOOLSETS for c in commands):
+            browsing.append(f"browser ({aid})")
+        if not replay and spec.search is not None and any(c.name.split(".")[0] == SEARCH for c in commands):
+            hosts.append(f"{search_host(spec)} (search)")
         for name in servers:
             server = spec.mcp[name]
             if server.command:
                 exec_users.append(f"mcp server {name}")
             elif server.url:
                 hosts.append(f"{urlsplit(server.url).hostname or server.url} (mcp server {name})")
-    found = {"--allow-exec": list(dict.fromkeys(exec_users)), "--allow-host": list(dict.fromkeys(hosts))}
+    found = {"--allow-exec": list(dict.fromkeys(exec_users)), "--allow-host": list(dict.fromkeys(hosts)),
+             BROWSER_FLAGS: browsing}
     return {flag: users for flag, users in found.items() if users}
 
 
@@ -249,6 +294,17 @@ def mcp_hosts(spec: Sop) -> dict[str, str]:
     used = {name for aid in _used_actions(spec) for name in expand_tools(spec, tools_of(spec.actions[aid]))[1]}
     return {name: (urlsplit(server.url).hostname or "") for name, server in spec.mcp.items()
             if server.url and name in used}
+
+
+def search_host(spec: Sop) -> str:
+    """The host of the file's search endpoint ('' when it declares none)."""
+    return (urlsplit(spec.search.url).hostname or spec.search.url) if spec.search is not None else ""
+
+
+def uses_search(spec: Sop) -> bool:
+    """Whether some action some role runs lists the search tool."""
+    return any(c.name.split(".")[0] == SEARCH for aid in _used_actions(spec)
+               for c in expand_tools(spec, tools_of(spec.actions[aid]))[0])
 
 
 def _used_actions(spec: Sop) -> list[str]:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, StringConstrai
 
 __all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "InputSpec", "LLMSpec", "PriceSpec",
            "TeamSpec", "OutputNode", "ReviseSpec", "RecallSpec", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
-           "JoinSpec", "McpServerSpec", "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir", "is_template",
+           "JoinSpec", "McpServerSpec", "SearchSpec", "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir", "is_template",
            "VAR_NAME", "Absent", "Branch", "enum_docs", "LlmAction", "ExecAction", "AskAction",
            "ReplyAction", "ActionBase", "PromptedAction", "AnsweredAction", "action_kind", "output_of", "tools_of",
            "retries_of", "DEFAULT_RETRIES"]
@@ -414,9 +414,10 @@ class LlmAction(AnsweredAction):
         "This action's LLM settings, over its role's and the file's (key by key)."))
     tools: list[NonEmpty] = Field(default_factory=list, description=(
         "The tools the model may call, which makes the action a tool loop (RoleZero): a built-in toolset "
-        "(editor, terminal, plan, team, human), one command of it (e.g. editor.write), or `mcp.<server>` for a "
-        "server declared under `mcp`. Each step is one model call that gives commands or `end` (whose args are the "
-        "output); terminal and stdio MCP servers need --allow-exec, HTTP MCP servers --allow-host."))
+        "(editor, terminal, plan, team, human, browser, search), one command of it (e.g. editor.write), or "
+        "`mcp.<server>` for a server declared under `mcp`. Each step is one model call that gives commands or `end` "
+        "(whose args are the output); terminal and stdio MCP servers need --allow-exec, HTTP MCP servers and the "
+        "`search:` endpoint --allow-host, the browser --allow-network or --allow-host."))
     max_steps: int = Field(default=10, ge=1, le=100, description=(
         "With `tools`: the most model calls of one tool loop; reaching it without `end` fails the action "
         "(default 10)."))
@@ -551,6 +552,27 @@ class McpServerSpec(_Model):
         return self
 
 
+class SearchSpec(_Model):
+    """A search endpoint (MetaGPT's SearchEnhancedQA engine), offered to the model as
+    `search.query`: an HTTP GET of `url` with the query in `query_param`, answered with JSON
+    results (title, url, snippet). Needs --allow-host for its host."""
+
+    model_config = ConfigDict(title="search endpoint")
+
+    url: str = Field(pattern=r"^https?://[^\s/]+", description=(
+        "The endpoint, e.g. http://127.0.0.1:8765/search (SearxNG: https://searx.example/search)."))
+    query_param: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$")] = Field(default="q", description=(
+        "The query parameter that carries the query (default q)."))
+    params: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.-]+$")], str] = Field(
+        default_factory=dict, description="Fixed query parameters sent with every query (SearxNG: format: json).")
+    headers: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9-]+$")], EnvName] = Field(
+        default_factory=dict, description=(
+            "Header name -> the NAME of the environment variable holding its value (e.g. X-API-Key: SEARCH_KEY)."))
+    max_results: int = Field(default=5, ge=1, le=20, description=(
+        "The most results the model sees for one query (default 5)."))
+    timeout_s: float = Field(default=20, gt=0, le=300, description="The longest one query may take (default 20).")
+
+
 class PlannerSpec(_Model):
     """plan_and_act (MetaGPT's Planner): the action that writes the plan, what runs each task
     (task_action, or task_actions by the task's task_type), and how a failed task is retried,
@@ -671,6 +693,8 @@ class Sop(_Model):
     mcp: dict[Annotated[str, StringConstraints(pattern=MCP_NAME)], McpServerSpec] = Field(
         default_factory=dict, description=(
             "MCP servers, by name ([a-z][a-z0-9_]*), that actions name in `tools` as `mcp.<name>`."))
+    search: Annotated[SearchSpec | None, Absent()] = Field(default=None, description=(
+        "The search endpoint of the `search` tool (`search.query`): an HTTP GET answered with JSON results."))
 
     def role_name(self, role_id: str) -> str:
         return self.roles[role_id].name or role_id

@@ -90,9 +90,13 @@ class RunContext:
     mcp: Any = None
     """The run's MCP servers, started before the first round (engine/run/mcp.py)."""
     allow_hosts: tuple[str, ...] = ()
-    """`--allow-host`: the hosts HTTP MCP servers may be reached at."""
+    """`--allow-host`: the hosts HTTP MCP servers (and the browser, and search) may be reached at."""
     sessions: Sessions = field(default_factory=Sessions)
     """Each role's shell and notebook kernel, kept for the run (engine.run.sessions.py)."""
+    allow_network: bool = False
+    """`--allow-network`: the browser may reach every host."""
+    browsers: Any = None
+    """The run's browser, one page per role, started at the first browser command (tools/browser.py)."""
 
 
 @dataclass

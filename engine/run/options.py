@@ -47,9 +47,10 @@ class ReplayOptions:
     isolate: bool = False
     """Run exec commands under bubblewrap (engine/run/isolation.py)."""
     allow_network: bool = False
-    """With `isolate`: keep the network (without it, commands see only a private loopback)."""
+    """The browser tool may reach every host; with `isolate`: keep the network (without it,
+    commands see only a private loopback)."""
     allow_hosts: Sequence[str] = ()
-    """`--allow-host`: hosts HTTP MCP servers may be reached at."""
+    """`--allow-host`: hosts HTTP MCP servers, the search endpoint and the browser may reach."""
     observers: Sequence[RunObserver] = ()
     """Told every event of the run, in order (the CLI's display, tracing, your own)."""
 

@@ -38,6 +38,7 @@ from engine.run.events import (
     RunStarted,
     RunStatus,
 )
+from engine.load.catalog import BROWSER_FLAGS, search_host, uses_search
 from engine.run.isolation import find_sandbox
 from engine.run.mcp import McpServers
 from engine.run.options import RunOptions
@@ -45,6 +46,7 @@ from engine.run.message import Message, user_requirement
 from engine.run.people import NoPerson, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
 from engine.run.toolloop import run_tool_loop
+from engine.run.tools.browser import browser_problem
 from engine.run.workspace import Workspace
 
 __all__ = ["RunResult", "Team", "new_run_id", "exec_actions"]
@@ -153,7 +155,8 @@ class Team:
                               model_override=options.model, price=options.price,
                               allow_exec=options.allow_exec,
                               person=options.person or NoPerson(), pool=options.pool,
-                              tool_loop=run_tool_loop, allow_hosts=tuple(options.allow_hosts))
+                              tool_loop=run_tool_loop, allow_hosts=tuple(options.allow_hosts),
+                              allow_network=options.allow_network)
         self.roles = [Role(rid, self.ctx) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit)
         self.idea_to = idea_addresses(compiled, options.send_to)
@@ -173,8 +176,9 @@ class Team:
                            f"{', '.join(needing)}",
                            hint="read what they run first; then pass --allow-exec")
         self._check_tool_flags()
-        if self.options.allow_network and not self.options.isolate:
-            raise RunError("--allow-network only applies with --isolate",
+        browsing = BROWSER_FLAGS in self.compiled.plan.flags
+        if self.options.allow_network and not (self.options.isolate or browsing):
+            raise RunError("--allow-network only applies with --isolate or to the browser tool",
                            hint="commands already have the network unless --isolate is given")
         if self.options.isolate:
             self.ctx.sandbox = find_sandbox(self.options.allow_network)
@@ -202,6 +206,22 @@ class Team:
         if refused:
             raise RunError("this SOP's MCP servers reach hosts; each needs --allow-host HOST: "
                            + ", ".join(refused), hint="pass --allow-host for each host you trust")
+        spec = self.compiled.spec
+        if not self.options.replay and uses_search(spec) and search_host(spec) not in self.options.allow_hosts:
+            raise RunError(f"this SOP's search endpoint is at {search_host(spec)}; it needs --allow-host "
+                           f"{search_host(spec)}", hint="pass --allow-host for each host you trust")
+        if BROWSER_FLAGS in needs:
+            self._check_browser(needs[BROWSER_FLAGS])
+
+    def _check_browser(self, users: Sequence[str]) -> None:
+        """The browser reaches hosts no file names: the user names them, and it must be able to start."""
+        if not (self.options.allow_network or self.options.allow_hosts):
+            raise RunError("this SOP's browser reaches the web; it needs --allow-network (every host) or "
+                           "--allow-host HOST (those hosts): " + ", ".join(users),
+                           hint="pass --allow-host for each host you trust")
+        problem = browser_problem()
+        if problem is not None:
+            raise RunError(f"{problem[0]}: {', '.join(users)}", hint=problem[1])
 
     def attach(self, journal: RunJournal) -> None:
         """Plug a journal in: it observes every event and stores every model answer."""
@@ -250,6 +270,8 @@ class Team:
             await self.ctx.sessions.close()   # the roles' shells and kernels end with the run
             if self.ctx.mcp is not None:
                 await self.ctx.mcp.close()
+            if self.ctx.browsers is not None:
+                await self.ctx.browsers.close()
             self._end(status, error)
         return self._result(status, error)
 

@@ -121,9 +121,10 @@ def test_schema_prints_the_schema(capsys) -> None:
 def test_validate_never_imports_litellm_rich_or_asyncio() -> None:
     """`sopctl validate` must stay lean: the LLM stack is never loaded to check a file."""
     researcher = str(ROOT / "examples" / "researcher.sop.yaml")  # MCP
+    search = str(ROOT / "examples" / "search_qa.sop.yaml")       # a search endpoint
     probe = ("import sys\nfrom engine.cli import main\n"
-             f"code = main(['validate', {VALID!r}, {ERROR!r}, {researcher!r}])\n"
-             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('litellm', 'rich', 'openai', 'httpx', 'mcp', 'asyncio'))\n"
+             f"code = main(['validate', {VALID!r}, {ERROR!r}, {researcher!r}, {search!r}])\n"
+             "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('litellm', 'rich', 'openai', 'httpx', 'mcp', 'asyncio', 'playwright'))\n"
              "print('HEAVY', heavy, code)\n")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=False)
     assert result.stdout.strip().endswith("HEAVY [] 1"), result.stdout + result.stderr

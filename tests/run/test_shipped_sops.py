@@ -65,6 +65,12 @@ def _needs_exec(path: Path) -> bool:
     return any(a.kind == "exec" for a in spec.actions.values()) or "--allow-exec" in flags_needed(spec)
 
 
+def _hosts_needed(path: Path) -> list[str]:
+    """The hosts --allow-host must name (search_qa's local search engine: on `fake` its one
+    query may find no server listening, which the model reads, and the run goes on)."""
+    return [user.split(" ")[0] for user in flags_needed(compile_path(path).spec).get("--allow-host", [])]
+
+
 def _exec_actions(path: Path) -> set[str]:
     return {aid for aid, a in compile_path(path).spec.actions.items() if a.kind == "exec"}
 
@@ -84,6 +90,7 @@ def _run(path: Path, workspace: Path, **options: Any) -> api.RunResult:
     name = path.name.removesuffix(".sop.yaml")
     options.setdefault("model", "fake")
     options.setdefault("allow_exec", _needs_exec(path))
+    options.setdefault("allow_hosts", _hosts_needed(path))
     options.setdefault("person", ScriptedPerson(_approve_or_fill))
     return api.run(api.load(path), {"idea": IDEAS.get(name, DEFAULT_IDEA)},
                    api.RunOptions(workspace=workspace, **options))

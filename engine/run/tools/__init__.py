@@ -1,6 +1,7 @@
 """The built-in toolsets at run time, one module each: editor, terminal, notebook, plan, team,
-human (MetaGPT's Editor, Terminal, ExecuteNbCode, Plan, TeamLeader.publish_team_message and
-RoleZero.ask_human/reply_to_human).
+human, browser, search (MetaGPT's Editor, Terminal, ExecuteNbCode, Plan,
+TeamLeader.publish_team_message, RoleZero.ask_human/reply_to_human, Browser and
+SearchEnhancedQA's search engine).
 
 What the model may call and the schema of each command's args are in engine/load/catalog.py;
 the tool loop (engine/run/toolloop.py) checks the args against that schema before a command
@@ -18,10 +19,12 @@ from typing import Any
 
 from engine.run.actions import RunContext
 from engine.run.tools.base import Outcome, Tool, ToolError
+from engine.run.tools.browser import Browser
 from engine.run.tools.editor import Editor
 from engine.run.tools.human import Human
 from engine.run.tools.notebook import Notebook
 from engine.run.tools.plan import Plan
+from engine.run.tools.search import Search
 from engine.run.tools.team import Team
 from engine.run.tools.terminal import Terminal
 
@@ -37,7 +40,8 @@ class Builtins:
         self.toolsets: dict[str, Any] = {
             "editor": Editor(ctx.workspace), "terminal": Terminal(ctx, role_id, action_id), "plan": self.plan,
             "team": self.team, "human": Human(ctx, role_id, action_id, round_),
-            "notebook": Notebook(ctx, role_id)}
+            "notebook": Notebook(ctx, role_id),
+            "browser": Browser(ctx, role_id), "search": Search(ctx.compiled.spec.search, ctx.allow_hosts)}
 
     @property
     def messages(self) -> list[tuple[str, str]]:
