@@ -88,7 +88,7 @@ def run_one(name: str, module: str, size_factor: float, skip_metagpt: bool) -> d
         return entry
     main: Callable[..., Any] = mod.main
     kwargs: dict[str, Any] = {"size_factor": size_factor}
-    if name == "compare":
+    if name in ("compare", "toolloop"):
         kwargs["with_metagpt"] = not skip_metagpt
         if size_factor < 1:
             kwargs["reps"] = 1

@@ -1,22 +1,36 @@
-"""Engine time per tool-loop step, excluding the model's and the tools' own time.
+"""Engine time per tool-loop step, and CPU per tool step beside MetaGPT main's RoleZero.
 
 One tool-using action runs `STEPS` steps on a scripted model that answers at once; each
 step gives one `plan.append_task` (an in-memory command: its own time is negligible, but it
 goes through everything a command goes through: schema check, events, the prompt of the
-next step with the plan's status and the steps so far) and the last step `end`. The
-figure is (wall time of the run - model seconds - tool seconds, as the run's events report
-them) / steps, median of `REPEATS` runs, with and without the journal (a SQLite file in a
-temporary folder, every answer and event committed).
+next step with the plan's status and the steps so far) and the last step `end`. Two figures:
+
+- engine time per step: (wall time of the run - model seconds - tool seconds, as the run's
+  events report them) / steps, median of `REPEATS` runs, with and without the journal (a
+  SQLite file in a temporary folder, every answer and event committed); target 2 ms without;
+- CPU per extra tool step, sopctl and MetaGPT main's RoleZero in the same run: (CPU of a run
+  of STEPS steps - CPU of a run of a few) / the steps between, so each run's fixed costs
+  cancel out; min / median / max of `REPEATS` pairs, and the ratio of the medians. RoleZero
+  runs the same scenario (its Plan.append_task, in its own answer format, then `end`) on a
+  scripted model in MetaGPT main's own venv (bench/metagpt_rolezero.py): its prompt
+  building, command parsing, duplicate check and Plan tool all run for real.
+
+MetaGPT main is not on a package index: install it once (about 8 minutes) as
+bench/metagpt_main.py says:
+
+    git clone https://github.com/geekan/MetaGPT bench/.cache/metagpt-main-src
+    python -m bench.metagpt_main install       # bench/.cache/metagpt-main-venv (python3.11)
+
+Without that venv the MetaGPT side is skipped, and the bench says so (CI has none).
 
     python -m bench.toolloop_bench
     python -c "from bench.toolloop_bench import main; main(steps=5, repeats=1)"   # smoke
-
-The target is at most 2 ms per step without the journal.
 """
 
 from __future__ import annotations
 
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -51,7 +65,9 @@ def _answers(steps: int) -> list[dict[str, Any]]:
     return [*plan, {"thought": "done", "commands": [{"command_name": "end", "args": {"answer": "planned"}}]}]
 
 
-def _one(steps: int, journal: bool) -> float:
+def _one(steps: int, journal: bool) -> tuple[float, float]:
+    """One run: engine seconds per step (wall less the model's and the tools' own), and the
+    run's CPU seconds."""
     from engine import api
     from engine.compile.compiler import compile_text
     from engine.models.gateway import Gateway
@@ -68,26 +84,71 @@ def _one(steps: int, journal: bool) -> float:
 
     model = ScriptedModel(_answers(steps))
     sink = Sink()
+    compiled = compile_text(SOP)
     with tempfile.TemporaryDirectory() as folder:
-        started = time.perf_counter()
-        result = api.run(compile_text(SOP), {"idea": "a game"}, api.RunOptions(observers=[sink], gateway=Gateway(providers={"local": model}), workspace=Path(folder) / "ws", model="local"), journal=journal)
-        wall = time.perf_counter() - started
+        options = api.RunOptions(observers=[sink], gateway=Gateway(providers={"local": model}),
+                                 workspace=Path(folder) / "ws", model="local")
+        started, cpu = time.perf_counter(), time.process_time()
+        result = api.run(compiled, {"idea": "a game"}, options, journal=journal)
+        wall, cpu = time.perf_counter() - started, time.process_time() - cpu
     assert result.status == "idle", result.error
-    return (wall - sink.outside) / steps
+    return (wall - sink.outside) / steps, cpu
 
 
 TARGET_MS = 2.0
 
 
-def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None = None) -> dict[str, Any]:
+def _spread(values: list[float]) -> dict[str, float]:
+    """min / median / max, in ms."""
+    return {"min_ms": round(min(values) * 1000, 3), "median_ms": round(statistics.median(values) * 1000, 3),
+            "max_ms": round(max(values) * 1000, 3)}
+
+
+def _sopctl_cpu(small: int, large: int, repeats: int, journal: bool) -> dict[str, float]:
+    per_step = []
+    for _ in range(repeats):
+        low, high = _one(small, journal)[1], _one(large, journal)[1]
+        per_step.append((high - low) / (large - small))
+    return _spread(per_step)
+
+
+def _metagpt_cpu(small: int, large: int, repeats: int) -> dict[str, Any]:
+    """MetaGPT main's figure, or why it was skipped (never raises)."""
+    from bench import metagpt_main
+
+    missing = metagpt_main.available()
+    if missing is not None:
+        return {"skipped": missing}
+    try:
+        result = metagpt_main.run_rolezero(small, large, repeats)
+    except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        return {"skipped": f"MetaGPT main failed: {exc}"[:500]}
+    return {**_spread(result["cpu_s_per_step"]), "version": result["version"],
+            "import_s": round(result["import_s"], 2)}
+
+
+def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None = None,
+         with_metagpt: bool = True) -> dict[str, Any]:
     steps = steps or max(4, int(40 * size_factor))
     repeats = repeats or max(1, int(5 * min(size_factor, 1.0)))
+    small = max(2, steps // 8)
     figures: dict[str, Any] = {}
+    _one(small, False)                   # untimed: imports, caches, the compiled SOP
     for journal in (False, True):
-        runs = [_one(steps, journal) for _ in range(repeats)]
+        runs = [_one(steps, journal)[0] for _ in range(repeats)]
         figures["with journal" if journal else "no journal"] = {
             "engine_ms_per_step": round(statistics.median(runs) * 1000, 3),
             "min_ms": round(min(runs) * 1000, 3), "steps": steps, "repeats": repeats}
+    cpu: dict[str, Any] = {"steps": [small, steps], "repeats": repeats,
+                           "sopctl": _sopctl_cpu(small, steps, repeats, journal=False),
+                           "sopctl journaled": _sopctl_cpu(small, steps, repeats, journal=True),
+                           "metagpt": _metagpt_cpu(small, steps, repeats) if with_metagpt
+                           else {"skipped": "not asked for"}}
+    if "median_ms" in cpu["metagpt"]:
+        theirs = cpu["metagpt"]["median_ms"]
+        cpu["ratio"] = round(cpu["sopctl"]["median_ms"] / theirs, 3)
+        cpu["ratio_journaled"] = round(cpu["sopctl journaled"]["median_ms"] / theirs, 3)
+    figures["cpu per extra step"] = cpu
     bare = figures["no journal"]["engine_ms_per_step"]
     figures["target_met"] = bare <= TARGET_MS
     figures["markdown"] = "\n".join([
@@ -95,9 +156,27 @@ def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None
         "| figure | value | target |", "|---|---|---|",
         f"| engine time per step, no journal | {bare:.2f} ms | <= {TARGET_MS:g} ms "
         f"({'met' if figures['target_met'] else 'not met'}) |",
-        f"| engine time per step, journaled | {figures['with journal']['engine_ms_per_step']:.2f} ms | |"])
+        f"| engine time per step, journaled | {figures['with journal']['engine_ms_per_step']:.2f} ms | |",
+        "", *_cpu_table(cpu)])
     print(figures["markdown"])
     return figures
+
+
+def _cpu_table(cpu: dict[str, Any]) -> list[str]:
+    small, large = cpu["steps"]
+    rows = [f"CPU per extra tool step (runs of {large} against {small} steps, {cpu['repeats']} pairs):", "",
+            "| engine | min | median | max |", "|---|---|---|---|"]
+    for name in ("sopctl", "sopctl journaled", "metagpt"):
+        side = cpu[name]
+        label = "MetaGPT main RoleZero" if name == "metagpt" else name
+        if "skipped" in side:
+            rows.append(f"| {label} | skipped: {side['skipped']} | | |")
+        else:
+            rows.append(f"| {label} | {side['min_ms']:.2f} ms | {side['median_ms']:.2f} ms | {side['max_ms']:.2f} ms |")
+    if "ratio" in cpu:
+        rows += ["", f"sopctl / MetaGPT (medians): {cpu['ratio']:.2f} without the journal, "
+                     f"{cpu['ratio_journaled']:.2f} with it."]
+    return rows
 
 
 if __name__ == "__main__":

@@ -89,9 +89,8 @@ class _EveryModel(Mapping[str, Provider]):
 
 
 class _NoReuse:
-    """An answer store that keeps nothing. The journal, as a run's store, answers a request
-    it has seen before (say, the same prompt in a react loop) itself; with this one every
-    call the run makes reaches the model, so a test can count the calls."""
+    """An answer store that keeps nothing: every call the run makes reaches the model (with
+    `reuse_identical` too), so a test can count the calls."""
 
     def lookup(self, request_hash: str) -> StoredAnswer | None:
         return None

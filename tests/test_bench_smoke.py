@@ -168,9 +168,24 @@ def test_hosted_bench_reaches_the_local_server_directly_and_through_litellm() ->
 def test_toolloop_bench_produces_its_figures() -> None:
     from bench import toolloop_bench
 
-    figures = toolloop_bench.main(steps=4, repeats=1)
+    figures = toolloop_bench.main(steps=4, repeats=1, with_metagpt=False)
     for side in ("no journal", "with journal"):
         assert figures[side]["engine_ms_per_step"] > 0 and figures[side]["steps"] == 4
+    cpu = figures["cpu per extra step"]
+    for side in ("sopctl", "sopctl journaled"):   # tiny runs: only the shape, not the sign
+        assert cpu[side]["min_ms"] <= cpu[side]["median_ms"] <= cpu[side]["max_ms"]
+    assert cpu["steps"] == [2, 4]
+    assert "MetaGPT main RoleZero | skipped" in figures["markdown"]
+
+
+def test_toolloop_bench_says_it_skips_metagpt_main_without_its_venv(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench import metagpt_main, toolloop_bench
+
+    monkeypatch.setattr(metagpt_main, "VENV", tmp_path / "no-venv")
+    figures = toolloop_bench.main(steps=4, repeats=1)
+    skipped = figures["cpu per extra step"]["metagpt"]["skipped"]
+    assert "no MetaGPT main venv" in skipped and "ratio" not in figures["cpu per extra step"]
 
 
 def test_the_summary_shows_cpu_and_wall_cold_and_warm_against_their_targets() -> None:

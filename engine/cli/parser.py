@@ -85,6 +85,9 @@ def _run(sub: Any) -> None:
     p.add_argument("file", metavar="FILE")
     _add_run_flags(p)
     _add_include_flag(p)
+    p.add_argument("--reuse-identical", action="store_true",
+                   help="answer a request identical to one already answered in this run from the "
+                        "journal (default: every request is asked); its resumes keep it")
 
 
 @_command("resume")

@@ -5,8 +5,11 @@ A journal (`<workspace>/.sopctl/journal.sqlite`) has four tables:
 - `meta`: schema version, the SOP's name and hash, engine version, creation time;
 - `events`: every run event of `engine.run.events`, in order (seq, ts, type, key, json);
   append-only (triggers refuse UPDATE and DELETE);
-- `answers`: every model answer by the hash of its canonical request, so that `resume`
-  never pays for the same request twice and `replay` never calls a model at all;
+- `answers`: every model answer by its position (`engine.models.types.answer_key`: the hash
+  of its canonical request, where in the run it was asked and its occurrence there; a
+  journal from before positions holds bare hashes), so that `resume` never pays for an
+  answered request twice and `replay` never calls a model at all; a tool's result and a
+  person's answer under keys of their own;
 - `exchanges`: what was sent for each model answer (the rendered messages, system and user,
   every re-ask's conversation), by the same hash, written in the answer's transaction;
   JSON, zlib-compressed when longer than EXCHANGE_COMPRESS_AT characters (codec.py).

@@ -171,7 +171,8 @@ def resume_options(folder: RunFolder, given: ResumeOptions) -> RunOptions:
                    max_rounds=given.max_rounds or last.max_rounds,
                    budget_usd=last.budget_usd if given.budget_usd is None else given.budget_usd,
                    workspace=str(folder.path.resolve()), run_id=folder.origin.first.run_id,
-                   send_to=folder.origin.first.send_to)
+                   send_to=folder.origin.first.send_to,
+                   reuse_identical=folder.origin.first.reuse_identical)
 
 
 def remove_orphan_temp_files(workspace: Path) -> list[str]:
@@ -204,4 +205,5 @@ def replay_options(folder: RunFolder, out: str | Path, given: ReplayOptions) -> 
     return replace(RunOptions(**fields_of(given, ReplayOptions, "a replay")),
                    model=_model_override(folder.compiled, last.model, None),
                    max_rounds=last.max_rounds, budget_usd=last.budget_usd, workspace=str(target),
-                   run_id=folder.origin.first.run_id, send_to=folder.origin.first.send_to, replay=True)
+                   run_id=folder.origin.first.run_id, send_to=folder.origin.first.send_to,
+                   reuse_identical=folder.origin.first.reuse_identical, replay=True)

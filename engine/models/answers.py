@@ -18,6 +18,12 @@ Four kinds of answer (`CallSpec.kind`):
 - `code`: the first fenced code block (one left open at the end of a cut-off answer counts);
   an answer without one is invalid.
 - `choice`: the first integer in the answer if it is a valid state, else -1. Never invalid.
+
+A tool loop's step (a `json` call with `tool_step` or `commands` set, engine/run/toolloop.py)
+also takes MetaGPT's own answer forms as they are, without a re-ask: RoleZero's (prose
+thoughts, then a fenced ```json block holding an array of `{"command_name", "args"}`), a bare
+array of commands, and one bare command object. Each is read as `{"thought": <the prose>,
+"commands": [...]}` before the schema check (`command_step`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from engine.load import patterns
 if TYPE_CHECKING:
     from engine.models.types import CallSpec
 
-__all__ = ["InvalidAnswer", "first_messages", "reask_messages", "response_format", "read",
+__all__ = ["InvalidAnswer", "first_messages", "reask_messages", "response_format", "read", "command_step",
            "parse_json_object", "parse_markdown", "parse_xml", "field_list", "extract_code", "parse_choice", "schema_errors"]
 
 
@@ -50,6 +56,9 @@ _SCHEMA_CACHE: dict[tuple[int, str], tuple[Any, Any]] = {}
 
 
 _CODE_BLOCK = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*?)```", re.S)
+
+
+_JSON_START = re.compile(r"[\[{]")
 
 
 _OPEN_BLOCK = re.compile(r"```[ \t]*([\w+#.-]*)[^\n]*\n(.*)\Z", re.S)
@@ -257,12 +266,46 @@ def read(spec: CallSpec, text: str) -> Any:
             raise InvalidAnswer("the answer is empty")
         return text.strip()
     schema = spec.schema or {}
-    value = _SECTION_PARSERS[spec.format](text, schema) if spec.format in _SECTION_PARSERS \
-        else parse_json_object(text)
+    value = command_step(text) if spec.tool_step >= 0 or spec.commands else None
+    if value is None:
+        value = _SECTION_PARSERS[spec.format](text, schema) if spec.format in _SECTION_PARSERS \
+            else parse_json_object(text)
     errors = schema_errors(value, schema)
     if errors:
         raise InvalidAnswer("the object does not match the schema: " + "; ".join(errors))
     return value
+
+
+def command_step(text: str) -> dict[str, Any] | None:
+    """A tool step's answer in one of MetaGPT's forms, as `{"thought", "commands"}`: a JSON
+    array of commands or one object with a `command_name`, fenced (RoleZero takes the first
+    ```json block) or bare, after any prose, which becomes the thought. None for anything
+    else (our own `{"thought", "commands"}` object included), read as any JSON answer."""
+    prose, value = _first_json(text)
+    if isinstance(value, dict) and "command_name" in value:
+        value = [value]
+    if not isinstance(value, list) or not value or not all(isinstance(v, dict) for v in value):
+        return None        # not a list of commands (`[1]` in prose): read as any JSON answer
+    return {"thought": prose, "commands": value}
+
+
+def _first_json(text: str) -> tuple[str, Any]:
+    """The prose before the answer's JSON, and that JSON (its first fenced block holding an
+    array or an object, else the first that parses in the text; None if there is none)."""
+    for match in _CODE_BLOCK.finditer(text):
+        body = match.group(2).strip()
+        if body.endswith("]") and not body.startswith("["):
+            body = "[" + body                # RoleZero mends an array that lost its "["
+        if body.startswith(("[", "{")):
+            return text[:match.start()].strip(), _loads_or_none(body)
+    decoder = json.JSONDecoder()
+    for start in [m.start() for m in _JSON_START.finditer(text)][:20]:
+        try:
+            value, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            continue
+        return text[:start].strip(), value
+    return "", None
 
 
 def _or_json(parse: Callable[[str, dict[str, Any]], Any]) -> Callable[[str, dict[str, Any]], Any]:

@@ -9,11 +9,21 @@
    `response_format` when the provider supports structured output, else in the prompt.
 3. Each model request (the first ask and every re-ask) gets a `request_hash`: sha256 of the
    canonical JSON of everything that determines the answer (model, messages, schema and
-   response_format, temperature, max_tokens, kind) and never an API key. A hash found in
-   `store` is **reused**: no model call, counted in `usage.reused_calls`; a request identical
-   to one still being asked waits for that answer and reuses it (a fan-out whose items
-   render the same prompt pays once, whichever item comes first). Missing under
-   `replay=True` it is a `ReplayDivergence`. Otherwise the model is called and the answer
+   response_format, temperature, max_tokens, kind) and never an API key. **Within one
+   invocation every request is asked**, an identical one too (a task sent again, a retry
+   after a failure, a re-ask of a stuck model get a fresh answer). Answers are journaled by
+   position: under `answer_key(hash, place, n)`, the Nth request with that hash made at
+   `spec.place` (where in the run it is asked: the action's idempotency key and the
+   for_each item, set by engine.run.actions; calls at one place are made one after another,
+   so N is their order, and concurrent calls are at different places). A resume or a replay
+   makes the same requests at the same places in the same order, so the Nth takes the Nth
+   journaled answer: no model call, counted in `usage.reused_calls`. A journal written before
+   positions (one row per hash, under the bare hash) answers occurrence 1 of every place.
+   `reuse_identical=True` (`sopctl run --reuse-identical`) keys answers by the bare hash
+   instead: a request identical to one already answered in the run reuses that answer, and
+   one identical to a request still being asked waits for it (a fan-out whose items render
+   the same prompt pays once). Missing under `replay=True` it is a `ReplayDivergence`.
+   Otherwise the model is called and the answer
    is recorded in `store` at once, before it is parsed, so a crash never loses a paid answer;
    with it what was sent (`StoredAnswer.exchange`: the rendered messages), which the journal
    keeps so that `sopctl show --prompts` can show it. Before each paid request the store's
@@ -96,6 +106,7 @@ from engine.models.types import (
     StoredAnswer,
     TransientModelError,
     Usage,
+    answer_key,
     durable,
     price_of,
 )
@@ -137,13 +148,18 @@ class Gateway:
     """How backoff waits (tests pass a recorder instead of sleeping)."""
     api_base: str | None = None
     """Where hosted models are reached (`--api-base`); never from a SOP file (see hosted)."""
+    reuse_identical: bool = False
+    """`--reuse-identical`: answers keyed by the bare request hash, so an identical request
+    is answered once per run (default: by place and occurrence, every request asked)."""
     _hosted: Provider | None = field(default=None, repr=False)
     _admission: tuple[Any, asyncio.Condition] | None = field(default=None, repr=False)
     _in_flight: int = field(default=0, repr=False)
     _reserved: float = field(default=0.0, repr=False)
     _max_call_cost: float | None = field(default=None, repr=False)
     _recorded: set[str] = field(default_factory=set, repr=False)
-    """Requests this gateway journaled (an identical request later in the run reuses them)."""
+    """Journal keys this gateway recorded (an answer under one was not journaled earlier)."""
+    _occurrences: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
+    """Requests made so far by (place, request hash): the next one's occurrence is one more."""
     _asking: dict[str, asyncio.Future[None]] = field(default_factory=dict, repr=False)
     """Requests being asked now, by hash: done when the ask ends, however it ends."""
 
@@ -165,11 +181,15 @@ class Gateway:
             check(model)
 
     def first_request(self, spec: CallSpec) -> ModelRequest:
-        """The request `call` sends first for `spec`; its `hash()` is its answer's journal key
-        (the experience pool writes a reused answer there, engine.run.experience)."""
+        """The request `call` sends first for `spec`."""
         schema_mode = spec.kind == "json" and self.provider(spec.model).supports_schema(spec.model)
         rformat = answers.response_format(spec) if schema_mode else None
         return ModelRequest(spec, tuple(answers.first_messages(spec, schema_mode)), rformat, 0)
+
+    def first_key(self, spec: CallSpec) -> str:
+        """The journal key the next `call(spec)` looks its first answer up by (the experience
+        pool writes a reused answer there, engine.run.experience)."""
+        return self._position(self.first_request(spec), take=False)[0]
 
     async def call(self, spec: CallSpec) -> CallResult:
         """The accepted answer for `spec`, or ActionFailed / LLMError / BudgetExceeded / ReplayDivergence."""
@@ -218,14 +238,36 @@ class Gateway:
         """
         if not self.replay:
             return True
-        following = ModelRequest(spec, tuple(messages), rformat, 0).hash()
-        return self.store is not None and self.store.holds(following)
+        following = self._position(ModelRequest(spec, tuple(messages), rformat, 0), take=False)
+        return self.store is not None and self.store.holds(self._held_under(*following))
+
+    def _position(self, request: ModelRequest, *, take: bool) -> tuple[str, str | None]:
+        """The journal key of `request` (`take`: counted as made), and the bare hash a
+        journal from before positions may hold its answer under (None: no such fallback,
+        or a bare-hash answer this gateway recorded itself, which is not an earlier run's)."""
+        digest = request.hash()
+        if self.reuse_identical:
+            return digest, None
+        where = (request.spec.place, digest)
+        occurrence = self._occurrences.get(where, 0) + 1
+        if take:
+            self._occurrences[where] = occurrence
+        key = answer_key(digest, request.spec.place, occurrence)
+        old = occurrence == 1 and key != digest and digest not in self._recorded
+        return key, digest if old else None
+
+    def _held_under(self, key: str, legacy: str | None) -> str:
+        """`key`, unless only the journal of an older sopctl holds the answer, by bare hash."""
+        store = self.store
+        if legacy is None or store is None or store.holds(key) or not store.holds(legacy):
+            return key
+        return legacy
 
     async def _answer(self, provider: Provider, request: ModelRequest,
                       result: CallResult) -> tuple[str, bool]:
         """The answer text, and whether an earlier invocation journaled it: from the journal,
         or from the model (then journaled at once)."""
-        key = request.hash()
+        key = self._held_under(*self._position(request, take=True))
         stored = await self._stored(key)
         if stored is not None:
             self._report(_answered(request, key, stored.prompt_tokens, stored.completion_tokens,
@@ -246,10 +288,10 @@ class Gateway:
             asking.set_result(None)
 
     async def _stored(self, key: str) -> StoredAnswer | None:
-        """The journaled answer to request `key`, if any. An identical request already being
-        asked (a fan-out whose items render the same prompt) is waited for first, so both
-        get the one paid answer; if that ask failed, this one asks the model itself.
-        Without a store nothing is reused, so nothing waits."""
+        """The journaled answer under `key`, if any. A request under the same key already
+        being asked (with `reuse_identical`: a fan-out whose items render the same prompt)
+        is waited for first, so both get the one paid answer; if that ask failed, this one
+        asks the model itself. Without a store nothing is reused, so nothing waits."""
         if self.store is None:
             return None
         while (asking := self._asking.get(key)) is not None:

@@ -19,7 +19,7 @@ from engine.errors import LLMError
 __all__ = ["Event", "Price", "FREE", "CallSpec", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
            "ModelAnswered", "ModelRetried", "AnswerRejected", "GatewayEvent", "ModelRequest",
            "ModelAnswer", "Provider", "price_of", "TransientModelError", "RealModelBlocked", "request_hash",
-           "durable"]
+           "answer_key", "durable"]
 
 
 CallKind = Literal["json", "text", "code", "choice"]
@@ -70,6 +70,10 @@ class CallSpec:
     fallback_price: Price | None = None
     """The price the user gave (`--price`, the file's `llm.price`) for a model whose price
     litellm does not know (a self-hosted model); never overrides a known price."""
+    place: str = ""
+    """Where in the run the call is made (the action's idempotency key, its for_each item;
+    engine.run.actions): its answers are journaled by place and occurrence (`answer_key`);
+    not in the request. "": no place (a direct gateway user), occurrences count per gateway."""
 
 
 @dataclass(frozen=True)
@@ -398,3 +402,15 @@ def request_hash(canonical: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces, UTF-8) of a request."""
     text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def answer_key(request_hash: str, place: str, occurrence: int) -> str:
+    """The journal key of the `occurrence`-th (1, 2, ...) request with `request_hash` made at
+    `place`: unique per position, so an identical request made again is asked again and a
+    resume takes the Nth answer for the Nth request. The first request without a place is
+    keyed by its bare hash, as every answer was before positions (those journals still
+    resume: their one row per hash answers occurrence 1)."""
+    if not place:
+        return request_hash if occurrence == 1 else f"{request_hash}:-:{occurrence}"
+    where = hashlib.sha256(place.encode("utf-8")).hexdigest()[:16]
+    return f"{request_hash}:{where}:{occurrence}"

@@ -8,11 +8,13 @@ so a bad template, a bad answer or a refused path ends the run cleanly with stat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 from jinja2 import Undefined
 
@@ -59,10 +61,27 @@ from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
 
 __all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ToolEffects", "ActionResult", "role_prefix", "role_label", "context_section",
            "template_variables", "execute_action", "action_applies", "gather_or_cancel",
-           "call_gateway", "used_actions", "ask_human", "reply_to_human"]
+           "call_gateway", "used_actions", "ask_human", "reply_to_human", "at_place"]
 
 
 MAX_FOR_EACH_ITEMS = 1000
+
+
+_PLACE: ContextVar[str] = ContextVar("sopctl_call_place", default="")
+"""Where in the run the current model calls are made (`CallSpec.place`: the gateway journals
+answers by place and occurrence). A context variable, set where the action's idempotency key
+is known, because the calls are made far below (a tool loop's steps, a node's parts, a
+review's drafts) and each for_each item runs in its own task, with its own copy."""
+
+
+@contextlib.contextmanager
+def at_place(place: str) -> Iterator[None]:
+    """Make the model calls inside at `place` (deterministic: a resume makes them there too)."""
+    token = _PLACE.set(place)
+    try:
+        yield
+    finally:
+        _PLACE.reset(token)
 
 
 @dataclass
@@ -203,8 +222,9 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
     action = ctx.compiled.spec.actions[action_id]
     effects = ToolEffects()
     if action.for_each is None:
-        out, content = await _run_once(ctx, role_id, action_id, memory, variables, round_, note, key,
-                                       effects)
+        with at_place(key):
+            out, content = await _run_once(ctx, role_id, action_id, memory, variables, round_, note,
+                                           key, effects)
         written = _write_artifacts(action_id, action, ctx.workspace, {**variables, "out": out})
         return ActionResult(content, out, effects.files + written, effects.messages)
     items = _for_each_items(action_id, action, variables)
@@ -215,8 +235,9 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
     async def one(index: int, item: Any) -> tuple[Any, str]:
         async with limit:
             item_vars = {**variables, action.as_: item, "index": index}
-            return await _run_once(ctx, role_id, action_id, memory, item_vars, round_, note,
-                                   f"{key}/{index}", per_item[index])
+            with at_place(f"{key}/{index}"):   # items run at once: each its own place
+                return await _run_once(ctx, role_id, action_id, memory, item_vars, round_, note,
+                                       f"{key}/{index}", per_item[index])
 
     results = await gather_or_cancel([one(i, it) for i, it in enumerate(items)])
     for item_effects in per_item:
@@ -398,7 +419,7 @@ def model_call(ctx: RunContext, role_id: str, action_id: str, round_: int, **req
     llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override, ctx.price)
     return CallSpec(action=action_id, role=role_id, model=llm["model"], temperature=llm["temperature"],
                     max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"],
-                    fallback_price=llm["price"], round=round_, **request)
+                    fallback_price=llm["price"], round=round_, place=_PLACE.get(), **request)
 
 
 async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: str,
@@ -490,7 +511,7 @@ async def call_gateway(ctx: RunContext, spec: CallSpec) -> CallResult:
             ctx.emit(RunLog(round=spec.round, level=level, role=spec.role, action=spec.action,
                             message=message))
         return await pooled_call(ctx.gateway.call, spec, pool=ctx.pool, store=ctx.gateway.store,
-                                 journal_key=lambda s: ctx.gateway.first_request(s).hash(), log=log)
+                                 journal_key=ctx.gateway.first_key, log=log)
     except (ActionFailed, BudgetExceeded):
         raise
     except LLMError as exc:

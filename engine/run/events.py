@@ -69,6 +69,8 @@ class RunStarted(Event):
     budget_usd: float
     send_to: list[str] = field(default_factory=list)
     """`--send-to`, the idea's addresses given on the command line (empty: the file's)."""
+    reuse_identical: bool = False
+    """`--reuse-identical`: identical requests answered once per run (resume and replay keep it)."""
 
 
 @dataclass(frozen=True)

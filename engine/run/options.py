@@ -110,6 +110,10 @@ class RunOptions(ResumeOptions):
     """The run's id (default: a new one, `new_run_id()`)."""
     send_to: Sequence[str] = ()
     """`--send-to`: the idea's addresses, beating the file's team.send_to."""
+    reuse_identical: bool = False
+    """`--reuse-identical`: a request identical to one already answered in the run takes that
+    answer (default: every request is asked; resume and replay reuse by position). Recorded
+    with the run: its resumes and replays keep it."""
     store: AnswerStore | None = None
     """Answers to reuse (the journal of a resume or a replay)."""
     replay: bool = False

@@ -149,7 +149,7 @@ class Role:
                         kind="choice", model=llm["model"], retries=0, n_choices=len(actions),
                         previous_choice=previous, temperature=llm["temperature"],
                         timeout_s=llm["timeout_s"], round=self._round,
-                        fallback_price=llm["price"])
+                        fallback_price=llm["price"], place=f"{self.ctx.run_id}/{self._round}/{self.id}/think")
         result = await call_gateway(self.ctx, spec)  # a model error fails the run
         choice = parse_choice(result.value, result.text, len(actions))
         if choice < 0:

@@ -149,6 +149,7 @@ class Team:
         gateway = options.gateway or Gateway(store=options.store, replay=options.replay,
                                              api_base=options.api_base)
         gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
+        gateway.reuse_identical = gateway.reuse_identical or options.reuse_identical
         gateway.emit = self._emit         # its attempts, retries and re-asks are run events
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
@@ -333,7 +334,8 @@ class Team:
                           sop_hash=self.compiled.source_hash, inputs=dict(self.inputs),
                           model=model, engine_version=__version__,
                           workspace=str(self.workspace.root), max_rounds=self.max_rounds,
-                          budget_usd=self.budget, send_to=list(self.options.send_to))
+                          budget_usd=self.budget, send_to=list(self.options.send_to),
+                          reuse_identical=self.ctx.gateway.reuse_identical)
 
     def _end(self, status: RunStatus, error: str) -> None:
         try:

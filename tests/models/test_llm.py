@@ -539,9 +539,10 @@ def _fan_out_of_identical_requests(gateway: Gateway, n: int) -> list:
     return asyncio.run(fan_out())
 
 
-def test_identical_requests_in_flight_at_once_pay_for_one_answer():
+def test_with_reuse_identical_requests_in_flight_at_once_pay_for_one_answer():
     model = ScriptedModel(lambda s, a: json.dumps(VALID))   # it yields before answering: all overlap
-    gateway = Gateway(providers={"scripted": model}, store=MemoryAnswerStore(), sleep=_no_sleep)
+    gateway = Gateway(providers={"scripted": model}, store=MemoryAnswerStore(), sleep=_no_sleep,
+                      reuse_identical=True)
     results = _fan_out_of_identical_requests(gateway, 5)
     assert [r.value for r in results] == [VALID] * 5
     assert model.calls == 1
@@ -551,7 +552,7 @@ def test_identical_requests_in_flight_at_once_pay_for_one_answer():
 def test_when_the_shared_ask_fails_the_waiting_requests_ask_themselves():
     model = ScriptedModel([TransientModelError("overloaded")] + [json.dumps(VALID)] * 5)
     gateway = Gateway(providers={"scripted": model}, store=MemoryAnswerStore(), sleep=_no_sleep,
-                      transient_retries=0)
+                      transient_retries=0, reuse_identical=True)
     results = _fan_out_of_identical_requests(gateway, 3)
     assert isinstance(results[0], LLMError)
     assert [r.value for r in results[1:]] == [VALID, VALID]

@@ -1,0 +1,130 @@
+"""MetaGPT's main branch (RoleZero, MGX) as a measured baseline, in its own venv.
+
+MetaGPT 0.8.2 (bench.metagpt_baseline) has no RoleZero, so tool loops are compared with
+MetaGPT main, installed from its source (version 1.0.0 at ba2868974b2e was measured). It is
+never installed by a bench on its own (the source is a git checkout, not a package index
+entry); the recipe, about 8 minutes:
+
+    git clone https://github.com/geekan/MetaGPT bench/.cache/metagpt-main-src
+    python -m bench.metagpt_main install       # the venv bench/.cache/metagpt-main-venv
+
+`install` makes the venv with python3.11, installs MetaGPT's `requirements.txt` without its
+comments and without `lancedb==0.4.0` (gone from the index; only its document store uses
+it), then the source itself with `--no-deps -e`. `SOPCTL_METAGPT_MAIN_VENV` points at a venv
+made elsewhere. When the venv is missing, the benches that use it say so and measure sopctl
+alone (`available()`); they never fail for it.
+
+`run_rolezero` runs bench/metagpt_rolezero.py inside that venv, offline: HOME holds a dummy
+config (MetaGPT refuses to import without one), and TIKTOKEN_CACHE_DIR a copy of the
+`cl100k_base` file litellm ships (MetaGPT's editor counts tokens; tiktoken would otherwise
+download the encoding).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["VENV", "SOURCE", "available", "venv_python", "install", "run_rolezero"]
+
+BENCH_DIR = Path(__file__).resolve().parent
+CACHE = BENCH_DIR / ".cache"
+SOURCE = CACHE / "metagpt-main-src"
+VENV = Path(os.environ.get("SOPCTL_METAGPT_MAIN_VENV") or CACHE / "metagpt-main-venv")
+RUNNER = BENCH_DIR / "metagpt_rolezero.py"
+RUN_TIMEOUT_S = 900
+_TIKTOKEN_FILE = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"   # cl100k_base, as tiktoken names it
+_CONFIG = """llm:
+  api_type: "openai"
+  model: "gpt-4-turbo"
+  base_url: "http://127.0.0.1:9/v1"
+  api_key: "sk-offline-benchmark"
+mermaid:
+  engine: "none"
+"""
+
+
+def venv_python() -> Path:
+    return VENV / "bin" / "python"
+
+
+def available() -> str | None:
+    """None when MetaGPT main's venv is ready, else why not (for the bench to say)."""
+    if not venv_python().exists():
+        return f"no MetaGPT main venv at {VENV} (see bench/metagpt_main.py to install one)"
+    # find_spec of the top package only: importing metagpt would need its config
+    probe = subprocess.run([str(venv_python()), "-c", "import importlib.util as u, pathlib as p; "
+                            "s = u.find_spec('metagpt'); print(s is not None and (p.Path(s.origin).parent"
+                            " / 'roles' / 'di' / 'role_zero.py').exists())"],
+                           capture_output=True, text=True)
+    if probe.stdout.strip() != "True":
+        return f"the venv at {VENV} has no MetaGPT with RoleZero"
+    return None
+
+
+def install(source: Path = SOURCE) -> Path:
+    """Make the venv and install MetaGPT main from `source` (minutes); see the docstring."""
+    if not (source / "requirements.txt").exists():
+        raise SystemExit(f"no MetaGPT source at {source}: git clone https://github.com/geekan/MetaGPT there")
+    if not venv_python().exists():
+        subprocess.run(["python3.11", "-m", "venv", str(VENV)], check=True)
+    lines = [line.split("#", 1)[0].strip() for line in (source / "requirements.txt").read_text().splitlines()]
+    wanted = [line for line in lines if line and not line.startswith("lancedb")]
+    with tempfile.TemporaryDirectory() as tmp:
+        reqs = Path(tmp) / "requirements.txt"
+        reqs.write_text("\n".join(wanted) + "\n")
+        pip = [str(venv_python()), "-m", "pip", "--disable-pip-version-check", "-q", "install"]
+        subprocess.run([*pip, "-r", str(reqs)], check=True)
+        subprocess.run([*pip, "--no-deps", "-e", str(source)], check=True)
+    return venv_python()
+
+
+def _offline_env(scratch: Path) -> dict[str, str]:
+    home = scratch / "home"
+    (home / ".metagpt").mkdir(parents=True, exist_ok=True)
+    (home / ".metagpt" / "config2.yaml").write_text(_CONFIG)
+    (scratch / "root").mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "METAGPT"))}
+    env.update(HOME=str(home), METAGPT_PROJECT_ROOT=str(scratch / "root"), PYTHONWARNINGS="ignore")
+    tokens = _tiktoken_file()
+    if tokens is not None:
+        (scratch / "tiktoken").mkdir(exist_ok=True)
+        shutil.copy(tokens, scratch / "tiktoken" / _TIKTOKEN_FILE)
+        env["TIKTOKEN_CACHE_DIR"] = str(scratch / "tiktoken")
+    return env
+
+
+def _tiktoken_file() -> Path | None:
+    """litellm's copy of cl100k_base, found without importing litellm (seconds)."""
+    spec = importlib.util.find_spec("litellm")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "litellm_core_utils" / "tokenizers" / _TIKTOKEN_FILE
+    return path if path.exists() else None
+
+
+def run_rolezero(small: int, large: int, repeats: int) -> dict:
+    """CPU per extra RoleZero tool step (bench/metagpt_rolezero.py), in one fresh process."""
+    with tempfile.TemporaryDirectory(prefix="metagpt-main-bench-") as tmp:
+        env = _offline_env(Path(tmp))
+        proc = subprocess.run([str(venv_python()), str(RUNNER), "--steps", f"{small},{large}",
+                               "--repeats", str(repeats)], env=env, cwd=env["METAGPT_PROJECT_ROOT"],
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise RuntimeError(f"MetaGPT main's RoleZero run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    if result["unknown_calls"]:
+        raise RuntimeError(f"MetaGPT main asked {result['unknown_calls']} prompt(s) the script does not know")
+    return result
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["install"]:
+        print(install())
+    else:
+        print(available() or f"ready: {venv_python()}")
