@@ -91,7 +91,7 @@ class RoleState:
     def earlier(self, window: int) -> list[dict[str, Any]]:
         """The newest `window` entries before this activation's own messages (which the
         action's prompt shows itself)."""
-        before = [e for e in self.entries if not (e["kind"] == "message" and e["turn"] == self.turn)]
+        before = [e for e in self.entries if not self._current_message(e)]
         return before[-window:] if window > 0 else []
 
     def snapshot(self) -> dict[str, Any]:
@@ -107,8 +107,17 @@ class RoleState:
         self.stopped = str(data.get("stopped") or "")
 
     def _add(self, entries: list[dict[str, Any]]) -> None:
-        if self.tools and self.keep > 0:
-            self.entries = (self.entries + entries)[-self.keep:]
+        """Add, then keep the newest `keep` entries of earlier work (this activation's own
+        messages besides: they are earlier work from the next activation on), in order."""
+        if not (self.tools and self.keep > 0):
+            return
+        added = self.entries + entries
+        earlier = [i for i, e in enumerate(added) if not self._current_message(e)]
+        kept = set(earlier[-self.keep:])
+        self.entries = [e for i, e in enumerate(added) if i in kept or self._current_message(e)]
+
+    def _current_message(self, entry: dict[str, Any]) -> bool:
+        return entry["kind"] == "message" and entry["turn"] == self.turn
 
 
 def earlier_text(entries: Sequence[dict[str, Any]]) -> str:

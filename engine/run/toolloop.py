@@ -284,7 +284,8 @@ class ToolLoop:
             except ActionFailed as exc:
                 if not last:
                     raise
-                return self._unfinished(f"its last answer was still invalid: {exc.message}")
+                return self._unfinished(f"it reached max_steps ({self.action.max_steps}) and its answer to "
+                                        f"the last step was still invalid: {exc.message}")
             current = _Step(str(answer.get("thought", "")),
                             [c for c in answer["commands"] if isinstance(c, dict)])
             if last or not self._repeats(current.commands):
