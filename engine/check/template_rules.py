@@ -39,14 +39,16 @@ from engine.templates.sandbox import TemplateFailure, environment, parse
 __all__ = ["BASE_VARIABLES", "JOIN_VARIABLES", "RULES", "REFERENCE_RULES", "read_by_templates"]
 
 
-BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run"})
-"""Names every template may read (contract §3)."""
+BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run", "plan"})
+"""Names every template may read (contract §3; `plan`: the role's `plan` tool, kept across
+activations, empty for a role without it)."""
 
 
 VARIABLE_FIELDS: dict[str, frozenset[str]] = {
     "role": frozenset({"id", "name", "profile",
                        "vars"}),  # role variables: a mapping; its keys are checked per role
     "run": frozenset({"id", "round"}),
+    "plan": frozenset({"status", "tasks", "current"}),
 }
 """The fields of the mapping variables, as `run.actions.template_variables` builds them."""
 

@@ -43,7 +43,7 @@ def tool_actions(ctx: Context) -> Iterator[Diagnostic]:
                 yield error("SOP224", f"{here}/experience/{index}", experience_refusal(rel),
                             "name a file beside the SOP, e.g. experience/write_code.md")
         if not action.tools:
-            for key in ("max_steps", "experience", "quick_think", "tool_top_k"):
+            for key in ("max_steps", "experience", "quick_think", "tool_top_k", "working_memory"):
                 if key in action.model_fields_set:
                     yield warning("SOP222", f"{here}/{key}", f"`{key}` is ignored: the action has no `tools`",
                                   f"list the tools the model may call, or drop `{key}`")

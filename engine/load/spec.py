@@ -355,7 +355,7 @@ class PromptedAction(ActionBase):
 
     prompt: str = Field(default="", description=(
         "The instruction to the model (or the person): a sandboxed jinja2 template. Variables: inputs, role, "
-        "msgs, news, run; item/index (or the `as` name) under for_each; task in a plan's task action."))
+        "msgs, news, run, plan; item/index (or the `as` name) under for_each; task in a plan's task action."))
 
 
 class AnsweredAction(PromptedAction):
@@ -419,8 +419,9 @@ class LlmAction(AnsweredAction):
         "(whose args are the output); terminal and stdio MCP servers need --allow-exec, HTTP MCP servers and the "
         "`search:` endpoint --allow-host, the browser --allow-network or --allow-host."))
     max_steps: int = Field(default=10, ge=1, le=100, description=(
-        "With `tools`: the most model calls of one tool loop; reaching it without `end` fails the action "
-        "(default 10)."))
+        "With `tools`: the most steps (model calls) of one tool loop (default 10). The last step offers only "
+        "`end`; a model that still does not end ends the action without output (a warning; the run goes on). "
+        "At 10 or more, a person who can be asked is asked first whether to go on (yes: as many steps again)."))
     tool_top_k: int | None = Field(default=None, ge=1, le=100, description=(
         "With `tools`: offer the model only the k commands that rank best by BM25 (rank-bm25) against the action's "
         "prompt, plus `end` (RoleZero's tool recommendation, for actions with many tools, e.g. a big MCP server)."))
@@ -432,6 +433,10 @@ class LlmAction(AnsweredAction):
         "With `tools`: files beside the SOP (relative paths inside its folder, no `..`, no symlink out; at most "
         "100,000 bytes each) whose text the tool loop's system prompt shows as past experience (RoleZero's "
         "experience: a worked example of the commands)."))
+    working_memory: int | None = Field(default=None, ge=0, le=1000, description=(
+        "With `tools`: the most entries of the role's working memory (its earlier tool steps, commands and "
+        "outputs, and the messages it received) shown to this loop, newest last; overrides the role's "
+        "(default 20; 0: none, each activation starts blank)."))
 
 
 class ExecAction(ActionBase):
@@ -653,6 +658,10 @@ class RoleSpec(_Model):
         "every message."))
     recall: Annotated[RecallSpec | None, Absent()] = Field(default=None, description=(
         "Long-term memory past the window: older messages recalled by keyword and relevance."))
+    working_memory: int | None = Field(default=None, ge=0, le=1000, description=(
+        "A tool-using role's working memory (MetaGPT's RoleZero memory): the most entries of its earlier tool "
+        "steps (commands and outputs) and received messages its tool loops are shown, across activations "
+        "(default 20; 0: none; an action's own working_memory wins). Its plan is kept too."))
     llm: Annotated[LLMSpec | None, Absent()] = Field(default=None, description=(
         "This role's LLM settings, over the file's (key by key); an action's own win."))
     planner: Annotated[PlannerSpec | None, Absent()] = Field(default=None, description=(

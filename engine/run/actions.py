@@ -13,7 +13,7 @@ import json
 import threading
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 from jinja2 import Undefined
@@ -47,6 +47,7 @@ from engine.run.longterm import visible_messages
 from engine.run.memory import Memory
 from engine.run.message import Message, content_of
 from engine.run.node import merge_parts, part_prompt, revise_output, split_schema
+from engine.run.plans import plan_view
 from engine.run.people import (
     NoPerson,
     Person,
@@ -59,9 +60,13 @@ from engine.run.people import (
 from engine.run.sessions import Sessions
 from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
 
+if TYPE_CHECKING:   # rolestate imports the toolsets, which import this module
+    from engine.run.rolestate import RoleState
+
 __all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ToolEffects", "ActionResult", "role_prefix", "role_label", "context_section",
            "template_variables", "execute_action", "action_applies", "gather_or_cancel",
-           "call_gateway", "used_actions", "ask_human", "reply_to_human", "at_place"]
+           "call_gateway", "used_actions", "ask_human", "can_ask_human", "reply_to_human", "at_place",
+           "NoOutput"]
 
 
 MAX_FOR_EACH_ITEMS = 1000
@@ -116,6 +121,8 @@ class RunContext:
     """`--allow-network`: the browser may reach every host."""
     browsers: Any = None
     """The run's browser, one page per role, started at the first browser command (tools/browser.py)."""
+    role_states: dict[str, RoleState] = field(default_factory=dict)
+    """Each role's plan and working memory across activations (engine/run/rolestate.py)."""
 
 
 @dataclass
@@ -124,6 +131,17 @@ class ToolEffects:
 
     messages: list[tuple[str, str]] = field(default_factory=list)
     files: list[WrittenFile] = field(default_factory=list)
+    unfinished: str = ""
+    """Why the loop ended without output (NoOutput); empty when it gave one."""
+
+
+@dataclass(frozen=True)
+class NoOutput:
+    """What a tool loop gives when it ends without a final answer (out of steps, stuck with
+    nobody to ask, a person's stop): the action's message says why, its `out` is empty (a
+    tree's keys null, or ""), and it writes no artifacts, so the run goes on."""
+
+    reason: str
 
 
 @dataclass
@@ -192,12 +210,14 @@ def template_variables(ctx: RunContext, role_id: str, memory: Memory, news: Sequ
     msgs.setdefault("UserRequirement", [])
     for message in memory.get():
         msgs.setdefault(message.cause_by, []).append(message.template_view())
+    state = ctx.role_states.get(role_id)
     return {
         "inputs": dict(ctx.inputs),
         "role": spec.role_view(role_id),
         "msgs": msgs,
         "news": [m.template_view() for m in news],
         "run": {"id": ctx.run_id, "round": round_},
+        "plan": plan_view(state.plan.tasks if state is not None else []),
     }
 
 
@@ -225,7 +245,8 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
         with at_place(key):
             out, content = await _run_once(ctx, role_id, action_id, memory, variables, round_, note,
                                            key, effects)
-        written = _write_artifacts(action_id, action, ctx.workspace, {**variables, "out": out})
+        written = [] if effects.unfinished else _write_artifacts(action_id, action, ctx.workspace,
+                                                                 {**variables, "out": out})
         return ActionResult(content, out, effects.files + written, effects.messages)
     items = _for_each_items(action_id, action, variables)
     limit = asyncio.Semaphore(action.max_concurrency)
@@ -245,6 +266,8 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
         effects.files += item_effects.files
     files: list[WrittenFile] = []
     for index, (item, (out, _)) in enumerate(zip(items, results, strict=True)):
+        if per_item[index].unfinished:   # no output: nothing to write
+            continue
         files += _write_artifacts(action_id, action, ctx.workspace,
                                   {**variables, action.as_: item, "index": index, "out": out})
     outs = [o for o, _ in results]
@@ -341,7 +364,11 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
         prompt += f"\n\n## Note\n{note}"
     system = _system_prompt(ctx, role_id, action_id, variables)
     value = await _answer(ctx, role_id, action_id, prompt, system, round_, key, effects)
-    value = with_absent_as_null(value, ctx.compiled.output_schemas.get(action_id))
+    schema = ctx.compiled.output_schemas.get(action_id)
+    if isinstance(value, NoOutput):   # a tree with every key null, so templates reading it still render
+        effects.unfinished = value.reason
+        return with_absent_as_null({}, schema) if schema is not None else "", value.reason
+    value = with_absent_as_null(value, schema)
     return value, content_of(output_kind(action.output), value)
 
 
@@ -484,6 +511,16 @@ async def ask_human(ctx: RunContext, *, role: str, action: str, round_: int, key
                         action=action, round=round_, prompt=prompt,
                         output="json" if schema else "text", schema=schema)
     return (await _ask(ctx, question)).value
+
+
+def can_ask_human(ctx: RunContext, *, key: str, prompt: str) -> bool:
+    """Whether `ask_human` with this key and prompt gets an answer now: a person can answer
+    (not NoPerson), or the journal holds the answer (a resume, a replay). Else it would make
+    the run wait, which a question the loop asks of itself (go on? stuck?) must not."""
+    if not isinstance(ctx.person, NoPerson):
+        return True
+    store = ctx.gateway.store
+    return store is not None and store.holds(question_key(key, "ask", prompt, None))
 
 
 def reply_to_human(ctx: RunContext, *, role: str, action: str, round_: int, text: str) -> None:

@@ -117,6 +117,9 @@ class ActionCompleted(Event):
     key: str
     messages: list[dict[str, Any]]                 # Message.to_json() of what the action made
     artifacts: list[dict[str, str]] = field(default_factory=list)  # {"path", "sha256"}
+    state: dict[str, Any] = field(default_factory=dict)
+    """A tool-using role's plan and working memory after the action (engine/run/rolestate.py):
+    a resume that reuses the action restores them from here; empty for other roles."""
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 from engine.load.spec import PlannerSpec
 
-__all__ = ["PlanError", "order_plan"]
+__all__ = ["PlanError", "order_plan", "plan_status", "plan_view"]
 
 
 class PlanError(ValueError):
@@ -52,3 +52,32 @@ def _topological(tasks: list[dict[str, Any]], ids: list[str],
         done.add(ready[0])
         ordered.append(ready[1])
     return ordered
+
+
+def plan_status(tasks: list[dict[str, Any]]) -> str:
+    """A `plan` tool's tasks as the model sees them each step (RoleZero's plan status, our
+    wording); the current task is the first unfinished one."""
+    if not tasks:
+        return "No plan yet."
+    lines = []
+    for task in tasks:
+        done = "(finished) " if task["is_finished"] else ""
+        deps = f" Depends on tasks {task['dependent_task_ids']}." if task["dependent_task_ids"] else ""
+        who = f" [Assigned to {task['assignee']}]" if task["assignee"] else ""
+        lines.append(f"[TASK_ID {task['task_id']}] {done}{task['instruction']}{deps}{who}")
+    current = _current(tasks)
+    lines.append(f"Current task: {current['task_id']}: {current['instruction']}" if current
+                 else "Current task: none (every task is finished)")
+    return "\n".join(lines)
+
+
+def plan_view(tasks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The role's plan as templates read it (`plan.status`, `plan.tasks`, `plan.current`):
+    copies, so a template cannot change the plan."""
+    current = _current(tasks)
+    return {"status": plan_status(tasks), "tasks": [dict(t) for t in tasks],
+            "current": dict(current) if current is not None else None}
+
+
+def _current(tasks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    return next((t for t in tasks if not t["is_finished"]), None)

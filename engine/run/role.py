@@ -23,6 +23,7 @@ from engine.run.actions import (
     action_applies,
     call_gateway,
     execute_action,
+    role_label,
     role_prefix,
     template_variables,
 )
@@ -30,6 +31,7 @@ from engine.run.events import ActionCompleted, ActionStarted, CompletedActions, 
 from engine.run.memory import Memory
 from engine.run.message import Message, message_id, resolve_send_to
 from engine.run.plans import PlanError, order_plan
+from engine.run.rolestate import RoleState
 
 __all__ = ["Role", "choice_prompt", "parse_choice", "order_plan", "PlanError"]
 
@@ -60,6 +62,8 @@ class Role:
         self._seq = 0
         self._team_sent: set[str] = set()
         """Ids of messages sent with the `team` tool: always published (not only the last)."""
+        self.state = ctx.role_states[role_id] = RoleState.for_role(spec, role_id)
+        """Its plan and working memory across activations (tool loops), and a person's stop."""
 
     # -- observe --------------------------------------------------------------------------
     def deliver(self, message: Message) -> None:
@@ -93,7 +97,7 @@ class Role:
         return news
 
     def _can_act(self) -> bool:
-        return any(self._runs_left(a) for a in self.spec.actions)
+        return not self.state.stopped and any(self._runs_left(a) for a in self.spec.actions)
 
     def _runs_left(self, action_id: str) -> bool:
         limit = self.ctx.compiled.spec.actions[action_id].max_runs
@@ -106,6 +110,8 @@ class Role:
         if not news:
             return []
         self._round, self._seq = round_, 0
+        if self.state.tools:
+            self.state.begin(news, lambda sender: role_label(self.ctx.compiled, sender))
         made: list[Message] = []
         await self._react(news, made)
         return self._to_publish(made)
@@ -264,7 +270,11 @@ class Role:
     async def _act(self, action_id: str, news: list[Message], made: list[Message],
                    extra: dict[str, Any] | None = None, salt: str = "",
                    note: str = "") -> Message | None:
-        """Run one action (or reuse its journaled result); None when max_runs or `when` forbids it."""
+        """Run one action (or reuse its journaled result); None when max_runs or `when` forbids
+        it, or a person stopped the role."""
+        if self.state.stopped:
+            self._log("info", f"{action_id} skipped: the role was stopped ({self.state.stopped})", action_id)
+            return None
         if not self._runs_left(action_id):
             self._log("info", f"{action_id} reached max_runs; skipped", action_id)
             return None
@@ -288,7 +298,8 @@ class Role:
         self.ctx.emit(ActionCompleted(
             round=self._round, role=self.id, action=action_id, key=key,
             messages=[m.to_json() for m in [*sent, message]],
-            artifacts=[{"path": f.path, "sha256": f.sha256} for f in result.artifacts]))
+            artifacts=[{"path": f.path, "sha256": f.sha256} for f in result.artifacts],
+            state=self.state.snapshot() if self.state.tools else {}))
         return message
 
     def _make_message(self, action_id: str, content: str, out: Any) -> Message:
@@ -316,6 +327,8 @@ class Role:
         """Resume: re-publish what a finished action made, without running it again (all but
         the last of its messages were sent with the `team` tool)."""
         messages = [Message.from_json(m) for m in record.messages]
+        if record.state:   # the plan and working memory the action left (rolestate.py)
+            self.state.restore(record.state)
         self._team_sent.update(m.id for m in messages[:-1])
         for message in messages:
             self.memory.add(message)

@@ -5,17 +5,32 @@ Each step is one gateway call whose answer is RoleZero's command list, as one JS
 The engine runs the commands, shows their outputs to the model in the next step's prompt
 (with the plan's status when the action has the `plan` tool), and calls again, until the
 model gives `end`, whose args are the action's output, checked exactly as a direct answer
-is (`engine.models.answers.read`). `max_steps` steps without an accepted `end` fail the
-action (SOP505), naming `max_steps`. The last step offers only `end` (its schema is the
-output's), so a model bound by a grammar (`local`) always finishes.
+is (`engine.models.answers.read`).
 
-Within one step: commands run in the order given; neighbouring read-only commands (editor
-reads, lists and searches, MCP tools) run concurrently; editing commands may change several
-files in one step, but a second edit of one file (RoleZero's `exclusive_tool_commands`, per
-file here) is not run, nor anything after it: its line numbers would be a guess. Bad
-arguments (checked against the command's JSON Schema), a command that fails or times out:
-the error is that command's output, the rest of the step does not run, and the model sees
-why. Every output is capped (MAX_OUTPUT_CHARS).
+What a role keeps across activations (engine/run/rolestate.py): its plan, one per role, and
+its working memory (earlier steps, received messages), the newest `working_memory` entries
+of which the prompt shows under "## Your earlier work". A `for_each` item works on a copy
+of the plan and adds nothing (items run concurrently).
+
+Limits as MetaGPT has them, soft: the last of `max_steps` steps offers only `end` (its schema
+is the output's, so a model bound by a grammar, `local`, finishes); a model that still does
+not end ends the action without output (`NoOutput`: a warning names the role and the action,
+the run goes on). With `max_steps` of 10 or more and a person who can be asked, the person
+is first asked whether to go on ("yes": as many steps again). A person's `stop` (to
+`human.ask` or to a question of the loop) ends the action the same way, and the role takes
+no more turns. Stuck detection (RoleZero's duplicate check): commands equal to those of one
+of the last few steps are asked for again with a note to try something else, twice; a third
+time, the person is asked what the role should do (their answer is that step's output), or,
+when nobody can be asked, the action ends without output.
+
+Within one step: at most MAX_COMMANDS commands run (the step's output names the rest, not
+run); they run in the order given; neighbouring read-only commands (editor reads, lists and
+searches, MCP tools) run concurrently; editing commands may change several files in one step,
+but a second edit of one file (RoleZero's `exclusive_tool_commands`, per file here) is not
+run, nor anything after it: its line numbers would be a guess. Bad arguments (checked
+against the command's JSON Schema), a command that fails or times out: the error is that
+command's output, the rest of the step does not run, and the model sees why. Every output is
+capped (MAX_OUTPUT_CHARS), and the cut says so and how to see the rest.
 
 Durability: every command is reported as a `ToolCalled` event. The result of a command with
 effects outside the loop (editor, terminal, human.reply, MCP tools) is journaled in the
@@ -23,8 +38,10 @@ answers table under a key derived from the action's idempotency key, the step, t
 place and its args (model `tool`), before the model sees it; resume and replay take it from
 there instead of running the command again, and write back the files it wrote (as
 artifacts are reconciled). The plan and team commands only change the loop's own state and
-are simply run again; `human.ask` is journaled by the person's answer itself. Model answers
-are journaled by the gateway, so a resumed loop replays to the same end for free.
+are simply run again; `human.ask` and the loop's own questions (go on? stuck?) are journaled
+by the person's answer itself. Model answers are journaled by the gateway, so a resumed loop
+replays to the same end for free; a re-ask for a repeat differs from the first request (its
+note), so it is a request of its own.
 """
 
 from __future__ import annotations
@@ -44,15 +61,27 @@ from engine.load.catalog import END
 from engine.load.spec import CodeOutput, LlmAction
 from engine.models import answers
 from engine.models.types import CallSpec, StoredAnswer, durable
-from engine.run.actions import RunContext, ToolEffects, call_gateway, gather_or_cancel, model_call
-from engine.run.events import ToolCalled
+from engine.run.actions import (
+    NoOutput,
+    RunContext,
+    ToolEffects,
+    ask_human,
+    call_gateway,
+    can_ask_human,
+    gather_or_cancel,
+    model_call,
+    role_label,
+)
+from engine.run.events import RunLog, ToolCalled
 from engine.run.people import WaitingForPerson
 from engine.run.mcp import McpServerFailed
+from engine.run.rolestate import RoleState, earlier_text, working_memory
 from engine.run.tools import Builtins, Outcome, Tool, ToolError
 from engine.run.tools.base import MAX_OUTPUT_CHARS
+from engine.run.tools.human import says_stop
 from engine.run.workspace import WrittenFile, sha256_text
 
-__all__ = ["TOOL", "MAX_OUTPUT_CHARS", "loop_tools", "run_tool_loop", "step_schema"]
+__all__ = ["TOOL", "MAX_OUTPUT_CHARS", "MAX_COMMANDS", "loop_tools", "run_tool_loop", "step_schema"]
 
 
 TOOL = "tool"
@@ -64,6 +93,24 @@ _FULL_STEPS = 5
 
 
 _OLD_OUTPUT_CHARS = 300
+
+
+MAX_COMMANDS = 20
+"""The most commands run in one step; the rest are not run, and the step's output says so."""
+
+
+_REPEAT_LOOKBACK = 5
+"""A step's commands equal to those of one of this many steps before are a repeat (RoleZero
+compares with its last 10 memories: about 5 answers and their outputs)."""
+
+
+_REASKS = 2
+"""Re-asks of a repeat, each with a note, before the person is asked (RoleZero: twice)."""
+
+
+_ASK_TO_GO_ON = 10
+"""From this `max_steps` on, a person who can be asked is asked at the limit whether to go on
+(RoleZero asks from max_react_loop 10; below, it stops quietly)."""
 
 
 _FATAL = (WaitingForPerson, BudgetExceeded, ReplayDivergence, JournalError, McpServerFailed)
@@ -153,6 +200,8 @@ class _Step:
     thought: str
     commands: list[dict[str, Any]]
     outputs: list[str] = field(default_factory=list)
+    done: bool = False
+    """Its commands are not run: its outputs are already what the model is shown (stuck)."""
 
 
 _NOT_DONE = object()
@@ -169,8 +218,14 @@ class ToolLoop:
         self.tools = loop_tools(ctx, role_id, action_id)
         self.schema = step_schema(list(self.tools))
         self.last_schema = last_step_schema(self.tools[END].args)
-        self.builtins = Builtins(ctx, role_id, action_id, round_)
+        self.state = ctx.role_states.get(role_id) or RoleState.for_role(ctx.compiled.spec, role_id)
+        self.keeps = self.action.for_each is None   # fan-out items run concurrently: each on a copy
+        plan = self.state.plan if self.keeps else self.state.plan.copy()
+        self.builtins = Builtins(ctx, role_id, action_id, round_, plan)
+        self.earlier = self.state.earlier(working_memory(ctx.compiled.spec, role_id, action_id))
         self.steps: list[_Step] = []
+        self.limit = self.action.max_steps
+        """The last step's number: max_steps, and as many again each time a person says go on."""
 
     async def run(self, prompt: str, system: str) -> Any:
         if self.action.tool_top_k is not None:
@@ -180,27 +235,111 @@ class ToolLoop:
             if quick is not None:
                 return quick
         system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
-        for step in range(1, self.action.max_steps + 1):
-            try:
-                answer = await self._ask(self._prompt(prompt, step), system, step)
-            except ActionFailed as exc:
-                if step < self.action.max_steps:
-                    raise
-                raise self._out_of_steps(f"; its last answer: {exc.message}") from None
-            commands = [c for c in answer["commands"] if isinstance(c, dict)]
-            current = _Step(str(answer.get("thought", "")), commands)
-            value = await self._run_step(step, current)
+        value = await self._steps(prompt, system)
+        if self.keeps:
+            self.state.record(self.action_id, self.round, [(s.commands, s.outputs) for s in self.steps])
+        self.effects.messages.extend(self.builtins.messages)
+        return value
+
+    async def _steps(self, prompt: str, system: str) -> Any:
+        """Step after step until an accepted `end` (its value), or a NoOutput saying why not."""
+        step = 0
+        while True:
+            step += 1
+            if step == self.limit and await self._go_on(step):
+                self.limit += self.action.max_steps
+            if self.builtins.human.stopped:
+                return self._stopped()
+            current = await self._next(prompt, system, step)
+            if isinstance(current, NoOutput):
+                return current
+            value = _NOT_DONE if current.done else await self._run_step(step, current)
             self.steps.append(current)
             if value is not _NOT_DONE:
-                self.effects.messages.extend(self.builtins.messages)
                 return value
-        raise self._out_of_steps("")
+            if self.builtins.human.stopped:
+                return self._stopped()
+            if step >= self.limit:
+                return self._unfinished(f"it reached max_steps ({self.action.max_steps}) without a valid `end`")
 
-    def _out_of_steps(self, detail: str) -> ActionFailed:
-        return ActionFailed(self.action_id, f"no final answer after {self.action.max_steps} step(s): the "
-                            f"model never ended with a valid `end`{detail}",
-                            hint="raise `max_steps`, or make the prompt say when the work is done",
-                            code="SOP505", pointer=join_pointer("/actions", self.action_id, "max_steps"))
+    def _unfinished(self, why: str) -> NoOutput:
+        """The action ends without output: a warning now, and a message that says why."""
+        self.ctx.emit(RunLog(round=self.round, level="warning", role=self.role_id, action=self.action_id,
+                             message=f"{self.action_id} ended without output: {why}; the run goes on"))
+        return NoOutput(f"{self.action_id} ended without a final answer: {why}.")
+
+    def _stopped(self) -> NoOutput:
+        self.state.stopped = "a person answered stop"
+        return self._unfinished("a person answered `stop`; the role takes no more turns")
+
+    async def _next(self, prompt: str, system: str, step: int) -> _Step | NoOutput:
+        """The step's commands from the model: a repeat is asked again with a note (twice),
+        then the person is asked; an invalid last answer ends the loop."""
+        last = step == self.limit
+        note = ""
+        for reask in range(_REASKS + 1):
+            try:
+                answer = await self._ask(self._prompt(prompt, step, note), system, step, last)
+            except ActionFailed as exc:
+                if not last:
+                    raise
+                return self._unfinished(f"it reached max_steps ({self.action.max_steps}) and its answer to "
+                                        f"the last step was still invalid: {exc.message}")
+            current = _Step(str(answer.get("thought", "")),
+                            [c for c in answer["commands"] if isinstance(c, dict)])
+            if last or not self._repeats(current.commands):
+                return current
+            note = (f"Your commands are the same as at one of your last steps (asked again: {reask + 1} "
+                    f"of {_REASKS}). Giving them again will not change what they give back: think about "
+                    f"why they did not get you further, then give different commands, or `{END}` if the "
+                    "work is done.")
+        return await self._stuck(step, current)
+
+    def _repeats(self, commands: list[dict[str, Any]]) -> bool:
+        if any(c.get("command_name") == END for c in commands):
+            return False
+        given = _canonical(commands)
+        return any(_canonical(s.commands) == given for s in self.steps[-_REPEAT_LOOKBACK:])
+
+    async def _stuck(self, step: int, current: _Step) -> _Step | NoOutput:
+        """RoleZero's stuck role: the person is asked what it should do (their answer is the
+        step's output, its commands not run); nobody to ask: the loop ends."""
+        given = json.dumps(current.commands, ensure_ascii=False)
+        given = given if len(given) <= _OLD_OUTPUT_CHARS else given[:_OLD_OUTPUT_CHARS] + " [...]"
+        question = (f"{role_label(self.ctx.compiled, self.role_id)} is stuck in {self.action_id}: at step "
+                    f"{step} it gave the same commands as at an earlier step, {_REASKS + 1} times in a row: "
+                    f"{given}. What should it do instead? (Answer `stop` to end its work.)")
+        answer = await self._ask_person(question, f"stuck/{step}")
+        if answer is None:
+            return self._unfinished(f"it was stuck, giving the same commands {_REASKS + 1} times at step "
+                                    f"{step}, and nobody can be asked")
+        if says_stop(answer):
+            self.builtins.human.stopped = True
+            return self._stopped()
+        return _Step(current.thought, current.commands, [
+            "Not run: these commands repeat an earlier step's. A person was asked what you should do "
+            f"instead, and answered: {answer}"], done=True)
+
+    async def _go_on(self, step: int) -> bool:
+        """At the limit (max_steps of 10 or more): whether the person says go on."""
+        if self.action.max_steps < _ASK_TO_GO_ON:
+            return False
+        question = (f"{role_label(self.ctx.compiled, self.role_id)} has taken {step - 1} steps in "
+                    f"{self.action_id} without finishing (max_steps: {self.action.max_steps}). Go on for "
+                    f"another {self.action.max_steps} steps? (yes or no; `stop` ends its work)")
+        answer = await self._ask_person(question, f"go-on/{step}")
+        if answer is not None and says_stop(answer):
+            self.builtins.human.stopped = True
+        return answer is not None and re.match(r"\s*(y|yes|ok|okay|sure|continue|go on)\b", answer, re.I) is not None
+
+    async def _ask_person(self, question: str, part: str) -> str | None:
+        """The person's answer to a question of the loop's own, or None when nobody can be
+        asked (a question must not make the run wait: the loop ends instead)."""
+        key = f"{self.key}/{part}"
+        if not can_ask_human(self.ctx, key=key, prompt=question):
+            return None
+        return str(await ask_human(self.ctx, role=self.role_id, action=self.action_id, round_=self.round,
+                                   key=key, prompt=question))
 
     def _recommend(self, prompt: str, k: int) -> None:
         """RoleZero's tool recommendation: the k commands whose name and description rank best
@@ -252,22 +391,27 @@ class ToolLoop:
                 "run (give it in the next step, once you have seen the file).") if exclusive else ""
         return ("## Commands\nYou work by giving commands. The engine runs them in order and shows you "
                 "their output in the next step. The commands you can give:\n" + "\n".join(lines) +
-                "\nGive independent commands together in one step." + rule +
+                f"\nGive independent commands together in one step (at most {MAX_COMMANDS})." + rule +
                 f" When the work is done, give `{END}` with your final answer as its args.")
 
-    def _prompt(self, prompt: str, step: int) -> str:
+    def _prompt(self, prompt: str, step: int, note: str = "") -> str:
         parts = [prompt.rstrip()]
+        if self.earlier:
+            parts.append("## Your earlier work\nWhat you did and were sent before this, oldest first:\n\n" +
+                         earlier_text(self.earlier))
         if any(name.startswith("plan.") for name in self.tools):
             parts.append("## Plan status\n" + self.builtins.plan.status())
         if self.steps:
             parts.append("## Your steps so far\n" + "\n\n".join(
                 self._step_text(n, s, full=len(self.steps) - n < _FULL_STEPS)
                 for n, s in enumerate(self.steps, 1)))
-        if step < self.action.max_steps:
-            parts.append(f"## Step {step} of at most {self.action.max_steps}\nGive your next commands.")
+        if step < self.limit:
+            parts.append(f"## Step {step} of at most {self.limit}\nGive your next commands.")
         else:
-            parts.append(f"## Step {step} of at most {self.action.max_steps}\nThis is your last step: "
+            parts.append(f"## Step {step} of at most {self.limit}\nThis is your last step: "
                          f"give `{END}` with your final answer.")
+        if note:
+            parts.append(f"## Note\n{note}")
         return "\n\n".join(parts)
 
     def _step_text(self, number: int, step: _Step, *, full: bool) -> str:
@@ -278,8 +422,8 @@ class ToolLoop:
             given = given[:MAX_OUTPUT_CHARS] + f" [... {len(given) - MAX_OUTPUT_CHARS} characters cut]"
         return f"### Step {number}\nCommands: {given}\n" + "\n".join(shown)
 
-    async def _ask(self, prompt: str, system: str, step: int) -> dict[str, Any]:
-        last = step == self.action.max_steps   # only `end` is offered: a grammar-bound model must finish
+    async def _ask(self, prompt: str, system: str, step: int, last: bool) -> dict[str, Any]:
+        """One step's answer; on the last step only `end` is offered (a grammar-bound model must finish)."""
         offered = [self.tools[END]] if last else list(self.tools.values())
         spec = model_call(self.ctx, self.role_id, self.action_id, self.round, system=system,
                           prompt=prompt, kind="json", schema=self.last_schema if last else self.schema,
@@ -293,12 +437,14 @@ class ToolLoop:
         """Run the step's commands; the output value if an `end` was accepted."""
         calls = [(str(c.get("command_name", "")), c.get("args") if isinstance(c.get("args"), dict) else {})
                  for c in current.commands]
+        calls, over = calls[:MAX_COMMANDS], calls[MAX_COMMANDS:]
         calls, dropped = self._exclusive_cut(calls)
         failed = False
         for group in self._groups(calls):
-            if failed:
-                current.outputs += [f"Command {name} not run: an earlier command of this step failed."
-                                    for _, name, _ in group]
+            if failed or self.builtins.human.stopped:
+                why = "the person answered stop" if self.builtins.human.stopped else \
+                    "an earlier command of this step failed"
+                current.outputs += [f"Command {name} not run: {why}." for _, name, _ in group]
                 continue
             if group[0][1] == END:
                 value, problem = self._final(group[0][2])
@@ -314,6 +460,10 @@ class ToolLoop:
                 failed = failed or outcome.error
         if dropped:
             current.outputs.append(dropped)
+        if over:
+            current.outputs.append(f"Not run, at most {MAX_COMMANDS} commands run per step: the other "
+                                   f"{len(over)} ({', '.join(name for name, _ in over)}); give them again "
+                                   "in a later step if they are still needed.")
         return _NOT_DONE
 
     def _exclusive_cut(self, calls: list[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], str]:
@@ -448,9 +598,17 @@ def _call_key(action_key: str, step: int, index: int, name: str, args: dict[str,
                                   ensure_ascii=False, default=str))
 
 
+def _canonical(commands: list[dict[str, Any]]) -> str:
+    """Commands as compared for a repeat: names and args, whatever their order of keys."""
+    return json.dumps(commands, sort_keys=True, ensure_ascii=False, default=str)
+
+
 def _capped(outcome: Outcome) -> Outcome:
     text = outcome.output
     if len(text) <= MAX_OUTPUT_CHARS:
         return outcome
     cut = f"\n[output cut: {len(text) - MAX_OUTPUT_CHARS} more characters not shown]"
     return replace(outcome, output=text[:MAX_OUTPUT_CHARS] + cut)
+    cut = (f"\n[output cut: {len(text) - MAX_OUTPUT_CHARS} more characters not shown (every output is cut "
+           f"at {MAX_OUTPUT_CHARS}); to see the rest, ask for less at a time, e.g. a range of lines]")
+    return Outcome(text[:MAX_OUTPUT_CHARS] + cut, outcome.error, outcome.files)

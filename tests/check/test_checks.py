@@ -230,7 +230,8 @@ def test_the_checker_knows_the_fields_a_run_gives_its_templates() -> None:
     from engine.run.memory import Memory
     from engine.run.message import user_requirement
 
-    run = SimpleNamespace(compiled=compile_text(_sop(f"  A: {{prompt: x, {ART}}}\n")), inputs={}, run_id="r")
+    run = SimpleNamespace(compiled=compile_text(_sop(f"  A: {{prompt: x, {ART}}}\n")), inputs={}, run_id="r",
+                          role_states={})
     variables = template_variables(run, "R", Memory(), [user_requirement("idea")], 1)  # type: ignore[arg-type]
     for name, fields in VARIABLE_FIELDS.items():
         assert set(variables[name]) - {"vars"} == fields - {"vars"}  # role.vars: from role variables

@@ -34,12 +34,14 @@ __all__ = ["ToolError", "Outcome", "Tool", "Plan", "Builtins"]
 class Builtins:
     """The built-in commands of one tool loop: its plan and the team messages it sends."""
 
-    def __init__(self, ctx: RunContext, role_id: str, action_id: str, round_: int) -> None:
-        self.plan = Plan()
+    def __init__(self, ctx: RunContext, role_id: str, action_id: str, round_: int,
+                 plan: Plan | None = None) -> None:
+        self.plan = plan if plan is not None else Plan()   # the role's, kept across activations
         self.team = Team(ctx.compiled.spec, role_id)
+        self.human = Human(ctx, role_id, action_id, round_)
         self.toolsets: dict[str, Any] = {
             "editor": Editor(ctx.workspace), "terminal": Terminal(ctx, role_id, action_id), "plan": self.plan,
-            "team": self.team, "human": Human(ctx, role_id, action_id, round_),
+            "team": self.team, "human": self.human,
             "notebook": Notebook(ctx, role_id),
             "browser": Browser(ctx, role_id), "search": Search(ctx.compiled.spec.search, ctx.allow_hosts)}
 

@@ -1,11 +1,13 @@
 """The `plan` toolset: RoleZero's Plan, tasks in dependency order; the current task is the
-first unfinished one. Its status is shown to the model at every step."""
+first unfinished one. Its status is shown to the model at every step. One plan per role,
+kept from one activation to the next (engine/run/rolestate.py); its commands change only
+it, so running them again in order rebuilds it (resume)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.run.plans import PlanError, order_plan
+from engine.run.plans import PlanError, order_plan, plan_status, plan_view
 from engine.run.tools.base import ToolError
 
 __all__ = ["Plan"]
@@ -62,18 +64,17 @@ class Plan:
 
     def status(self) -> str:
         """The plan as the model sees it each step (RoleZero's plan status, our wording)."""
-        if not self.tasks:
-            return "No plan yet."
-        lines = []
-        for task in self.tasks:
-            done = "(finished) " if task["is_finished"] else ""
-            deps = f" Depends on tasks {task['dependent_task_ids']}." if task["dependent_task_ids"] else ""
-            who = f" [Assigned to {task['assignee']}]" if task["assignee"] else ""
-            lines.append(f"[TASK_ID {task['task_id']}] {done}{task['instruction']}{deps}{who}")
-        current = self.current()
-        lines.append(f"Current task: {current['task_id']}: {current['instruction']}" if current
-                     else "Current task: none (every task is finished)")
-        return "\n".join(lines)
+        return plan_status(self.tasks)
+
+    def view(self) -> dict[str, Any]:
+        """What templates read as `plan` (status, tasks, current)."""
+        return plan_view(self.tasks)
+
+    def copy(self) -> Plan:
+        """A copy to work on (a `for_each` item's: items run concurrently)."""
+        plan = Plan()
+        plan.tasks = [{**t, "dependent_task_ids": list(t["dependent_task_ids"])} for t in self.tasks]
+        return plan
 
     def _task(self, task_id: str) -> dict[str, Any]:
         for task in self.tasks:
