@@ -59,6 +59,32 @@ class Sessions:
         self._started.add((toolset, role_id))
         return session
 
+    async def run(self, toolset: str, role_id: str, make: Callable[[], Awaitable[Any]],
+                  work: Callable[[Any], Awaitable[Any]], notice: Callable[[], str]) -> tuple[Any, str]:
+        """`work` on the role's session, started with `make` when none is live (then `notice()`
+        is what the model must be told first); a session that died doing it is ended."""
+        async with self.lock(toolset, role_id):
+            session = self.live(toolset, role_id)
+            told = ""
+            if session is None:
+                told = notice()
+                session = await self.start(toolset, role_id, make)
+            result = await work(session)
+            if not session.alive:
+                await self.end(toolset, role_id)
+        return result, told
+
+    def restart_notice(self, store: Any, toolset: str, role_id: str, *, new: str, what: str,
+                       earlier: str, reset: str) -> str:
+        """What the model must know when a new session replaces one it used ('' when it never
+        had one): it ended in this invocation, or sopctl stopped since."""
+        if self.started_before(toolset, role_id):
+            return f"[sopctl: a new {new}: the last one ended; {reset}]\n"
+        if ran_before(store, role_id, toolset):
+            return (f"[sopctl: the {what} was restarted: sopctl stopped since your earlier {earlier} (a "
+                    f"crash, a pause or an interruption) and the {what} with it; {reset}]\n")
+        return ""
+
     async def end(self, toolset: str, role_id: str) -> None:
         session = self._live.pop((toolset, role_id), None)
         if session is not None:

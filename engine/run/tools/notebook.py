@@ -35,7 +35,6 @@ from engine.run.actions import RunContext
 from engine.run.exec import child_env, kill_group
 from engine.run.isolation import Sandbox
 from engine.run.reaper import MARK_ENV, reap, session_leaders_below, subreaper
-from engine.run.sessions import ran_before
 from engine.run.tools.base import Outcome, ToolError
 from engine.run.workspace import Workspace, WorkspaceError
 
@@ -67,16 +66,9 @@ class Notebook:
     async def do_run(self, code: str, call_key: str, timeout_s: float = DEFAULT_CELL_TIMEOUT_S) -> Outcome:
         if not self.ctx.allow_exec:   # the run refuses to start before this; a second lock
             raise ToolError("the notebook needs --allow-exec")
-        sessions = self.ctx.sessions
-        async with sessions.lock(TOOLSET, self.role_id):
-            kernel = sessions.live(TOOLSET, self.role_id)
-            notice = ""
-            if kernel is None:
-                notice = self._new_kernel_notice()
-                kernel = await sessions.start(TOOLSET, self.role_id, self._start)
-            cell = await kernel.run(code, min(float(timeout_s), MAX_CELL_TIMEOUT_S))
-            if not kernel.alive:
-                await sessions.end(TOOLSET, self.role_id)
+        cell, notice = await self.ctx.sessions.run(
+            TOOLSET, self.role_id, self._start,
+            lambda kernel: kernel.run(code, min(float(timeout_s), MAX_CELL_TIMEOUT_S)), self._new_kernel_notice)
         paths = self._save_images(cell.images, call_key[:12])
         return Outcome(notice + cell.text(paths), error=cell.status != "ok")
 
@@ -88,13 +80,9 @@ class Notebook:
         return await KernelSession.start(self.ctx.workspace, self.ctx.sandbox)
 
     def _new_kernel_notice(self) -> str:
-        reset = "its variables, imports and functions are gone: run again what the next cells need"
-        if self.ctx.sessions.started_before(TOOLSET, self.role_id):
-            return f"[sopctl: a new kernel: the last one ended; {reset}]\n"
-        if ran_before(self.ctx.gateway.store, self.role_id, TOOLSET):
-            return (f"[sopctl: the kernel was restarted: sopctl stopped since your earlier cells (a crash, a "
-                    f"pause or an interruption) and the kernel with it; {reset}]\n")
-        return ""
+        return self.ctx.sessions.restart_notice(
+            self.ctx.gateway.store, TOOLSET, self.role_id, new="kernel", what="kernel", earlier="cells",
+            reset="its variables, imports and functions are gone: run again what the next cells need")
 
     def _save_images(self, images: list[bytes], cell: str) -> list[str]:
         """Each image as a file in the workspace (confined there); the paths, or why not."""

@@ -32,7 +32,6 @@ from engine.run.exec import child_env, kill_group, program_path, start_process
 from engine.run.isolation import Sandbox
 from engine.run.reaper import MARK_ENV, reap, session_leaders_below, subreaper
 from engine.run.tools.base import Outcome, ToolError
-from engine.run.sessions import ran_before
 from engine.run.workspace import Workspace
 
 __all__ = ["Terminal", "ShellSession", "DEFAULT_TERMINAL_TIMEOUT_S", "HEAD_BYTES", "TAIL_BYTES"]
@@ -69,16 +68,10 @@ class Terminal:
             raise ToolError("the terminal needs --allow-exec")
         if "\0" in command:
             raise ToolError("the command holds a NUL character, which a shell cannot take")
-        sessions = self.ctx.sessions
-        async with sessions.lock(TOOLSET, self.role_id):
-            session = sessions.live(TOOLSET, self.role_id)
-            notice = ""
-            if session is None:
-                notice = self._new_session_notice()
-                session = await sessions.start(TOOLSET, self.role_id, self._start)
-            result = await session.run(command, min(float(timeout_s), MAX_TERMINAL_TIMEOUT_S))
-            if not session.alive:
-                await sessions.end(TOOLSET, self.role_id)
+        result, notice = await self.ctx.sessions.run(
+            TOOLSET, self.role_id, self._start,
+            lambda session: session.run(command, min(float(timeout_s), MAX_TERMINAL_TIMEOUT_S)),
+            self._new_session_notice)
         return Outcome(notice + result.text())
 
     async def _start(self) -> ShellSession:
@@ -89,13 +82,10 @@ class Terminal:
 
     def _new_session_notice(self) -> str:
         """What the model must know when a new shell replaces one it used."""
-        reset = "the working folder is the workspace again; variables, functions and background jobs are gone"
-        if self.ctx.sessions.started_before(TOOLSET, self.role_id):
-            return f"[sopctl: a new shell session: the last one ended; {reset}]\n"
-        if ran_before(self.ctx.gateway.store, self.role_id, TOOLSET):
-            return (f"[sopctl: the shell was restarted: sopctl stopped since your earlier commands (a crash, "
-                    f"a pause or an interruption) and the shell with it; {reset}]\n")
-        return ""
+        return self.ctx.sessions.restart_notice(
+            self.ctx.gateway.store, TOOLSET, self.role_id, new="shell session", what="shell",
+            earlier="commands",
+            reset="the working folder is the workspace again; variables, functions and background jobs are gone")
 
 
 @dataclass
