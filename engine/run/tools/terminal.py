@@ -239,6 +239,10 @@ class ShellSession:
         """Wait until the markers came, the shell exited, or the time is up; True for the markers."""
         waiting: list[asyncio.Future[Any]] = [both, self.exited]
         await asyncio.wait(waiting, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+        if both.done() and None in both.result() and not self.exited.done():
+            # Both streams closed without a marker: the shell is exiting, and its exit may be
+            # seen a moment after its pipes close; wait for it, or it reads as a stuck command.
+            await asyncio.wait([self.exited], timeout=INTERRUPT_GRACE_S)
         return both.done() and None not in both.result()
 
     def _finished(self, both: _Markers, out: _Capture, err: _Capture,
