@@ -98,7 +98,7 @@ mermaid:
 """
 
 
-def _offline_env(scratch: Path) -> dict[str, str]:
+def offline_env(scratch: Path) -> dict[str, str]:
     """HOME with a dummy config2.yaml (MetaGPT refuses to import without one), scratch root."""
     home = scratch / "home"
     (home / ".metagpt").mkdir(parents=True, exist_ok=True)
@@ -114,7 +114,7 @@ def run_team(files: int, latency_ms: float, idea: str = "a command-line 2048 gam
     """One fresh process running MetaGPT's team (twice with `warm`); its JSON result."""
     with tempfile.TemporaryDirectory(prefix="metagpt-bench-") as tmp:
         scratch = Path(tmp)
-        env = _offline_env(scratch)
+        env = offline_env(scratch)
         cmd = [str(venv_python()), str(RUNNER), "--files", str(files), "--latency-ms",
                str(latency_ms), "--idea", idea, "--root", env["METAGPT_PROJECT_ROOT"]]
         cmd += ["--warm"] if warm else []
@@ -134,7 +134,7 @@ def run_team(files: int, latency_ms: float, idea: str = "a command-line 2048 gam
 def cold_start() -> dict[str, float]:
     """Seconds for `metagpt --help` and for importing its team, each a fresh process."""
     with tempfile.TemporaryDirectory(prefix="metagpt-cold-") as tmp:
-        env = _offline_env(Path(tmp))
+        env = offline_env(Path(tmp))
         cwd = env["METAGPT_PROJECT_ROOT"]
         help_s = _timed([str(VENV / "bin" / "metagpt"), "--help"], env, cwd)
         import_s = _timed([str(venv_python()), "-c", "import metagpt.software_company, "

@@ -30,6 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.metagpt_baseline import offline_env
+
 __all__ = ["VENV", "SOURCE", "available", "venv_python", "install", "run_rolezero"]
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -39,14 +41,6 @@ VENV = Path(os.environ.get("SOPCTL_METAGPT_MAIN_VENV") or CACHE / "metagpt-main-
 RUNNER = BENCH_DIR / "metagpt_rolezero.py"
 RUN_TIMEOUT_S = 900
 _TIKTOKEN_FILE = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"   # cl100k_base, as tiktoken names it
-_CONFIG = """llm:
-  api_type: "openai"
-  model: "gpt-4-turbo"
-  base_url: "http://127.0.0.1:9/v1"
-  api_key: "sk-offline-benchmark"
-mermaid:
-  engine: "none"
-"""
 
 
 def venv_python() -> Path:
@@ -85,12 +79,9 @@ def install(source: Path = SOURCE) -> Path:
 
 
 def _offline_env(scratch: Path) -> dict[str, str]:
-    home = scratch / "home"
-    (home / ".metagpt").mkdir(parents=True, exist_ok=True)
-    (home / ".metagpt" / "config2.yaml").write_text(_CONFIG)
-    (scratch / "root").mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI", "METAGPT"))}
-    env.update(HOME=str(home), METAGPT_PROJECT_ROOT=str(scratch / "root"), PYTHONWARNINGS="ignore")
+    """The 0.8.2 side's offline environment, and tiktoken's encoding file offline (main's
+    Editor counts tokens, and tiktoken would download it)."""
+    env = offline_env(scratch)
     tokens = _tiktoken_file()
     if tokens is not None:
         (scratch / "tiktoken").mkdir(exist_ok=True)
