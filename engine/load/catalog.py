@@ -41,13 +41,15 @@ class Command:
     """One built-in command: what the model is told, the JSON Schema of its args, and how the
     loop treats it (`exclusive`: an edit of the file named by its `path`, one per file per step,
     after RoleZero's `exclusive_tool_commands`; `readonly`: may run concurrently with its
-    neighbours)."""
+    neighbours; `moves`: it moves a view an earlier command left, a window or a page, so the
+    same command again is progress, never a repeat for stuck detection)."""
 
     name: str
     description: str
     args: dict[str, Any]
     exclusive: bool = False
     readonly: bool = False
+    moves: bool = False
 
 
 def _args(required: list[str], **props: dict[str, Any]) -> dict[str, Any]:
@@ -81,9 +83,9 @@ BUILTIN: dict[str, tuple[Command, ...]] = {
                 "`line`; the editor keeps each file's window for the rest of this loop.",
                 _args(["path"], path=_PATH, line=_LINE, window={**_LINE, "maximum": 500})),
         Command("editor.scroll_down", "Move a file's window down by its size (default: the file "
-                "opened last).", _args([], path=_PATH)),
+                "opened last).", _args([], path=_PATH), moves=True),
         Command("editor.scroll_up", "Move a file's window up by its size (default: the file opened "
-                "last).", _args([], path=_PATH)),
+                "last).", _args([], path=_PATH), moves=True),
         Command("editor.insert", "Insert `content` before line `line` of a file (the line count "
                 "plus 1 appends).",
                 _args(["path", "line", "content"], path=_PATH, line=_LINE, content=_STR), exclusive=True),
@@ -140,16 +142,17 @@ BUILTIN: dict[str, tuple[Command, ...]] = {
                 _args(["url"], url={"type": "string", "pattern": "^https?://"})),
         Command("browser.click", "Click an element, by its visible text (a link, a button) or a CSS "
                 "`selector`; the page after the click comes back.",
-                _args([], text=_STR, selector=_STR)),
+                _args([], text=_STR, selector=_STR), moves=True),
         Command("browser.type", "Type `text` into a field found by its label, placeholder or name "
                 "(`field`) or a CSS `selector`; `submit: true` presses Enter after.",
                 _args(["text"], text=_STR, field=_STR, selector=_STR, submit={"type": "boolean"})),
         Command("browser.scroll", "Scroll the page one screen down (or up); the text now in view "
-                "comes back.", _args([], direction={"type": "string", "enum": ["down", "up"]})),
+                "comes back.", _args([], direction={"type": "string", "enum": ["down", "up"]}),
+                moves=True),
         Command("browser.read", "Read the page's text, from character `offset` (long pages come "
                 "back in parts, each saying where the next starts).",
                 _args([], offset={"type": "integer", "minimum": 0})),
-        Command("browser.back", "Go back to the previous page.", _args([])),
+        Command("browser.back", "Go back to the previous page.", _args([]), moves=True),
     ),
     "search": (
         Command("search.query", "Search the web (the file's search endpoint): the results' titles, "

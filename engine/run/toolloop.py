@@ -19,7 +19,8 @@ the run goes on). With `max_steps` of 10 or more and a person who can be asked, 
 is first asked whether to go on ("yes": as many steps again). A person's `stop` (to
 `human.ask` or to a question of the loop) ends the action the same way, and the role takes
 no more turns. Stuck detection (RoleZero's duplicate check): commands equal to those of one
-of the last few steps are asked for again with a note to try something else, twice; a third
+of the last few steps, when nothing new came back since (the last step's outputs are that
+step's) and none moves a view (a scroll, `browser.back`), are asked for again with a note to try something else, twice; a third
 time, the person is asked what the role should do (their answer is that step's output), or,
 when nobody can be asked, the action ends without output.
 
@@ -100,8 +101,9 @@ MAX_COMMANDS = 20
 
 
 _REPEAT_LOOKBACK = 5
-"""A step's commands equal to those of one of this many steps before are a repeat (RoleZero
-compares with its last 10 memories: about 5 answers and their outputs)."""
+"""A step's commands equal to those of one of this many steps before, with nothing new come
+back since, are a repeat (RoleZero compares with its last 10 memories: about 5 answers and
+their outputs)."""
 
 
 _REASKS = 2
@@ -132,7 +134,8 @@ def loop_tools(ctx: RunContext, role_id: str, action_id: str) -> dict[str, Tool]
             args = {**args, "properties": {**args["properties"],
                                            "send_to": {"type": "string", "enum": targets}}}
         tools[command.name] = Tool(command.name, command.description, args, command.exclusive,
-                                   command.readonly, not command.name.startswith(_LOOP_STATE))
+                                   command.readonly, not command.name.startswith(_LOOP_STATE),
+                                   moves=command.moves)
     for server, named in expanded.servers.items():
         for tool in ctx.mcp.tools(server) if ctx.mcp is not None else ():
             if named is None or tool.name[len(server) + 1:] in named:
@@ -296,10 +299,18 @@ class ToolLoop:
         return await self._stuck(step, current)
 
     def _repeats(self, commands: list[dict[str, Any]]) -> bool:
-        if any(c.get("command_name") == END for c in commands):
+        """The same commands as a recent step, when nothing new came back since: the last step's
+        outputs are that step's. A command that moves a view (a scroll, `back`) is progress."""
+        if any(c.get("command_name") == END or self._moves(c.get("command_name")) for c in commands):
             return False
         given = _canonical(commands)
-        return any(_canonical(s.commands) == given for s in self.steps[-_REPEAT_LOOKBACK:])
+        latest = self.steps[-1].outputs if self.steps else None
+        return any(_canonical(s.commands) == given and s.outputs == latest
+                   for s in self.steps[-_REPEAT_LOOKBACK:])
+
+    def _moves(self, name: Any) -> bool:
+        tool = self.tools.get(str(name))
+        return tool is not None and tool.moves
 
     async def _stuck(self, step: int, current: _Step) -> _Step | NoOutput:
         """RoleZero's stuck role: the person is asked what it should do (their answer is the

@@ -229,6 +229,20 @@ def test_stuck_with_nobody_to_ask_the_loop_stops_with_a_warning(tmp_path: Path) 
     assert "nobody can be asked" in next(m for m in result.messages if m.cause_by == "Work").content
 
 
+def test_a_command_given_again_after_its_output_changed_is_no_repeat(tmp_path: Path) -> None:
+    """A read, a write of that file, the same read: what came back has changed, so the second
+    read runs (a test run after an edit is the same case)."""
+    read = ("editor.read", {"path": "a.md"})
+    model = scripted({("Lead", 1): [step(publish("work"))],
+                      ("Work", 2): [step(("editor.write", {"path": "a.md", "content": "one"})), step(read),
+                                    step(("editor.write", {"path": "a.md", "content": "two"})), step(read)]})
+    result = run_sop(sop_text(TEAM.replace("max_runs: 2", "max_runs: 1")), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    work = prompts_of(model, "Work", 2)
+    assert not any("## Note" in p for p in work)
+    assert "1|two" in work[-1]
+
+
 # --------------------------------------------------------------------------- bounds
 
 def test_commands_past_the_cap_are_not_run_and_the_model_is_told(tmp_path: Path) -> None:

@@ -53,3 +53,5 @@ class Tool:
     """Its result is journaled and reused (it acts outside the loop); else it runs again."""
     server: str | None = None
     """An MCP server's tool (its name on the server is `name` after `<server>.`)."""
+    moves: bool = False
+    """It moves a view an earlier command left (a window, a page): repeating it is progress."""
