@@ -25,10 +25,10 @@ from engine.errors import ActionFailed
 from engine.load.source import join_pointer
 from engine.load.spec import ExecAction
 from engine.run.isolation import Sandbox
-from engine.run.reaper import MARK_ENV, reap, subreaper
+from engine.run.reaper import MARK_ENV, reap, session_leaders_below, subreaper
 from engine.run.workspace import Workspace
 
-__all__ = ["MAX_STREAM_BYTES", "CHILD_ENV_ALLOWED", "child_env", "run_command", "run_argv", "exec_content",
+__all__ = ["interrupt_group", "MAX_STREAM_BYTES", "CHILD_ENV_ALLOWED", "child_env", "run_command", "run_argv", "exec_content",
            "start_process", "program_path", "kill_group"]
 
 
@@ -187,6 +187,16 @@ DRAIN_AFTER_KILL_S = 5.0
 def kill_group(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def interrupt_group(pid: int, *, sandboxed: bool) -> None:
+    """Ctrl-C: SIGINT to the process group of `pid`, a long-lived shell or kernel (under
+    bubblewrap, to the sandbox's own session, which the signal would not cross otherwise)."""
+    leaders = session_leaders_below(pid) if sandboxed else []
+    try:
+        os.killpg(leaders[0] if leaders else pid, signal.SIGINT)
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -18,12 +18,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import os
 import queue
 import re
 import secrets
 import shutil
-import signal
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -32,9 +30,9 @@ from typing import Any
 
 from engine.load.catalog import missing_modules
 from engine.run.actions import RunContext
-from engine.run.exec import child_env, kill_group
+from engine.run.exec import child_env, interrupt_group, kill_group
 from engine.run.isolation import Sandbox
-from engine.run.reaper import MARK_ENV, reap, session_leaders_below, subreaper
+from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.tools.base import Outcome, ToolError
 from engine.run.workspace import Workspace, WorkspaceError
 
@@ -244,9 +242,7 @@ class KernelSession:
             _take(cell, kind, content)
 
     def _interrupt(self) -> None:
-        leaders = session_leaders_below(self.proc.pid) if self.sandboxed else []
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(leaders[0] if leaders else self.proc.pid, signal.SIGINT)
+        interrupt_group(self.proc.pid, sandboxed=self.sandboxed)
 
     async def close(self) -> None:
         """Kill the kernel with its group and whatever carries its mark; idempotent."""

@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import shlex
-import signal
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.run.actions import RunContext
-from engine.run.exec import child_env, kill_group, program_path, start_process
+from engine.run.exec import child_env, interrupt_group, kill_group, program_path, start_process
 from engine.run.isolation import Sandbox
-from engine.run.reaper import MARK_ENV, reap, session_leaders_below, subreaper
+from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.tools.base import Outcome, ToolError
 from engine.run.workspace import Workspace
 
@@ -261,10 +259,7 @@ class ShellSession:
         return ShellResult(code, out, err, [note])
 
     def _interrupt(self) -> None:
-        """Ctrl-C: SIGINT to the shell's group (inside bubblewrap, the sandbox's own session)."""
-        leaders = session_leaders_below(self.proc.pid) if self.sandboxed else []
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(leaders[0] if leaders else self.proc.pid, signal.SIGINT)
+        interrupt_group(self.proc.pid, sandboxed=self.sandboxed)
 
     async def close(self) -> None:
         """Kill the shell with its whole group and whatever carries its mark; idempotent."""
