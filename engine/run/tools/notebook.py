@@ -168,19 +168,39 @@ class KernelSession:
 
     async def _ready(self) -> None:
         """The kernel answers on iopub (where a cell's output comes: a subscription made too
-        late would miss it), or ToolError with the end of its log."""
+        late would miss it, so kernel_info is asked again each second until one is heard there)
+        and has replied on shell to every ask; or ToolError with the end of its log."""
         self.client.start_channels()
-        deadline = asyncio.get_running_loop().time() + START_TIMEOUT_S
-        while asyncio.get_running_loop().time() < deadline and not self._waiter.done():
-            asked = self.client.kernel_info()
-            with contextlib.suppress(queue.Empty):
-                while True:   # each try lasts at most a second: the sockets may come up late
-                    msg = await self.client.get_iopub_msg(timeout=1.0)
-                    if msg.get("parent_header", {}).get("msg_id") == asked:
-                        return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + START_TIMEOUT_S
+        asked: set[str] = set()
+        while loop.time() < deadline and not self._waiter.done():
+            asked.add(self.client.kernel_info())
+            if await self._heard_on_iopub(asked):
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._replies(asked), max(deadline - loop.time(), 1.0))
+                    return
+                break
         log = (self.folder / "kernel.log").read_text(encoding="utf-8", errors="replace")[-1500:]
         why = "it exited" if self._waiter.done() else f"no answer after {START_TIMEOUT_S:g} s"
         raise ToolError(f"the Python kernel did not start ({why}): {log.strip() or 'no output'}")
+
+    async def _heard_on_iopub(self, asked: set[str]) -> bool:
+        """Whether a message for one of the asks comes on iopub within a second."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                msg = await self.client.get_iopub_msg(timeout=1.0)
+                if msg.get("parent_header", {}).get("msg_id") in asked:
+                    return True
+        return False
+
+    async def _replies(self, waiting: set[str]) -> None:
+        """The shell reply to each request in `waiting`. A request is sent only once the one
+        before is wholly answered: ipykernel 7 can leave unread a request that arrives while it
+        sends a reply (ipython/ipykernel#1554), and the cell would then wait for nothing."""
+        while waiting:
+            msg = await self.client.get_shell_msg()
+            waiting.discard(msg.get("parent_header", {}).get("msg_id"))
 
     @property
     def alive(self) -> bool:
@@ -231,15 +251,16 @@ class KernelSession:
         return cell
 
     async def _read(self, msg_id: str, cell: Cell) -> None:
-        """The cell's messages on iopub until the kernel is idle again."""
+        """The cell's messages on iopub until the kernel is idle again, then its reply on shell."""
         while True:
             msg = await self.client.get_iopub_msg()
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
             if kind == "status" and content.get("execution_state") == "idle":
-                return
+                break
             _take(cell, kind, content)
+        await self._replies({msg_id})
 
     def _interrupt(self) -> None:
         interrupt_group(self.proc.pid, sandboxed=self.sandboxed)
