@@ -48,10 +48,12 @@ class Cycle:
 
     nodes: tuple[str, ...]
     bounds: tuple[tuple[str, int], ...]
+    led_by: str = ""
+    """The `team.leader`'s action on the loop, which ends it by sending no task (see `build`)."""
 
     @property
     def bounded(self) -> bool:
-        return bool(self.bounds)
+        return bool(self.bounds or self.led_by)
 
     @property
     def label(self) -> str:
@@ -111,8 +113,10 @@ def build(spec: Sop) -> Any:
     order = {rid: i for i, rid in enumerate(spec.roles)}
     graph.add_node(action_node(USER_REQUIREMENT), kind="action", id=USER_REQUIREMENT,
                    max_runs=None, builtin=True)
+    leads = _leader_actions(spec)
     for aid, action in spec.actions.items():
-        graph.add_node(action_node(aid), kind="action", id=aid, max_runs=action.max_runs, builtin=False)
+        graph.add_node(action_node(aid), kind="action", id=aid, max_runs=action.max_runs, builtin=False,
+                       leads=aid in leads)
     for rid, role in spec.roles.items():
         graph.add_node(role_node(rid), kind="role", id=rid, name=spec.role_name(rid))
         for aid in role.runnable_actions():
@@ -131,6 +135,16 @@ def build(spec: Sop) -> Any:
             if reach and (watched or addressed):
                 graph.add_edge(action_node(aid), role_node(rid), kind="watch" if watched else "send_to")
     return nx.freeze(graph)
+
+
+def _leader_actions(spec: Sop) -> set[str]:
+    """The `team.leader`'s actions that route work with the `team` tool. A loop through one is
+    the leader's to end (MGX's TeamLeader: each turn it sends one task or none), bounded by the
+    run's max_rounds and budget, so it needs no `max_runs`."""
+    leader = spec.role_at(spec.team.leader)
+    if leader is None:
+        return set()
+    return {aid for aid in spec.roles[leader].runnable_actions() if aid in spec.actions and team_reach(spec, aid)}
 
 
 def _indexes(spec: Sop) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
@@ -155,7 +169,7 @@ def unbounded_cycles(graph: nx.DiGraph) -> list[Cycle]:
     """One named cycle per group of loops that no `max_runs` bounds."""
     import networkx as nx  # ~0.3 s to import: paid only by a file whose checks reach its graph
 
-    free = graph.subgraph(n for n, d in graph.nodes(data=True) if not d.get("max_runs"))
+    free = graph.subgraph(n for n, d in graph.nodes(data=True) if not (d.get("max_runs") or d.get("leads")))
     found = []
     for component in nx.strongly_connected_components(free):
         if len(component) < 2:
@@ -180,7 +194,8 @@ def cycles(graph: nx.DiGraph, limit: int = 50) -> list[Cycle]:
     for loop in itertools.islice(nx.simple_cycles(graph), limit):
         bounds = tuple((graph.nodes[n]["id"], graph.nodes[n]["max_runs"])
                        for n in loop if graph.nodes[n].get("max_runs"))
-        result.append(Cycle(nodes=_rotate(list(loop)), bounds=bounds))
+        led_by = next((graph.nodes[n]["id"] for n in loop if graph.nodes[n].get("leads")), "")
+        result.append(Cycle(nodes=_rotate(list(loop)), bounds=bounds, led_by=led_by))
     return sorted(result, key=lambda c: c.nodes)
 
 
@@ -205,7 +220,10 @@ def cycle_edges(found: list[Cycle]) -> dict[tuple[str, str], Cycle]:
 def bound_text(cycle: Cycle) -> str:
     if not cycle.bounded:
         return "unbounded loop"
-    return "loop, " + ", ".join(f"{aid} max_runs={n}" for aid, n in cycle.bounds)
+    bounds = [f"{aid} max_runs={n}" for aid, n in cycle.bounds]
+    if cycle.led_by:
+        bounds.append(f"{cycle.led_by} (team.leader) ends it")
+    return "loop, " + ", ".join(bounds)
 
 
 def _mermaid_id(node: str) -> str:

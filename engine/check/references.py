@@ -166,6 +166,16 @@ def idea_send_to(ctx: Context) -> Iterator[Diagnostic]:
             yield error("SOP203", f"/team/send_to/{i}", *problem)
 
 
+@rule("SOP203")
+def team_leader(ctx: Context) -> Iterator[Diagnostic]:
+    """`team.leader` names a role (id or name)."""
+    leader = ctx.spec.team.leader
+    if leader is not None and ctx.spec.role_at(leader) is None:
+        message, hint = unknown("role", leader, _addresses(ctx.spec))
+        yield error("SOP203", "/team/leader", f"team.leader: {message}",
+                    hint if "did you mean" in hint else f"a role id or name; {hint}")
+
+
 @rule("SOP204")
 def contexts(ctx: Context) -> Iterator[Diagnostic]:
     """A list `context` names actions or UserRequirement."""
@@ -323,5 +333,5 @@ def input_defaults(ctx: Context) -> Iterator[Diagnostic]:
                         "quote it to make it a string" if spec.type == "str" else "")
 
 
-RULES = (node_types, role_actions, watches, send_to, idea_send_to, contexts, planners, plan_shape, exec_actions, addresses_unique, builtin_ids, input_defaults)
+RULES = (node_types, role_actions, watches, send_to, idea_send_to, team_leader, contexts, planners, plan_shape, exec_actions, addresses_unique, builtin_ids, input_defaults)
 """This phase's rules, in the order they run."""

@@ -157,6 +157,14 @@ class TeamSpec(_Model):
             "Addresses of the first message, the idea (MetaGPT `run_project(idea, send_to=...)`): role ids or "
             "names, or `<all>` (default). An addressed role acts on the idea without watching UserRequirement; "
             "`sopctl run --send-to ROLE` overrides it."))
+    leader: str | None = Field(default=None, description=(
+        "MGX's TeamLeader: the role (id or name) that routes the team's work. A message the user sends straight "
+        "to another role (`team.send_to`, `sopctl run --send-to`) is a direct chat: that role's reply goes back "
+        "to the user (`Human`), not to its `send_to`, so the leader takes no turn for it."))
+    public_chat: bool = Field(default=False, description=(
+        "MGX's public chat: every role also hears every message published (the user's request, the team's "
+        "messages): it joins the role's memory and, for a tool-using role, its working memory, without "
+        "waking it. Only a message the role watches or is sent wakes it."))
 
 
 class OutputNode(_Model):
@@ -707,6 +715,12 @@ class Sop(_Model):
 
     def role_name(self, role_id: str) -> str:
         return self.roles[role_id].name or role_id
+
+    def role_at(self, address: str | None) -> str | None:
+        """The id of the role whose id or name is `address` (e.g. `team.leader`), or None."""
+        if address is None or address in self.roles:
+            return address
+        return next((rid for rid, role in self.roles.items() if role.name == address), None)
 
     def action_as(self, action_id: str, kind: type[_A]) -> _A:
         """The action, as the kind the caller runs it as (a model fills only kind llm, a tool

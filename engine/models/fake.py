@@ -18,10 +18,12 @@ chosen implicitly (only `--model fake`, `SOPCTL_MODEL=fake` or a file's `llm.mod
 - `choice`: `previous_choice + 1` while it is a valid state, then -1 (react runs the
   actions in order, then stops).
 - a tool loop's step: its first step calls the first command the action offers (args: a
-  small instance of its schema; an argument with several allowed values, such as whom
-  `team.publish` addresses, takes them in turn round by round), every later step calls
-  `end` with an instance of the output, so a tool-using action on `fake` runs one tool,
-  then finishes.
+  small instance of its schema), every later step calls `end` with an instance of the
+  output, so a tool-using action on `fake` runs one tool, then finishes. An argument with
+  several allowed values, such as whom `team.publish` addresses, takes them in turn, one per
+  turn of a leader whose turns alternate with the addressee's (rounds 1, 3, 5, ...); past the
+  last one the first step is `end`, so a TeamLeader on `fake` has each member work once and
+  the run ends idle.
 
 The same request always gets the same answer. `SOPCTL_FAKE_LATENCY_MS` adds a fixed delay
 to every answer (for benchmarks of concurrency). Tokens are estimated as characters / 4;
@@ -118,19 +120,32 @@ def _tool_step(spec: CallSpec) -> dict[str, Any]:
     """One command: the first tool on the first step, then `end` (see the module docstring)."""
     tools = [(name, args) for name, args in spec.commands if name != "end"]
     ends = [(name, args) for name, args in spec.commands if name == "end"]
-    name, args = tools[0] if spec.tool_step == 0 and tools else (ends or tools)[0]
+    if spec.tool_step == 0 and tools:
+        name, schema = tools[0]
+        args = _by_turn(schema, instance(schema) or {}, spec.round)
+        if args is not None:
+            return _step(spec, name, args)
+    name, schema = (ends or tools)[0]
+    return _step(spec, name, instance(schema) or {})
+
+
+def _step(spec: CallSpec, name: str, args: dict[str, Any]) -> dict[str, Any]:
     return {"thought": f"The fake model's step {spec.tool_step + 1} of {spec.action}.",
-            "commands": [{"command_name": name, "args": _by_round(args, instance(args) or {}, spec.round)}]}
+            "commands": [{"command_name": name, "args": args}]}
 
 
-def _by_round(schema: Any, value: dict[str, Any], round_: int) -> dict[str, Any]:
-    """A choice among several (an enum argument: whom `team.publish` addresses) goes round by
-    round through the options, so that a TeamLeader on `fake` dispatches to every member."""
+def _by_turn(schema: Any, value: dict[str, Any], round_: int) -> dict[str, Any] | None:
+    """A choice among several (an enum argument: whom `team.publish` addresses) takes the
+    options in turn, one per leader's turn (rounds 1, 3, 5, ...: each followed by the
+    addressee's); None past the last option (see the module docstring)."""
+    turn = max(round_ - 1, 0) // 2
     properties = schema.get("properties", {}) if isinstance(schema, dict) else {}
     for key, sub in properties.items():
         options = sub.get("enum") if isinstance(sub, dict) else None
         if key in value and options and len(options) > 1:
-            value[key] = options[max(round_ - 1, 0) % len(options)]
+            if turn >= len(options):
+                return None
+            value[key] = options[turn]
     return value
 
 
@@ -244,6 +259,8 @@ def _plausible(key: str, index: int | None) -> str:
         return _snake(key) + (f"_{index + 1}" if index else "")
     if "language" in low:
         return "Python" if "program" in low else "en_us"
+    if low == "code" and index is None:   # a notebook cell: code that runs
+        return "print('Example code')"
     if index is not None:
         return f"{key or 'List'} item{nth}"
     return f"Example {low}" if key else "Example text"

@@ -2,7 +2,9 @@
 
 Every published message goes into the run's history and into the inbox of every role whose
 addresses (id and name) meet its `send_to`, or of every role for `<all>`; `<none>` reaches
-nobody but is still recorded. Unlike MetaGPT, a message a role sends to itself also goes
+nobody but is still recorded. With `team.public_chat` every other role hears it as well
+(MGX's public chat): it joins their memory, but only the roles it reaches treat it as news;
+a message to `<none>` is heard by no one (MGX drops the TeamLeader's). Unlike MetaGPT, a message a role sends to itself also goes
 through here, so the history shows every published message.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from engine.run.events import MessagePublished, RunEvent
-from engine.run.message import ALL, Message
+from engine.run.message import ALL, NONE, Message
 from engine.run.role import Role
 
 __all__ = ["Environment"]
@@ -20,8 +22,9 @@ __all__ = ["Environment"]
 class Environment:
     """Roles in file order, and the run's history in publish order."""
 
-    def __init__(self, roles: Sequence[Role], emit: Callable[[RunEvent], None]) -> None:
+    def __init__(self, roles: Sequence[Role], emit: Callable[[RunEvent], None], public_chat: bool = False) -> None:
         self.roles = list(roles)
+        self.public_chat = public_chat
         self.history: list[Message] = []
         self._emit = emit
         # address -> file position: a message costs its recipients, not every role
@@ -41,6 +44,10 @@ class Environment:
         reached = self.recipients(message)
         for role in reached:
             role.deliver(message)
+        if self.public_chat and NONE not in message.send_to:   # to no one is heard by no one
+            for role in self.roles:
+                if role not in reached and role.id != message.sent_from:
+                    role.overhear(message)
         self._emit(MessagePublished(message=message.to_json()))
         return [role.id for role in reached]
 

@@ -23,13 +23,14 @@ from engine.run.actions import (
     action_applies,
     call_gateway,
     execute_action,
+    reply_to_human,
     role_label,
     role_prefix,
     template_variables,
 )
 from engine.run.events import ActionCompleted, ActionStarted, CompletedActions, RunLog
 from engine.run.memory import Memory
-from engine.run.message import Message, message_id, resolve_send_to
+from engine.run.message import ALL, HUMAN, Message, message_id, resolve_send_to
 from engine.run.plans import PlanError, order_plan
 from engine.run.rolestate import RoleState
 
@@ -57,6 +58,12 @@ class Role:
         """The journal's finished actions (`Team.attach`): a resume reuses them."""
         self.memory = Memory()
         self.inbox: list[Message] = []
+        self._overheard: set[str] = set()
+        """Ids of inbox messages to others that this role only hears (`team.public_chat`)."""
+        self._heard: list[Message] = []
+        """What the current activation heard since the last one (public chat), oldest first."""
+        self._direct = False
+        """The current activation answers the user's direct chat (`team.leader`)."""
         self.runs: Counter[str] = Counter()
         self._round = 0
         self._seq = 0
@@ -70,8 +77,15 @@ class Role:
         """Filter 1 has passed: the environment puts the message into this inbox."""
         self.inbox.append(message)
 
+    def overhear(self, message: Message) -> None:
+        """Public chat: a message filter 1 did not bring here is still heard (never news)."""
+        self.inbox.append(message)
+        self._overheard.add(message.id)
+
     def keeps(self, message: Message) -> bool:
         """Filter 2: watched or addressed to this role, and (memory on) not seen before."""
+        if message.id in self._overheard:
+            return False
         wanted = message.cause_by in self.watch or bool(self.addresses & message.send_to)
         return wanted and not (self.spec.memory and message in self.memory)
 
@@ -92,8 +106,11 @@ class Role:
             if self.keeps(message) and message.id not in seen:
                 news.append(message)
                 seen.add(message.id)
+        public = self.ctx.compiled.spec.team.public_chat
+        self._heard = [m for m in self.inbox if m.id not in seen and m.sent_from != self.id] if public else []
         self.memory.add_batch(self.inbox)
         self.inbox.clear()
+        self._overheard.clear()
         return news
 
     def _can_act(self) -> bool:
@@ -110,11 +127,19 @@ class Role:
         if not news:
             return []
         self._round, self._seq = round_, 0
+        self._direct = self._direct_chat(news)
         if self.state.tools:
-            self.state.begin(news, lambda sender: role_label(self.ctx.compiled, sender))
+            self.state.begin(news, lambda sender: role_label(self.ctx.compiled, sender), heard=self._heard)
         made: list[Message] = []
         await self._react(news, made)
         return self._to_publish(made)
+
+    def _direct_chat(self, news: list[Message]) -> bool:
+        """MGX's direct chat: the user sent this role (not the leader) a message of its own."""
+        spec = self.ctx.compiled.spec
+        leader = spec.role_at(spec.team.leader)
+        return leader is not None and leader != self.id and any(
+            m.sent_from == HUMAN and ALL not in m.send_to and self.addresses & m.send_to for m in news)
 
     def _to_publish(self, made: list[Message]) -> list[Message]:
         actions = self.ctx.compiled.spec.actions
@@ -292,6 +317,8 @@ class Role:
                                       self._round, note, key)
         sent = [self._team_message(action_id, content, target) for content, target in result.messages]
         message = self._make_message(action_id, result.content, result.out)
+        if self._direct:   # the reply to a direct chat is the user's (shown, journaled)
+            reply_to_human(self.ctx, role=self.id, action=action_id, round_=self._round, text=message.content)
         for each in [*sent, message]:
             self.memory.add(each)
             made.append(each)
@@ -307,10 +334,10 @@ class Role:
         if route.error:  # validate renders every (action, role) pair first: never, in practice
             raise ActionFailed(action_id, f"send_to template: {route.error}", code="SOP501",
                                pointer=join_pointer("/actions", action_id, "send_to"))
-        send_to = list(route.send_to)
+        send_to = frozenset({HUMAN}) if self._direct else resolve_send_to(route.send_to, self.id)
         message = Message(id=message_id(self._round, self.id, self._seq), content=content,
                           cause_by=action_id, sent_from=self.id,
-                          send_to=resolve_send_to(send_to, self.id), round=self._round, out=out)
+                          send_to=send_to, round=self._round, out=out)
         self._seq += 1
         return message
 

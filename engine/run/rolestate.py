@@ -1,7 +1,7 @@
 """What a tool-using role keeps from one activation to the next (MetaGPT's RoleZero keeps its
 Planner and its memory): its plan, one per role, that every `plan` command of its tool loops
-works on; its working memory, the messages that woke it and its earlier tool steps (the
-commands and their outputs), of which a loop's prompt shows the newest `working_memory`
+works on; its working memory, the messages that woke it, those it heard (`team.public_chat`)
+and its earlier tool steps (the commands and their outputs), of which a loop's prompt shows the newest `working_memory`
 entries; and whether a person told it to stop.
 
 Durability: the state is a plain JSON value (`snapshot`) that every `ActionCompleted` of the
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from collections.abc import Callable, Sequence
 
-from engine.load.spec import LlmAction, Sop
+from engine.load.spec import USER_REQUIREMENT, LlmAction, Sop
 from engine.run.message import Message
 from engine.run.tools.plan import Plan
 
@@ -58,7 +58,7 @@ class RoleState:
 
     plan: Plan = field(default_factory=Plan)
     entries: list[dict[str, Any]] = field(default_factory=list)
-    """Oldest first: `{"kind": "message", ...}` and `{"kind": "step", ...}` (see `begin`, `record`)."""
+    """Oldest first: `{"kind": "message" | "heard" | "step", ...}` (see `begin`, `record`)."""
     keep: int = 0
     """The most entries kept: the largest window of the role's tool-using actions (0: none)."""
     tools: bool = False
@@ -67,6 +67,8 @@ class RoleState:
     """The role's activations so far (the current one's messages are not earlier work)."""
     stopped: str = ""
     """Why the role takes no more turns (a person's `stop`); empty while it works."""
+    from_user: bool = False
+    """The latest message of the current activation is the user's (RoleZero quick-thinks only then)."""
 
     @classmethod
     def for_role(cls, spec: Sop, role_id: str) -> RoleState:
@@ -75,10 +77,15 @@ class RoleState:
         keep = max((working_memory(spec, role_id, aid) for aid in uses), default=0)
         return cls(keep=keep, tools=bool(uses))
 
-    def begin(self, news: Sequence[Message], label: Callable[[str], str]) -> None:
-        """An activation starts: the messages that woke the role join its working memory."""
+    def begin(self, news: Sequence[Message], label: Callable[[str], str], heard: Sequence[Message] = ()) -> None:
+        """An activation starts: what the role heard since its last one (`team.public_chat`),
+        then the messages that woke it, join its working memory."""
         self.turn += 1
-        self._add([{"kind": "message", "turn": self.turn, "round": m.round, "from": label(m.sent_from),
+        self.from_user = bool(news) and news[-1].cause_by == USER_REQUIREMENT
+        self._add([{"kind": "heard", "turn": self.turn, "round": m.round, "from": label(m.sent_from),
+                    "to": ", ".join(label(a) for a in sorted(m.send_to)), "cause_by": m.cause_by,
+                    "content": _cut(m.content, _MESSAGE_CHARS)} for m in heard] +
+                  [{"kind": "message", "turn": self.turn, "round": m.round, "from": label(m.sent_from),
                     "cause_by": m.cause_by, "content": _cut(m.content, _MESSAGE_CHARS)} for m in news])
 
     def record(self, action_id: str, round_: int, steps: Sequence[tuple[list[dict[str, Any]], list[str]]]) -> None:
@@ -127,6 +134,9 @@ def earlier_text(entries: Sequence[dict[str, Any]]) -> str:
         if entry["kind"] == "message":
             blocks.append(f"### Round {entry['round']}: {entry['cause_by']} from {entry['from']}\n"
                           f"{entry['content']}")
+        elif entry["kind"] == "heard":
+            blocks.append(f"### Round {entry['round']}: {entry['cause_by']} from {entry['from']} to "
+                          f"{entry['to']} (heard)\n{entry['content']}")
         else:
             blocks.append(f"### Round {entry['round']}: {entry['action']}, step {entry['step']}\n"
                           f"Commands: {entry['commands']}\n" + "\n".join(entry["outputs"]))

@@ -159,7 +159,7 @@ class Team:
                               tool_loop=run_tool_loop, allow_hosts=tuple(options.allow_hosts),
                               allow_network=options.allow_network)
         self.roles = [Role(rid, self.ctx) for rid in compiled.spec.roles]
-        self.env = Environment(self.roles, self._emit)
+        self.env = Environment(self.roles, self._emit, public_chat=compiled.spec.team.public_chat)
         self.idea_to = idea_addresses(compiled, options.send_to)
         self.rounds = 0
         self.failure: Diagnostic | None = None

@@ -233,7 +233,7 @@ class ToolLoop:
     async def run(self, prompt: str, system: str) -> Any:
         if self.action.tool_top_k is not None:
             self._recommend(prompt, self.action.tool_top_k)
-        if self.action.quick_think:
+        if self.action.quick_think and self.state.from_user:   # RoleZero: only the user's requests
             quick = await self._quick_answer(prompt, system)
             if quick is not None:
                 return quick

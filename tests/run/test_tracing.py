@@ -117,7 +117,7 @@ def test_an_exec_action_is_an_execute_tool_span(tmp_path: Path) -> None:
 
 def test_each_command_of_a_tool_loop_is_an_execute_tool_span(tmp_path: Path) -> None:
     result, spans = traced_run(compile_path(ROOT / "sops" / "mgx_team.sop.yaml"), tmp_path / "run",
-                               model="fake")
+                               model="fake", allow_exec=True)
     assert result.status == "idle", result.error
     tools = named(spans, "execute_tool")
     with Journal.open(tmp_path / "run") as journal:
