@@ -177,9 +177,11 @@ def role_prefix(compiled: CompiledSop, role_id: str) -> str:
 
 
 def role_label(compiled: CompiledSop, role_id: str) -> str:
-    """How prompts name a role: `Alice (Product Manager)`, as MetaGPT names a speaker by name
-    and profile (never by the file's id); the sender of the idea stays `Human`."""
+    """How prompts name a role (given by id or name): `Alice (Product Manager)`, as MetaGPT
+    names a speaker by name and profile (never by the file's id); the sender of the idea
+    stays `Human`, and `<all>` and `<none>` stay as they are."""
     spec = compiled.spec
+    role_id = spec.role_at(role_id) or role_id
     if role_id not in spec.roles:
         return role_id
     return f"{spec.role_name(role_id)} ({spec.roles[role_id].profile or role_id})"
