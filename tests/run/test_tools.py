@@ -15,7 +15,7 @@ from engine.models.types import CallSpec, Price
 from engine.run.events import ToolCalled
 from engine.run.toolloop import MAX_OUTPUT_CHARS, _capped
 from engine.run.tools import Outcome
-from engine.testing import ScriptedModel
+from engine.testing import ScriptedModel, ScriptedPerson
 
 WRITER = """
 apiVersion: sop/v1
@@ -378,6 +378,27 @@ def test_quick_think_answers_a_quick_request_without_the_loop(tmp_path: Path) ->
     assert result.status == "idle", result.error
     assert result.messages[-1].content == "Paris." and model.calls == 1
     assert "## First, classify the request" in model.prompts()[0]
+
+
+def test_a_quick_answer_is_told_to_the_person(tmp_path: Path) -> None:
+    person = ScriptedPerson([])
+    result = run_sop(sop_text(QUICK), ScriptedModel([{"intent": "QUICK", "answer": "Paris."}]), tmp_path / "ws",
+                     person=person)
+    assert result.status == "idle", result.error
+    assert person.told == [("Engineer", "Paris.")]
+
+
+def test_quick_think_classifies_only_the_users_request(tmp_path: Path) -> None:
+    """A teammate's report goes straight to the loop (RoleZero quick-thinks on UserRequirement only)."""
+    text = QUICK.replace("    watch: [UserRequirement]", "    watch: [Report]") + """  Reporter:
+    actions: [Report]
+    watch: [UserRequirement]
+"""
+    text = text.replace("actions:\n  Build:", "actions:\n  Report:\n    prompt: report\n    max_runs: 1\n  Build:")
+    model = ScriptedModel(["the report", step(("end", {"answer": "built"}))])
+    result = run_sop(sop_text(text), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert model.calls == 2 and "## First, classify the request" not in model.prompts()[1]
 
 
 def test_quick_think_runs_the_loop_for_a_task(tmp_path: Path) -> None:
