@@ -301,14 +301,21 @@ class ToolLoop:
         return await self._stuck(step, current)
 
     def _repeats(self, commands: list[dict[str, Any]]) -> bool:
-        """The same commands as a recent step, when nothing new came back since: the last step's
-        outputs are that step's. A command that moves a view (a scroll, `back`) is progress."""
+        """The same commands as a recent step, when nothing new came back since: each step
+        after it repeated an earlier one, outputs and all (X, X; and X, Y, X, Y at its second
+        Y). A command that moves a view (a scroll, `back`) is progress."""
         if any(c.get("command_name") == END or self._moves(c.get("command_name")) for c in commands):
             return False
         given = _canonical(commands)
-        latest = self.steps[-1].outputs if self.steps else None
-        return any(_canonical(s.commands) == given and s.outputs == latest
-                   for s in self.steps[-_REPEAT_LOOKBACK:])
+        first = max(len(self.steps) - _REPEAT_LOOKBACK, 0)
+        return any(_canonical(self.steps[i].commands) == given and self._nothing_new_since(i)
+                   for i in range(first, len(self.steps)))
+
+    def _nothing_new_since(self, index: int) -> bool:
+        """Every step after step `index` gave the commands of a step at or before it, and got
+        the same back (a write of other content, or a changed output, is new)."""
+        before = {(_canonical(s.commands), tuple(s.outputs)) for s in self.steps[:index + 1]}
+        return all((_canonical(s.commands), tuple(s.outputs)) in before for s in self.steps[index + 1:])
 
     def _moves(self, name: Any) -> bool:
         tool = self.tools.get(str(name))

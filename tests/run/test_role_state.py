@@ -243,6 +243,17 @@ def test_a_command_given_again_after_its_output_changed_is_no_repeat(tmp_path: P
     assert "1|two" in work[-1]
 
 
+def test_two_commands_in_turn_are_a_repeat_once_nothing_new_comes_back(tmp_path: Path) -> None:
+    """X, Y, X, Y: the second X follows Y's news, so it runs; the second Y brings nothing new."""
+    x, y = ("editor.list", {"path": "."}), ("editor.search", {"pattern": "zzz", "path": "."})
+    model = ScriptedModel([step(publish("work")), end("assigned"), step(x), step(y), step(x), step(y), end("done")])
+    result = run_sop(sop_text(TEAM.replace("max_runs: 2", "max_runs: 1")), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    work = prompts_of(model, "Work", 2)
+    assert ["## Note" in p for p in work] == [False, False, False, False, True]
+    assert "Your commands are the same as at one of your last steps (asked again: 1 of 2)" in work[4]
+
+
 # --------------------------------------------------------------------------- bounds
 
 def test_commands_past_the_cap_are_not_run_and_the_model_is_told(tmp_path: Path) -> None:
