@@ -22,7 +22,7 @@ from engine.load.spec import USER_REQUIREMENT, LlmAction, Sop
 from engine.run.message import Message
 from engine.run.tools.plan import Plan
 
-__all__ = ["DEFAULT_WORKING_MEMORY", "RoleState", "working_memory", "earlier_text"]
+__all__ = ["DEFAULT_WORKING_MEMORY", "OLD_OUTPUT_CHARS", "RoleState", "working_memory", "earlier_text", "cut"]
 
 
 DEFAULT_WORKING_MEMORY = 20
@@ -34,8 +34,8 @@ _MESSAGE_CHARS = 2000
 """A received message as working memory keeps it (the start of it)."""
 
 
-_OUTPUT_CHARS = 300
-"""An earlier step's command output as kept (as older steps of the current loop are shown)."""
+OLD_OUTPUT_CHARS = 300
+"""An earlier step's command output as kept, and as older steps of the current loop are shown."""
 
 
 _COMMANDS_CHARS = 1000
@@ -84,15 +84,15 @@ class RoleState:
         self.from_user = bool(news) and news[-1].cause_by == USER_REQUIREMENT
         self._add([{"kind": "heard", "turn": self.turn, "round": m.round, "from": label(m.sent_from),
                     "to": ", ".join(label(a) for a in sorted(m.send_to)), "cause_by": m.cause_by,
-                    "content": _cut(m.content, _MESSAGE_CHARS)} for m in heard] +
+                    "content": cut(m.content, _MESSAGE_CHARS)} for m in heard] +
                   [{"kind": "message", "turn": self.turn, "round": m.round, "from": label(m.sent_from),
-                    "cause_by": m.cause_by, "content": _cut(m.content, _MESSAGE_CHARS)} for m in news])
+                    "cause_by": m.cause_by, "content": cut(m.content, _MESSAGE_CHARS)} for m in news])
 
     def record(self, action_id: str, round_: int, steps: Sequence[tuple[list[dict[str, Any]], list[str]]]) -> None:
         """A loop's steps (commands, outputs), once it has ended, join the working memory."""
         self._add([{"kind": "step", "turn": self.turn, "round": round_, "action": action_id, "step": n,
-                    "commands": _cut(json.dumps(commands, ensure_ascii=False), _COMMANDS_CHARS),
-                    "outputs": [_cut(o, _OUTPUT_CHARS) for o in outputs]}
+                    "commands": cut(json.dumps(commands, ensure_ascii=False), _COMMANDS_CHARS),
+                    "outputs": [cut(o, OLD_OUTPUT_CHARS) for o in outputs]}
                    for n, (commands, outputs) in enumerate(steps, 1)])
 
     def earlier(self, window: int) -> list[dict[str, Any]]:
@@ -143,5 +143,6 @@ def earlier_text(entries: Sequence[dict[str, Any]]) -> str:
     return "\n\n".join(blocks)
 
 
-def _cut(text: str, limit: int) -> str:
+def cut(text: str, limit: int) -> str:
+    """The start of `text`, at most `limit` characters, the cut marked."""
     return text if len(text) <= limit else text[:limit] + " [...]"

@@ -77,7 +77,7 @@ from engine.run.actions import (
 from engine.run.events import RunLog, ToolCalled
 from engine.run.people import WaitingForPerson
 from engine.run.mcp import McpServerFailed
-from engine.run.rolestate import RoleState, earlier_text, working_memory
+from engine.run.rolestate import OLD_OUTPUT_CHARS, RoleState, cut, earlier_text, working_memory
 from engine.run.tools import Builtins, Outcome, Tool, ToolError
 from engine.run.tools.base import MAX_OUTPUT_CHARS
 from engine.run.tools.human import says_stop
@@ -92,9 +92,6 @@ TOOL = "tool"
 
 _FULL_STEPS = 5
 """The newest steps are shown in full; older steps' outputs are cut (RoleZero keeps 5)."""
-
-
-_OLD_OUTPUT_CHARS = 300
 
 
 MAX_COMMANDS = 20
@@ -325,7 +322,7 @@ class ToolLoop:
         """RoleZero's stuck role: the person is asked what it should do (their answer is the
         step's output, its commands not run); nobody to ask: the loop ends."""
         given = json.dumps(current.commands, ensure_ascii=False)
-        given = given if len(given) <= _OLD_OUTPUT_CHARS else given[:_OLD_OUTPUT_CHARS] + " [...]"
+        given = cut(given, OLD_OUTPUT_CHARS)
         question = (f"{role_label(self.ctx.compiled, self.role_id)} is stuck in {self.action_id}: at step "
                     f"{step} it gave the same commands as at an earlier step, {_REASKS + 1} times in a row: "
                     f"{given}. What should it do instead? (Answer `stop` to end its work.)")
@@ -435,7 +432,7 @@ class ToolLoop:
         return "\n\n".join(parts)
 
     def _step_text(self, number: int, step: _Step, *, full: bool) -> str:
-        shown = [o if full or len(o) <= _OLD_OUTPUT_CHARS else o[:_OLD_OUTPUT_CHARS] + " [...]"
+        shown = [o if full else cut(o, OLD_OUTPUT_CHARS)
                  for o in step.outputs]
         given = json.dumps(step.commands, ensure_ascii=False)
         if len(given) > MAX_OUTPUT_CHARS:   # a whole file written is not repeated at every step
