@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from engine import __version__
 from engine.models.types import Price
 
-__all__ = ["COMMANDS", "build_parser", "parse_args"]
+__all__ = ["COMMANDS", "EXAMPLES", "build_parser", "parse_args"]
 
 
 _ENTRIES: dict[str, Callable[[Any], None]] = {}
@@ -44,8 +44,9 @@ def _command(name: str) -> Callable[[Callable[[Any], None]], Callable[[Any], Non
 @_command("validate")
 def _validate(sub: Any) -> None:
     p = sub.add_parser("validate", help="check SOP files; every problem with file:line:col")
-    p.add_argument("files", nargs="+", metavar="FILE")
-    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("files", nargs="+", metavar="FILE", help="the SOP files to check (*.sop.yaml)")
+    p.add_argument("--format", choices=["text", "json"], default="text",
+                   help="diagnostics as compiler-style text (default) or one JSON object")
     p.add_argument("--strict", action="store_true", help="treat warnings as errors")
     _add_include_flag(p)
 
@@ -53,8 +54,9 @@ def _validate(sub: Any) -> None:
 @_command("graph")
 def _graph(sub: Any) -> None:
     p = sub.add_parser("graph", help="print the compiled watch graph")
-    p.add_argument("file", metavar="FILE")
-    p.add_argument("--format", choices=["mermaid", "dot", "json"], default="mermaid")
+    p.add_argument("file", metavar="FILE", help="the SOP file")
+    p.add_argument("--format", choices=["mermaid", "dot", "json"], default="mermaid",
+                   help="a mermaid flowchart (default), Graphviz dot, or JSON; loops are marked with their bounds")
     _add_include_flag(p)
 
 
@@ -71,7 +73,7 @@ def _migrate(sub: Any) -> None:
                        "place. Only those tokens change: comments, key order, quoting and flow "
                        "style are kept. Exit 0 done, 1 --check found changes or a file has other "
                        "errors (run validate), 2 a file cannot be read or written.")
-    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("files", nargs="+", metavar="FILE", help="the SOP files to rewrite")
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 if a file would change (for CI)")
     p.add_argument("--diff", action="store_true",
@@ -82,7 +84,7 @@ def _migrate(sub: Any) -> None:
 @_command("run")
 def _run(sub: Any) -> None:
     p = sub.add_parser("run", help="run an SOP")
-    p.add_argument("file", metavar="FILE")
+    p.add_argument("file", metavar="FILE", help="the SOP file to run")
     _add_run_flags(p)
     _add_include_flag(p)
     p.add_argument("--reuse-identical", action="store_true",
@@ -93,14 +95,14 @@ def _run(sub: Any) -> None:
 @_command("resume")
 def _resume(sub: Any) -> None:
     p = sub.add_parser("resume", help="continue an interrupted (or waiting) run from its journal")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder (its workspace, holding .sopctl/)")
     _add_resume_flags(p)
 
 
 @_command("answer")
 def _answer(sub: Any) -> None:
     p = sub.add_parser("answer", help="answer the question a waiting run waits for")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the waiting run's folder")
     p.add_argument("--question", metavar="ID", help="the question's id (`sopctl show`): refused "
                    "if the run waits for another one")
     p.add_argument("--text", help="the answer as text (for an output tree: a JSON object)")
@@ -116,12 +118,13 @@ def _answer(sub: Any) -> None:
 @_command("replay")
 def _replay(sub: Any) -> None:
     p = sub.add_parser("replay", help="re-run with every model answer taken from a run's journal")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the journaled run to replay")
     p.add_argument("--out", metavar="DIR", required=True, help="workspace of the replay")
-    p.add_argument("--allow-exec", action="store_true")
+    p.add_argument("--allow-exec", action="store_true",
+                   help="let actions of kind exec run their commands again (tools never run in a replay)")
     _add_allow_host_flag(p)
     _add_isolation_flags(p)
-    p.add_argument("--format", choices=["text", "json"], default="text")
+    _add_format_flag(p)
     _add_trace_flag(p)
 
 
@@ -162,15 +165,15 @@ def _batch(sub: Any) -> None:
 @_command("runs")
 def _runs(sub: Any) -> None:
     p = sub.add_parser("runs", help="list runs under a folder (default ./runs)")
-    p.add_argument("dir", nargs="?", default="runs", metavar="DIR")
-    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("dir", nargs="?", default="runs", metavar="DIR", help="the folder to list (default ./runs)")
+    _add_format_flag(p)
 
 
 @_command("show")
 def _show(sub: Any) -> None:
     p = sub.add_parser("show", help="a run's timeline, tokens and cost per action")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--format", choices=["text", "json"], default="text")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder")
+    _add_format_flag(p)
     p.add_argument("--prompts", nargs="?", const="", default=None, metavar="ACTION",
                    help="print every request as sent (system and user messages, re-asks) "
                         "and its answer; only ACTION's (id or Role.action) when given")
@@ -179,7 +182,7 @@ def _show(sub: Any) -> None:
 @_command("report")
 def _report(sub: Any) -> None:
     p = sub.add_parser("report", help="a run as one HTML file: graph, timeline, cost, messages, prompts")
-    p.add_argument("run_dir", metavar="RUN_DIR")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the run's folder")
     p.add_argument("-o", "--output", metavar="FILE",
                    help="the HTML file to write (default: RUN_DIR.html, beside the run folder)")
 
@@ -187,12 +190,13 @@ def _report(sub: Any) -> None:
 @_command("pool")
 def _pool(sub: Any) -> None:
     p = sub.add_parser("pool", help="list, clear or prune the experience pool (--pool or $SOPCTL_POOL)")
-    p.add_argument("pool_command", choices=["list", "clear", "prune"], metavar="list|clear|prune")
+    p.add_argument("pool_command", choices=["list", "clear", "prune"], metavar="list|clear|prune",
+                   help="list the entries, clear them (all, or --action's), or prune them (--keep, --min-score)")
     p.add_argument("--pool", metavar="FILE", help="the pool file (default: $SOPCTL_POOL)")
     p.add_argument("--action", help="only this action's entries (list, clear)")
     p.add_argument("--keep", type=int, metavar="N", help="prune: keep the N best entries per action")
     p.add_argument("--min-score", type=float, metavar="S", help="prune: drop entries scored below S")
-    p.add_argument("--format", choices=["text", "json"], default="text")
+    _add_format_flag(p)
 
 
 # --- flags shared by several commands -------------------------------------------------
@@ -214,11 +218,16 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="allow actions of kind exec, the terminal tool and stdio MCP servers to run commands")
     _add_allow_host_flag(p)
     _add_isolation_flags(p)
-    p.add_argument("--format", choices=["text", "json"], default="text", help="result format")
+    _add_format_flag(p)
     _add_hosted_flags(p)
     _add_no_input_flag(p)
     _add_trace_flag(p)
     _add_pool_flags(p)
+
+
+def _add_format_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=["text", "json"], default="text",
+                   help="human-readable text (default) or one JSON object on stdout")
 
 
 def _add_pool_flags(p: argparse.ArgumentParser) -> None:
@@ -247,11 +256,13 @@ def _add_resume_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=float, metavar="USD", help="raise (or set) the budget")
     p.add_argument("--rounds", type=int, metavar="N", help="override max_rounds")
     p.add_argument("--model", help="override the model the run started with")
-    p.add_argument("--allow-exec", action="store_true")
+    p.add_argument("--allow-exec", action="store_true",
+                   help="allow exec actions, the terminal and notebook tools and stdio MCP servers again "
+                        "(a resume asks for the run's flags anew)")
     _add_allow_host_flag(p)
     _add_isolation_flags(p)
     p.add_argument("--force", action="store_true", help="resume even if the SOP file changed")
-    p.add_argument("--format", choices=["text", "json"], default="text")
+    _add_format_flag(p)
     _add_hosted_flags(p)
     _add_no_input_flag(p)
     _add_trace_flag(p)
@@ -306,6 +317,32 @@ def _add_include_flag(p: argparse.ArgumentParser) -> None:
                         "(repeatable; a resume uses the run's again)")
 
 
+EXAMPLES: dict[str, tuple[str, ...]] = {
+    "validate": ("sopctl validate sops/*.sop.yaml --strict",),
+    "graph": ("sopctl graph sops/software_company.sop.yaml --format dot | dot -Tsvg > graph.svg",),
+    "schema": ("sopctl schema > sop.schema.json",),
+    "migrate": ("sopctl migrate --diff my.sop.yaml", "sopctl migrate my.sop.yaml"),
+    "run": ('sopctl run sops/software_company.sop.yaml --idea "a command-line 2048 game"',
+            'sopctl run sops/mgx_team.sop.yaml --allow-exec --send-to Alex --idea "add a --seed flag" --model fake'),
+    "resume": ("sopctl resume runs/20261202-101500-ab12cd",),
+    "answer": ('sopctl answer runs/20261202-101500-ab12cd --text "use SQLite" --resume',
+               "sopctl answer runs/20261202-101500-ab12cd --approve"),
+    "replay": ("sopctl replay runs/20261202-101500-ab12cd --out /tmp/replay --format json",),
+    "batch": ("sopctl batch sops/software_company.sop.yaml --inputs ideas.jsonl --model fake --concurrency 8",
+              "sopctl batch --replay runs/batch-ideas"),
+    "runs": ("sopctl runs runs --format json",),
+    "show": ("sopctl show runs/20261202-101500-ab12cd --prompts WritePRD",),
+    "report": ("sopctl report runs/20261202-101500-ab12cd -o report.html",),
+    "pool": ("sopctl pool list --pool pool.sqlite", "sopctl pool prune --pool pool.sqlite --keep 3"),
+}
+"""What each command's `--help` ends with (tests parse every one)."""
+
+
+def _examples(name: str) -> str | None:
+    lines = EXAMPLES.get(name)
+    return "examples:\n" + "\n".join(f"  {line}" for line in lines) if lines else None
+
+
 # --- building -------------------------------------------------------------------------
 
 
@@ -320,6 +357,12 @@ class _Formatter(argparse.HelpFormatter):
                  width: int | None = None) -> None:
         super().__init__(prog, indent_increment, max_help_position,
                          width if width is not None else _Formatter.width)
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """Examples keep their lines (a command line wrapped would not run); the rest is filled."""
+        if text.startswith("examples:"):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -361,6 +404,7 @@ def _build_parser(only: str | None) -> argparse.ArgumentParser:
     for name, add in _ENTRIES.items():
         if only in (None, name):
             add(sub)
+            sub.choices[name].epilog = _examples(name)
     return parser
 
 
