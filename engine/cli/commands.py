@@ -92,6 +92,17 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+LOCAL_MODEL_NOTE = ("sopctl: the model is `local`: SmolLM2-135M, a small model embedded for offline runs. "
+                    "Expect the run's structure (files, documents, messages) to be sound and their content "
+                    "weak.")
+"""Said when a run on the embedded model starts."""
+
+REAL_MODEL_HINT = ("sopctl: for real work, give a real model: --model openai/gpt-4o-mini (with OPENAI_API_KEY; "
+                   "any litellm model string works), or a server of your own: --model openai/NAME "
+                   "--api-base http://localhost:8000/v1")
+"""Said when a run on the embedded model ends."""
+
+
 @handles("run")
 def cmd_run(args: argparse.Namespace) -> int:
     """Compile, check inputs, refuse exec/unusable models before starting, run, report.
@@ -113,11 +124,17 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     if checked.diagnostics:  # warnings only: say them, then run
         print(format_report([checked], "text", False)[0], file=sys.stderr)
-    _preload_hosted_stack(default_model(checked.compiled, args.model))
+    model = default_model(checked.compiled, args.model)
+    _preload_hosted_stack(model)
     inputs = api.parse_input_flags(args.input, args.idea)
+    if model == "local":
+        print(LOCAL_MODEL_NOTE, file=sys.stderr)
     with _display(checked.compiled) as display, _tracing(args, checked.compiled) as traced:
         result = api.run(checked.compiled, inputs, run_options(args, [display, *traced]))
-    return _print_result(result, args.format)
+    code = _print_result(result, args.format)
+    if model == "local":
+        print(REAL_MODEL_HINT, file=sys.stderr)
+    return code
 
 
 def _preload_hosted_stack(model: str) -> None:

@@ -4,6 +4,7 @@ as text for people or JSON for tools."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -251,7 +252,7 @@ def summary(result: RunResult) -> str:
     """The final summary of a RunResult, for people (`--format text`)."""
     lines = [
         # only the error's first line: print_result shows all of it (hint too) on stderr, once
-        f"status:    {result.status}" + (f" ({result.error.splitlines()[0]})" if result.error else ""),
+        f"status:    {result.status}" + _why(result),
         f"rounds:    {result.rounds}",
         f"llm calls: {result.llm_calls}" + _call_notes(result.usage),
         f"tokens:    {result.prompt_tokens} prompt + {result.completion_tokens} completion",
@@ -262,7 +263,28 @@ def summary(result: RunResult) -> str:
     if result.artifacts:
         lines.append("artifacts:")
         lines += [f"  {path}" for path in result.artifacts]
-    return "\n".join(lines)
+    return "\n".join(lines + next_commands(result))
+
+
+def _why(result: RunResult) -> str:
+    """` (the error's first line)`, unless it only repeats the status ("interrupted")."""
+    first = result.error.splitlines()[0] if result.error else ""
+    return f" ({first})" if first and first != result.status else ""
+
+
+def next_commands(result: RunResult) -> list[str]:
+    """What to run next: look at the run, and pick it up again if it stopped short."""
+    ws = shlex.quote(result.workspace)
+    lines = [f"next:      sopctl show {ws}      # timeline, tokens and cost per action",
+             f"           sopctl report {ws}    # the run as one HTML page"]
+    if result.status == RunStatus.BUDGET:
+        lines.append(f"           sopctl resume {ws} --budget USD   # with more budget")
+    elif result.status in (RunStatus.INTERRUPTED, RunStatus.FAILED):
+        lines.append(f"           sopctl resume {ws}    # go on from where it stopped; paid answers are reused")
+    elif result.status == RunStatus.MAX_ROUNDS:
+        lines.append(f"           sopctl resume {ws} --rounds N   # go on for more rounds")
+    return lines
+
 
 
 def _call_notes(usage: Usage) -> str:
