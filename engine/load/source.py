@@ -284,6 +284,13 @@ def _yaml_hint(problem: str) -> str:
         return "indent with spaces; YAML does not allow tabs"
     if "mapping values are not allowed" in problem:
         return "quote a value that contains ': ', or indent the nested mapping"
+    if "expected <block end>" in problem:
+        return ("this line's indentation matches no key above it: indent it as far as its siblings "
+                "(the keys of one mapping line up), with spaces")
+    if "expected ',' or ']'" in problem or "expected ',' or '}'" in problem:
+        return "a flow list or mapping ([...] or {...}) is not closed, or misses a comma"
+    if "could not find expected ':'" in problem:
+        return "a key needs ': ' after it; a plain value that spans lines needs quotes or `|`"
     return ""
 
 

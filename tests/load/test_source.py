@@ -191,3 +191,18 @@ def test_a_file_libyaml_refuses_gets_the_located_diagnostic_of_the_pure_parser()
     diag = caught.value.diagnostics[0]
     assert (diag.code, diag.line, diag.related[0].line) == ("SOP005", 3, 2)
     assert "while scanning a quoted scalar" in diag.message
+
+
+@pytest.mark.parametrize(("text", "hint"), [
+    ("a:\n  b: 1\n c: 2\n", "indentation matches no key above it"),
+    ("a: {b: 1\nc: 2\n", "is not closed, or misses a comma"),
+    ("a: [1, 2\n", "is not closed, or misses a comma"),
+    ("a: 1\nb\nc: 2\n", "a key needs ': ' after it"),
+    ("a:\n\tb: 1\n", "indent with spaces"),
+    ("a: b: c\n", "quote a value that contains ': '"),
+])
+def test_a_yaml_mistake_gets_a_hint_that_says_how_to_fix_it(text: str, hint: str) -> None:
+    with pytest.raises(LoadError) as caught:
+        load_text(text, "t.yaml")
+    (diag,) = caught.value.diagnostics
+    assert diag.code == "SOP005" and hint in diag.hint, diag.message
