@@ -200,8 +200,20 @@ def _expected(question: Question) -> str:
 def _hint(question: Question) -> str:
     if question.output != "json":
         return f"give the {question.output} as plain text"
-    names = ", ".join(question.fields()) or "none"
+    names = ", ".join(_field_hint(name, schema) for name, schema in question.fields().items()) or "none"
     return f"give a JSON object with the fields: {names}"
+
+
+def _field_hint(name: str, schema: dict[str, Any]) -> str:
+    """A field as the hint names it: with its allowed values when it has a few (an enum)."""
+    options = schema.get("enum") if isinstance(schema, dict) else None
+    if not options:
+        items = schema.get("items") if isinstance(schema, dict) else None
+        options = items.get("enum") if isinstance(items, dict) else None
+    if not options:
+        return name
+    shown = ", ".join(json.dumps(o, ensure_ascii=False) for o in options[:12])
+    return f"{name} (one of {shown}{', ...' if len(options) > 12 else ''})"
 
 
 def _spec(question: Question) -> CallSpec:

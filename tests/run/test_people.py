@@ -354,6 +354,21 @@ def test_the_question_says_what_it_needs() -> None:
     assert Question.from_json(json.loads(json.dumps(question.to_json()))) == question
 
 
+def test_a_refused_answer_hints_the_allowed_values_of_an_enum_field() -> None:
+    from engine.run.people import accept
+
+    schema = {"type": "object", "required": ["Priority"], "properties": {
+        "Priority": {"type": "string", "enum": ["P0", "P1", "P2"]},
+        "Tags": {"type": "array", "items": {"type": "string", "enum": ["ui", "api"]}},
+        "Note": {"type": "string"}}}
+    question = Question(key="cd" * 32, kind="answer", role="R", action="A", round=1, prompt="p",
+                        output="json", schema=schema)
+    with pytest.raises(AnswerRefused) as refused:
+        accept(question, PersonAnswer("answer", {"Priority": "high"}))
+    assert refused.value.hint == ('give a JSON object with the fields: Priority (one of "P0", "P1", "P2"), '
+                                  'Tags (one of "ui", "api"), Note')
+
+
 def test_plan_review_a_person_changes_the_plan_before_its_tasks_run(tmp_path: Path) -> None:
     text = (ROOT / "tests" / "sops" / "plan.sop.yaml").read_text(encoding="utf-8")
     text = text.replace('    prompt: "Plan the work for: {{ inputs.idea }}"\n',
