@@ -36,6 +36,7 @@ from engine.run.events import (
     RunJournal,
     RunObserver,
     RunStarted,
+    RunLog,
     RunStatus,
 )
 from engine.load.catalog import BROWSER_FLAGS, search_host, uses_search
@@ -293,6 +294,7 @@ class Team:
         while True:
             active = self.env.active_roles()
             if not active:
+                self._explain_nothing_made()
                 return RunStatus.IDLE
             if self.rounds >= self.max_rounds:
                 return RunStatus.MAX_ROUNDS
@@ -319,6 +321,21 @@ class Team:
             raise failure
         if any(t.cancelled() for t in tasks):
             raise asyncio.CancelledError()
+
+    def _explain_nothing_made(self) -> None:
+        """A run that ends idle with no file written, though its actions were meant to write
+        some, says why: which roles never ran (no message reached them)."""
+        spec = self.compiled.spec
+        writers = [aid for aid, action in spec.actions.items()
+                   if getattr(action, "artifacts", None) or any(
+                       t == "editor" or t.startswith("editor.") for t in getattr(action, "tools", []))]
+        if self._artifacts or not writers or self.options.store is not None:   # a resume: said at the run
+            return
+        idle = [role.id for role in self.roles if not role.runs]
+        why = (f"{', '.join(idle)} never ran: no message reached them" if idle else
+               "every role ran, but none of them wrote one")
+        self._emit(RunLog(round=self.rounds, level="notice", message=(
+            f"the run ended with no files written, though {', '.join(writers)} can write them: {why}")))
 
     def _emit(self, event: RunEvent) -> None:
         if isinstance(event, ActionCompleted):

@@ -227,6 +227,8 @@ class ToolLoop:
         self.steps: list[_Step] = []
         self.limit = self.action.max_steps
         """The last step's number: max_steps, and as many again each time a person says go on."""
+        self.commands_run = 0
+        self.commands_failed = 0
 
     async def run(self, prompt: str, system: str) -> Any:
         if self.action.tool_top_k is not None:
@@ -238,6 +240,10 @@ class ToolLoop:
                 return quick
         system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
         value = await self._steps(prompt, system)
+        if self.commands_run and self.commands_failed == self.commands_run:
+            self.ctx.emit(RunLog(round=self.round, level="warning", role=self.role_id, action=self.action_id,
+                                 message=f"every command it ran failed ({self.commands_failed} of "
+                                         f"{self.commands_run}): its output rests on no tool result"))
         if self.keeps:
             self.state.record(self.action_id, self.round, [(s.commands, s.outputs) for s in self.steps])
         self.effects.messages.extend(self.builtins.messages)
@@ -475,6 +481,8 @@ class ToolLoop:
                 verb = "failed" if outcome.error else "executed"
                 current.outputs.append(f"Command {name} {verb}: {outcome.output}")
                 failed = failed or outcome.error
+                self.commands_run += 1
+                self.commands_failed += bool(outcome.error)
         if dropped:
             current.outputs.append(dropped)
         if over:
