@@ -134,6 +134,16 @@ class JournalReader:
             rows = self._conn.execute("SELECT request_hash, data FROM exchanges").fetchall()
         return {key: unpack_exchange(key, data) for key, data in rows}
 
+    def exchanges_of_action(self, action: str) -> list[dict[str, Any]]:
+        """What was sent for each of an action's answers, in the order they were recorded."""
+        with guard(self.path, "read"):
+            if not self._has_table("exchanges"):
+                return []
+            rows = self._conn.execute(
+                "SELECT e.request_hash, e.data FROM answers a JOIN exchanges e ON e.request_hash = a.request_hash "
+                "WHERE a.action = ? ORDER BY a.seq", (action,)).fetchall()
+        return [unpack_exchange(key, data) for key, data in rows]
+
     def exchange(self, request_hash: str) -> dict[str, Any] | None:
         """What was sent for one answer, or None when the journal did not keep it."""
         with guard(self.path, "read"):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import difflib
+import itertools
 from typing import Any
 
 from engine.errors import JournalError
@@ -47,6 +49,20 @@ class ReplayStore:
     def durable(self) -> asyncio.Future[None] | None:
         return self.target.durable()
 
+    def what_changed(self, action: str, messages: list[dict[str, Any]]) -> str:
+        """Where a request the journal lacks first differs from the nearest one the action
+        made when it was recorded ('' when the journal kept none): what a person needs to see
+        of a divergence, not its hash."""
+        try:
+            recorded = [e.get("messages") or [] for e in self.source.exchanges_of_action(action)]
+        except JournalError:
+            return ""
+        if not recorded:
+            return ""
+        now = _lines(messages)
+        nearest = max(recorded, key=lambda old: difflib.SequenceMatcher(None, _lines(old), now).ratio())
+        return _first_difference(action, _lines(nearest), now)
+
     def _exchange_of(self, request_hash: str) -> dict[str, Any] | None:
         """The prompt to copy with the answer; a damaged one is left out (the answer is what
         a replay needs, the prompt is only for people to read)."""
@@ -54,3 +70,20 @@ class ReplayStore:
             return self.source.exchange(request_hash)
         except JournalError:
             return None
+
+
+def _lines(messages: list[dict[str, Any]]) -> list[str]:
+    """A request's messages as `role: line` lines, to compare line by line."""
+    return [f"{m.get('role', '?')}: {line}" for m in messages for line in str(m.get("content", "")).splitlines()]
+
+
+def _first_difference(action: str, old: list[str], now: list[str]) -> str:
+    for index, (was, is_) in enumerate(itertools.zip_longest(old, now, fillvalue="(nothing)")):
+        if was != is_:
+            return (f"the nearest request {action} made when it was recorded differs first at line {index + 1}:\n"
+                    f"  recorded: {_clip(was)}\n  now:      {_clip(is_)}")
+    return f"the nearest request {action} made when it was recorded has the same messages (its settings differ)"
+
+
+def _clip(line: str) -> str:
+    return line if len(line) <= 200 else line[:200] + " [...]"

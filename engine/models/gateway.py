@@ -274,9 +274,12 @@ class Gateway:
                                   stored.cost_usd, stored.seconds, reused=True), result)
             return stored.text, key not in self._recorded
         if self.replay:
+            explain = getattr(self.store, "what_changed", None)
+            changed = explain(request.spec.action, list(request.messages)) if explain else ""
             raise ReplayDivergence(
                 f"replay diverged at action {request.spec.action} (role {request.spec.role}, "
-                f"attempt {request.attempt}): request {key[:12]} is not in the journal",
+                f"attempt {request.attempt}): request {key[:12]} is not in the journal"
+                + (f"; {changed}" if changed else ""),
                 hint="the SOP, its inputs or the engine changed since the run was recorded")
         if self.store is None:   # nothing is journaled, so nothing is shared
             return await self._ask(provider, request, result, key), False

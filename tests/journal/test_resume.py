@@ -166,6 +166,9 @@ def test_replay_of_a_changed_sop_diverges_clearly(
                                str(tmp_path / "replay"), "--format", "json")
     assert code == 1
     assert "replay diverged at action WriteDesign" in err
+    # what changed, not only a hash: the line of the prompt that differs, before and after
+    assert "the nearest request WriteDesign made when it was recorded differs first at line" in err
+    assert "recorded: user: Design" in err and "carefully." in err.split("now:", 1)[1]
     assert result["status"] == "failed" and model.calls == paid
     assert read_run(tmp_path / "replay").status == "failed"
 
