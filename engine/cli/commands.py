@@ -13,6 +13,7 @@ the handlers that need them, so that `--help` and `validate` load none they do n
 from __future__ import annotations
 
 import argparse
+import shlex
 import contextlib
 import json
 import os
@@ -84,6 +85,24 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     from engine.cli.migrate import migrate_files  # here: only migrate needs ruamel's token positions
 
     return migrate_files(args)
+
+
+@handles("init")
+def cmd_init(args: argparse.Namespace) -> int:
+    """Write a starter SOP from a template, check it, and say what to run next."""
+    from engine.cli.scaffold import init_sop
+    from engine.compile.compiler import check_path
+
+    path = init_sop(args.name, args.template, force=args.force)
+    checked = check_path(str(path))
+    if not checked.ok:   # a template that does not validate is our bug; never hide it
+        raise UsageError(f"{path}: the {args.template} template does not validate; please report it")
+    quoted = shlex.quote(str(path))
+    print(f"sopctl: wrote {path} (template {args.template})")
+    print(f"next:   sopctl validate {quoted}\n"
+          f"        sopctl run {quoted} --idea \"...\" --model fake    # an offline dry run\n"
+          f"        sopctl run {quoted} --idea \"...\"                 # on the embedded model")
+    return 0
 
 
 @handles("schema")

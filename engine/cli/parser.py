@@ -60,6 +60,21 @@ def _graph(sub: Any) -> None:
     _add_include_flag(p)
 
 
+@_command("init")
+def _init(sub: Any) -> None:
+    from engine.cli.scaffold import TEMPLATES   # a dict and a path: nothing heavy
+
+    p = sub.add_parser("init", help="write a commented starter SOP file from a template",
+                       description="Write NAME.sop.yaml, a commented starter SOP that validates and runs "
+                       "on `fake`, with the schema modeline for editors. Templates: " +
+                       "; ".join(f"{name}: {what}" for name, what in TEMPLATES.items()) + ".")
+    p.add_argument("name", nargs="?", default="my_sop", metavar="NAME",
+                   help="the file to write, NAME.sop.yaml (default my_sop); its stem is the SOP's name")
+    p.add_argument("--template", "-t", choices=list(TEMPLATES), default="chain",
+                   help="what the starter holds (default chain)")
+    p.add_argument("--force", action="store_true", help="overwrite NAME.sop.yaml if it exists")
+
+
 @_command("schema")
 def _schema(sub: Any) -> None:
     sub.add_parser("schema", help="print the JSON Schema of SOP files")
@@ -320,6 +335,7 @@ def _add_include_flag(p: argparse.ArgumentParser) -> None:
 EXAMPLES: dict[str, tuple[str, ...]] = {
     "validate": ("sopctl validate sops/*.sop.yaml --strict",),
     "graph": ("sopctl graph sops/software_company.sop.yaml --format dot | dot -Tsvg > graph.svg",),
+    "init": ("sopctl init my_team --template team", "sopctl init"),
     "schema": ("sopctl schema > sop.schema.json",),
     "migrate": ("sopctl migrate --diff my.sop.yaml", "sopctl migrate my.sop.yaml"),
     "run": ('sopctl run sops/software_company.sop.yaml --idea "a command-line 2048 game"',
