@@ -90,8 +90,8 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 @handles("init")
 def cmd_init(args: argparse.Namespace) -> int:
     """Write a starter SOP from a template, check it, and say what to run next."""
-    from engine.cli.scaffold import init_sop
-    from engine.compile.compiler import check_path
+    from engine.cli.scaffold import init_sop   # here: as every handler, only what its command needs
+    from engine.compile.compiler import check_path   # here: `--help` needs no compiler (pydantic)
 
     path = init_sop(args.name, args.template, force=args.force)
     checked = check_path(str(path))
