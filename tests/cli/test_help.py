@@ -35,3 +35,10 @@ def test_the_help_ends_with_examples_that_parse(command: str) -> None:
         assert argv[0] == "sopctl"
         args = parse_args(argv[1:])               # a typo in an example would exit here
         assert args.command == command
+
+
+def test_the_cli_reference_page_is_the_parsers_output() -> None:
+    """docs/cli.md is generated (python -m engine.cli.reference): it never drifts from --help."""
+    from engine.cli.reference import main as reference
+
+    assert reference(["--check"]) == 0
