@@ -264,8 +264,8 @@ def team_targets(spec: Sop, role_id: str) -> list[str]:
 
 
 def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
-    """What a file's tools need from the command line: `--allow-exec` (terminal, notebook, stdio MCP
-    servers), `--allow-host` (streamable HTTP servers and the search endpoint, by host) and `--allow-network or
+    """What a file's actions and tools need from the command line: `--allow-exec` (exec actions,
+    terminal, notebook, stdio MCP servers), `--allow-host` (streamable HTTP servers and the search endpoint, by host) and `--allow-network or
     --allow-host` (the browser), each with what needs it.
     A replay runs no tool (their results come from the journal), but still starts the MCP
     servers to learn their tools, which the prompts list."""
@@ -273,6 +273,8 @@ def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
     hosts: list[str] = []
     browsing: list[str] = []
     for aid in _used_actions(spec):
+        if spec.actions[aid].kind == "exec":   # run again by a replay too
+            exec_users.append(f"exec ({aid})")
         commands, servers = expand_tools(spec, tools_of(spec.actions[aid]))
         if not replay:
             toolsets = dict.fromkeys(c.name.split(".")[0] for c in commands)

@@ -291,6 +291,8 @@ def test_validate_says_which_flags_a_file_needs(tmp_path: Path) -> None:
     term = tmp_path / "t.sop.yaml"
     term.write_text(TERMINAL)
     assert f"{term}: needs --allow-exec: terminal (Build)" in format_report([check_path(term)])[0]
+    tests = Path(__file__).parents[2] / "examples" / "software_company_with_tests.sop.yaml"
+    assert f"{tests}: needs --allow-exec: exec (RunTests)" in format_report([check_path(tests)])[0]
 
 
 def test_a_tool_the_server_does_not_declare_is_refused() -> None:
