@@ -35,6 +35,7 @@ from engine.load.spec import (
     output_of,
 )
 from engine.templates.sandbox import TemplateFailure, environment, parse
+from engine.templates.code import expression_text
 
 __all__ = ["BASE_VARIABLES", "JOIN_VARIABLES", "RULES", "REFERENCE_RULES", "read_by_templates"]
 
@@ -77,6 +78,10 @@ class _Template:
     allowed: frozenset[str]
 
 
+def _as_expression(source: str) -> str:
+    return "{{ " + expression_text(source) + " }}"
+
+
 def _templates(spec: Sop) -> Iterator[_Template]:
     task_actions = {aid for r in spec.roles.values() if r.planner for aid in r.planner.task_action_ids()}
     for aid, action in spec.actions.items():
@@ -90,10 +95,11 @@ def _templates(spec: Sop) -> Iterator[_Template]:
         if isinstance(action, ExecAction):
             for i, part in enumerate(action.command):
                 yield _Template(aid, f"{here}/command/{i}", part, frozenset(base | per_item))
+        # checked as the run reads them: one expression (what {{ }} would hold), no {% %} blocks
         if action.for_each:
-            yield _Template(aid, here + "/for_each", action.for_each, frozenset(base))
+            yield _Template(aid, here + "/for_each", _as_expression(action.for_each), frozenset(base))
         if action.when:
-            yield _Template(aid, here + "/when", action.when, frozenset(base))
+            yield _Template(aid, here + "/when", _as_expression(action.when), frozenset(base))
         for i, artifact in enumerate(action.artifacts):
             allowed = frozenset(base | per_item | {"out"})
             yield _Template(aid, f"{here}/artifacts/{i}/path", artifact.path, allowed)
@@ -204,7 +210,11 @@ def template_syntax(ctx: Context) -> Iterator[Diagnostic]:
     for template, found in _parsed(ctx):
         if isinstance(found, Exception):
             line = _template_line(str(found))
-            yield error("SOP401", template.pointer, str(found), "check the {{ }} and {% %} pairs", line=line)
+            expression = template.pointer.endswith(("/for_each", "/when"))
+            hint = ("for_each and when are one expression (what {{ }} holds), not a template: no {% %} "
+                    "blocks; e.g. \"msgs.Outline[-1].out['Sections']\"") if expression else \
+                "check the {{ }} and {% %} pairs"
+            yield error("SOP401", template.pointer, str(found), hint, line=line)
             continue
         for tag, line in found.loads_files:
             yield error("SOP401", template.pointer, f"{{% {tag} %}} is not available: SOP templates cannot load "

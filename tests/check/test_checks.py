@@ -236,3 +236,13 @@ def test_the_checker_knows_the_fields_a_run_gives_its_templates() -> None:
     for name, fields in VARIABLE_FIELDS.items():
         assert set(variables[name]) - {"vars"} == fields - {"vars"}  # role.vars: from role variables
     assert set(variables["news"][0]) == MESSAGE_FIELDS
+
+
+def test_a_for_each_or_when_written_as_a_block_is_refused_before_the_run() -> None:
+    """The run reads them as one expression; a {% %} block used to pass validate, then fail."""
+    text = _sop(f"  A: {{prompt: x, when: \"{{% if true %}}yes{{% endif %}}\", {ART}}}\n")
+    (diag,) = check_text(text).diagnostics
+    assert (diag.code, diag.pointer) == ("SOP401", "/actions/A/when")
+    assert "one expression" in diag.hint and "no {% %} blocks" in diag.hint
+    assert _codes(_sop(f"  A: {{prompt: x, when: \"{{{{ 1 > 0 }}}}\", {ART}}}\n")) == []
+    assert _codes(_sop(f"  A: {{prompt: x, when: \"1 > 0\", {ART}}}\n")) == []
