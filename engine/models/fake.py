@@ -5,7 +5,7 @@ text like any other answer, so a run on `fake` exercises the whole pipeline. It 
 chosen implicitly (only `--model fake`, `SOPCTL_MODEL=fake` or a file's `llm.model`).
 
 - `json`: a small instance of the action's schema: each list with one element (or its
-  `minItems`), each enum its first value, bools false, numbers 0 (or their minimum), and
+  `minItems`; a list of ids, `*_ids`, none), each enum its first value, bools false, numbers 0 (or their minimum), and
   short strings derived from the key ("Product Goals item", "main.py" for files,
   "project_name" for names); a table (a list of lists of strings) whose instruction shows
   a row as `[file, contents, ...]` gets rows of one cell per named column, each derived from
@@ -272,7 +272,9 @@ def _snake(text: str) -> str:
 
 def _array(schema: dict[str, Any], key: str, depth: int) -> list[Any]:
     items = schema.get("items", {})
-    count = max(schema.get("minItems", 1), 0)
+    # a list of references (a task's dependent_task_ids) is left as empty as it may be: an
+    # invented id would name nothing (every fake plan warned of an unknown dependency)
+    count = max(schema.get("minItems", 0 if key.lower().endswith("_ids") else 1), 0)
     if "maxItems" in schema:
         count = min(count, schema["maxItems"])
     if _plain_string(items):

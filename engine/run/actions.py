@@ -349,17 +349,6 @@ def _evaluate(action_id: str, field: str, source: str, variables: dict[str, Any]
                            code="SOP504", pointer=join_pointer("/actions", action_id, field)) from None
 
 
-def _warn_empty_context(ctx: RunContext, role_id: str, action_id: str, action: AnsweredAction,
-                        memory: Memory, round_: int) -> None:
-    """A declared context with nothing in it: the model works without what the file meant it to
-    see (an action that has not run yet, or a message that never reaches this role)."""
-    if action.context in ("none", "all") or not action.context or memory.get_by_actions(action.context):
-        return
-    ctx.emit(RunLog(round=round_, level="warning", role=role_id, action=action_id,
-                    message=f"its context ({', '.join(action.context)}) is empty: no such message has reached "
-                            f"{role_id} yet, so the model works without it"))
-
-
 async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
                     variables: dict[str, Any], round_: int, note: str, key: str,
                     effects: ToolEffects) -> tuple[Any, str]:
@@ -376,7 +365,6 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
         await durable(ctx.gateway.store)   # what the person is told rests on journaled answers
         tell_person(ctx.person, ctx.emit, round_=round_, role=role_id, action=action_id, text=text)
         return text, text
-    _warn_empty_context(ctx, role_id, action_id, action, memory, round_)
     prompt = prompt.rstrip() + context_section(ctx.compiled, action, memory, role_id, prompt)
     if note:
         prompt += f"\n\n## Note\n{note}"
