@@ -238,9 +238,10 @@ def plan_shape(ctx: Context) -> Iterator[Diagnostic]:
         ctx.cache["plans"].add(seen)
         problem = _plan_problem(output_of(ctx.spec.actions[aid]), role.planner)
         if problem:
+            typed = ", task_type: {type: str}" if role.planner.task_actions else ""
             yield error("SOP207", f"/actions/{aid}/output", f"planner action '{aid}' does not output a plan: {problem}",
                         "give it `tasks: {type: list, children: {task_id: {type: str}, "
-                        "dependent_task_ids: {type: list[str]}, instruction: {type: str}}}`")
+                        f"dependent_task_ids: {{type: list[str]}}, instruction: {{type: str}}{typed}}}}}`")
 
 
 _TASK_FIELDS = {"task_id": "str", "dependent_task_ids": "list[str]", "instruction": "str"}

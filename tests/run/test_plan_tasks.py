@@ -171,6 +171,8 @@ def test_typed_tasks_need_a_task_type_in_the_plan() -> None:
     text = TYPED.replace('          task_type: {type: "enum[code|answer]"}\n', "")
     [(code, pointer)] = _codes(text)
     assert (code, pointer) == ("SOP207", "/actions/WritePlan/output")
+    [found] = check_text(text).diagnostics
+    assert "task_type: {type: str}" in found.hint     # following the hint fixes the error
 
 
 def test_a_task_type_enum_may_offer_only_the_planners_types() -> None:
