@@ -40,6 +40,8 @@ def _header(exchange: Exchange) -> str:
     attempt = f"  re-ask {exchange.attempt}" if exchange.attempt else ""
     if exchange.origin == "person":
         return f"round {exchange.round}  {who}{attempt}  asked a person"
+    if exchange.origin == "tool":   # journaled so that a resume never runs the command again
+        return f"round {exchange.round}  {who}  a tool's result (no model call)"
     return (f"round {exchange.round}  {who}{attempt}  model {exchange.model}  "
             f"tokens {exchange.prompt_tokens}+{exchange.completion_tokens}  "
             f"${exchange.cost_usd:.4f}  {exchange.seconds:.2f}s"
@@ -47,4 +49,6 @@ def _header(exchange: Exchange) -> str:
 
 
 def _answered_by(exchange: Exchange) -> str:
+    if exchange.origin == "tool":
+        return "the tool"
     return "the person" if exchange.origin == "person" else f"model {exchange.model}"

@@ -475,12 +475,17 @@ def exchanges_of(journal: JournalReader) -> list[Exchange]:
 
 def _where_asked(rows: list[EventRow]) -> dict[str, dict[str, Any]]:
     """Round, role and attempt of each request hash (from the first ModelAnswered naming
-    it), and a person's question as its message (from QuestionAsked, keyed by question key)."""
+    it), a person's question as its message (from QuestionAsked, keyed by question key), and
+    a tool's command as its message (from ToolCalled, keyed by the result's call key)."""
     where: dict[str, dict[str, Any]] = {}
     for row in rows:
         data = row.data
         if row.type == "ModelAnswered":
             where.setdefault(str(data.get("request_hash")), data)
+        elif row.type == "ToolCalled" and data.get("call"):   # a tool's result: its command is its request
+            command = json.dumps({"command_name": data.get("tool"), "args": data.get("args")}, ensure_ascii=False)
+            where.setdefault(str(data["call"]), {**data, "attempt": 0, "tool": data.get("tool"),
+                                                 "messages": [{"role": "command", "content": command}]})
         elif row.type == "QuestionAsked" and isinstance(data.get("question"), dict):
             question = data["question"]
             where.setdefault(str(question.get("key")), {

@@ -161,3 +161,32 @@ def test_a_replay_keeps_the_prompts_it_reused(tmp_path: Path) -> None:
     copied = read_exchanges(tmp_path / "again")
     assert [e.origin for e in copied] == ["replay", "replay"]
     assert [e.messages for e in copied] == [e.messages for e in read_exchanges(run)]
+
+
+TOOLED = """\
+apiVersion: sop/v1
+name: tooled
+inputs:
+  idea: {type: str, required: true}
+actions:
+  Write: {prompt: "Write {{ inputs.idea }}", tools: [editor]}
+roles:
+  Writer: {actions: [Write], watch: [UserRequirement]}
+"""
+
+
+def test_a_tool_result_is_shown_as_a_command_and_its_result(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Not as a model call of round 0 from an older sopctl: a tool's journaled result."""
+    model = ScriptedModel([{"commands": [{"command_name": "editor.write", "args": {"path": "a.md", "content": "hi"}}]},
+                           {"commands": [{"command_name": "end", "args": {"answer": "done"}}]}])
+    with use_model(model):
+        api.run(compile_text(TOOLED), {"idea": "x"}, api.RunOptions(workspace=tmp_path / "ws"))
+    (tool,) = [e for e in read_exchanges(tmp_path / "ws") if e.origin == "tool"]
+    assert (tool.round, tool.role, tool.action) == (1, "Writer", "Write")
+    assert json.loads(tool.messages[0]["content"]) == {"command_name": "editor.write",
+                                                       "args": {"path": "a.md", "content": "hi"}}
+    assert main(["show", str(tmp_path / "ws"), "--prompts", "Write"]) == 0
+    out = capsys.readouterr().out
+    assert "round 1  Writer.Write  a tool's result (no model call)" in out and "--- answer (the tool)" in out
+    assert "older than" not in out
