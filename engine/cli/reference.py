@@ -20,7 +20,7 @@ def reference() -> str:
     """The page's text."""
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    helps = {choice.dest: choice.help or "" for choice in sub._choices_actions}
     parts = ["# Command-line reference", "",
              "Generated from sopctl's parser by `python -m engine.cli.reference`; "
              "`sopctl COMMAND --help` prints the same.", ""]
@@ -39,7 +39,8 @@ def _command(name: str, parser: argparse.ArgumentParser, summary: str) -> list[s
     for action in parser._actions:
         if isinstance(action, argparse._HelpAction):
             continue
-        flags = ", ".join(action.option_strings) or (action.metavar or action.dest)
+        metavar = action.metavar if isinstance(action.metavar, str) else action.dest
+        flags = ", ".join(action.option_strings) or metavar
         if action.choices and not isinstance(action.choices, dict):
             flags += " {" + ",".join(map(str, action.choices)) + "}"
         text = (action.help or "").replace("|", "\\|")
