@@ -344,7 +344,8 @@ class ActionBase(_Model):
         "in item order."))
     max_concurrency: int = Field(default=8, ge=1, le=64, description="Most for_each items in flight at once (default 8).")
     max_runs: int | None = Field(default=None, ge=1, description=(
-        "Most times this action may run in one run: declares a loop through it bounded."))
+        "Most times this action may run in one run, counted per role (two roles that share it may each run it "
+        "N times): declares a loop through it bounded."))
     publish: Literal["last", "each"] = Field(default="last", json_schema_extra=enum_docs(
         last="Only the activation's last message is published (default, as MetaGPT).",
         each="Every message this action makes is published."), description=(
