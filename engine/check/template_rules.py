@@ -20,6 +20,7 @@ from engine.check.graph import delivered, render_address, runners, send_targets
 from engine.check.references import known_addresses
 from engine.check.rules import Context, error, rule, unknown, warning
 from engine.errors import Diagnostic, did_you_mean
+from engine.load.outputs import output_kind
 from engine.load.spec import (
     ENGINE_DIR,
     USER_REQUIREMENT,
@@ -242,6 +243,28 @@ def template_variables(ctx: Context) -> Iterator[Diagnostic]:
             yield error("SOP402", template.pointer, f"undeclared template variable '{name}'",
                         did_you_mean(name, sorted(template.allowed)) or
                         f"available here: {', '.join(sorted(template.allowed))}", line=found.loads[name])
+
+
+@rule("SOP410")
+def for_each_lists(ctx: Context) -> Iterator[Diagnostic]:
+    """A `for_each` that reads a message's text (`.content`, or `.out` of an action whose
+    output is text or code) never gives a list: it would fail at run time, after paid calls."""
+    for template, found in _parsed(ctx):
+        if isinstance(found, Exception) or not template.pointer.endswith("/for_each"):
+            continue
+        whole = [c for c in found.chains if c[0] == "msgs" and len(c[1]) == 3]
+        if len(found.chains) != 1 or not whole or found.filters:
+            continue   # more than one bare message read: not ours to judge
+        producer, _, field = whole[0][1]
+        action = ctx.spec.actions.get(producer) if isinstance(producer, str) else None
+        if action is None or field not in ("out", "content"):
+            continue
+        text = field == "content" or (not isinstance(action, ExecAction) and
+                                      output_kind(output_of(action)) != "json")
+        if text:
+            yield error("SOP410", template.pointer, f"for_each over msgs.{producer}[...].{field}, which is text, "
+                        "never a list", f"give {producer} an output tree with a list key and iterate over that "
+                        f"key, e.g. msgs.{producer}[-1].out['Items']", line=whole[0][2])
 
 
 @rule("SOP402", "SOP403", "SOP404", "SOP407", "SOP408")
@@ -529,7 +552,7 @@ def _path_problem(path: str) -> str:
     return ""
 
 
-RULES = (template_syntax, template_variables, template_references, context_reachable, artifact_paths)
+RULES = (template_syntax, template_variables, template_references, for_each_lists, context_reachable, artifact_paths)
 """This phase's rules, in the order they run."""
 
 
