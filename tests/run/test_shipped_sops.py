@@ -51,6 +51,7 @@ IDEAS = {
     "research_report": "the state of small open-weight language models",
     "data_analysis": "Which weekday has the most bike rentals, and why?",
     "code_review": "add an average() helper",
+    "tutorial_assistant": "Python's asyncio for beginners",
 }
 DEFAULT_IDEA = "a command-line 2048 game"
 
