@@ -111,7 +111,15 @@ def run_rolezero(small: int, large: int, repeats: int) -> dict:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     if result["unknown_calls"]:
         raise RuntimeError(f"MetaGPT main asked {result['unknown_calls']} prompt(s) the script does not know")
+    result["commit"] = _source_commit()
     return result
+
+
+def _source_commit() -> str | None:
+    """The checkout's commit, so the report says which MetaGPT main was measured."""
+    proc = subprocess.run(["git", "-C", str(SOURCE), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() or None
 
 
 if __name__ == "__main__":
