@@ -11,8 +11,9 @@ next step with the plan's status and the steps so far) and the last step `end`. 
   2 ms without;
 - CPU per extra tool step, sopctl and MetaGPT main's RoleZero in the same run: (CPU of a run
   of STEPS steps - CPU of a run of a few) / the steps between, so each run's fixed costs
-  cancel out; min / median / max of `REPEATS` pairs, and the ratio of the medians (one
-  invocation measures both sides, so the ratio holds on a loaded machine). RoleZero
+  cancel out; min / median / max of `REPEATS` rounds, each one pair of runs of sopctl, of
+  sopctl journaled and of RoleZero in turn, and the ratios per round (min / median / max),
+  so a shared machine's changing load hits both sides of a ratio alike. RoleZero
   runs the same scenario (its Plan.append_task, in its own answer format, then `end`) on a
   scripted model in MetaGPT main's own venv (bench/metagpt_rolezero.py): its prompt
   building, command parsing, duplicate check and Plan tool all run for real.
@@ -31,8 +32,8 @@ Without that venv the MetaGPT side is skipped, and the bench says so (CI has non
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -106,28 +107,46 @@ def _spread(values: list[float]) -> dict[str, float]:
             "max_ms": round(max(values) * 1000, 3)}
 
 
-def _sopctl_cpu(small: int, large: int, repeats: int, journal: bool) -> dict[str, float]:
-    per_step = []
-    for _ in range(repeats):
-        low, high = _one(small, journal)[1], _one(large, journal)[1]
-        per_step.append((high - low) / (large - small))
-    return _spread(per_step)
+def _sopctl_pair(small: int, large: int, journal: bool) -> float:
+    """CPU seconds per extra step: a run of `large` steps less one of `small`."""
+    low, high = _one(small, journal)[1], _one(large, journal)[1]
+    return (high - low) / (large - small)
 
 
-def _metagpt_cpu(small: int, large: int, repeats: int) -> dict[str, Any]:
-    """MetaGPT main's figure, or why it was skipped (never raises)."""
+def _cpu(small: int, large: int, repeats: int, with_metagpt: bool) -> dict[str, Any]:
+    """CPU per extra step, sopctl (without and with the journal) and RoleZero, interleaved
+    round by round (one pair of each per round), so a change of load on a shared machine
+    hits all three alike; the ratios are per round. A MetaGPT failure skips its side only."""
     from bench import metagpt_main
 
-    missing = metagpt_main.available()
-    if missing is not None:
-        return {"skipped": missing}
-    try:
-        result = metagpt_main.run_rolezero(small, large, repeats)
-    except (RuntimeError, OSError, ValueError, subprocess.TimeoutExpired) as exc:
-        return {"skipped": f"MetaGPT main failed: {exc}"[:500]}
-    version = " at ".join(str(v) for v in (result["version"], result.get("commit")) if v)
-    return {**_spread(result["cpu_s_per_step"]), "version": version,
-            "import_s": round(result["import_s"], 2)}
+    sides: dict[str, list[float]] = {"sopctl": [], "sopctl journaled": [], "metagpt": []}
+    missing = metagpt_main.available() if with_metagpt else "not asked for"
+    metagpt: dict[str, Any] = {"skipped": missing} if missing else {}
+    with contextlib.ExitStack() as stack:
+        pair = None
+        if not missing:
+            try:
+                ready, pair = stack.enter_context(metagpt_main.rolezero(small, large))
+                metagpt["version"] = " at ".join(str(v) for v in (ready["version"], ready["commit"]) if v)
+            except (RuntimeError, OSError, ValueError) as exc:
+                metagpt = {"skipped": f"MetaGPT main failed: {exc}"[:500]}
+        for _ in range(repeats):
+            sides["sopctl"].append(_sopctl_pair(small, large, journal=False))
+            sides["sopctl journaled"].append(_sopctl_pair(small, large, journal=True))
+            if pair is not None and "skipped" not in metagpt:
+                try:
+                    sides["metagpt"].append(pair())
+                except (RuntimeError, OSError, ValueError) as exc:
+                    metagpt = {"skipped": f"MetaGPT main failed: {exc}"[:500]}
+    cpu: dict[str, Any] = {"steps": [small, large], "repeats": repeats, "sopctl": _spread(sides["sopctl"]),
+                           "sopctl journaled": _spread(sides["sopctl journaled"]),
+                           "metagpt": metagpt if "skipped" in metagpt else {**metagpt, **_spread(sides["metagpt"])}}
+    if "skipped" not in metagpt:
+        for name, key in (("sopctl", "ratio"), ("sopctl journaled", "ratio_journaled")):
+            rounds = [ours / theirs for ours, theirs in zip(sides[name], sides["metagpt"], strict=True)]
+            cpu[key] = round(statistics.median(rounds), 3)
+            cpu[key + "_range"] = [round(min(rounds), 3), round(max(rounds), 3)]
+    return cpu
 
 
 def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None = None,
@@ -142,18 +161,10 @@ def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None
         figures["with journal" if journal else "no journal"] = {
             **_spread(runs), "engine_ms_per_step": round(statistics.median(runs) * 1000, 3),
             "steps": steps, "repeats": repeats}
-    cpu: dict[str, Any] = {"steps": [small, steps], "repeats": repeats,
-                           "sopctl": _sopctl_cpu(small, steps, repeats, journal=False),
-                           "sopctl journaled": _sopctl_cpu(small, steps, repeats, journal=True),
-                           "metagpt": _metagpt_cpu(small, steps, repeats) if with_metagpt
-                           else {"skipped": "not asked for"}}
-    if "median_ms" in cpu["metagpt"]:
-        theirs = cpu["metagpt"]["median_ms"]
-        cpu["ratio"] = round(cpu["sopctl"]["median_ms"] / theirs, 3)
-        cpu["ratio_journaled"] = round(cpu["sopctl journaled"]["median_ms"] / theirs, 3)
-        # the summary's row: sopctl as it runs by default, with its journal
+    cpu = _cpu(small, steps, repeats, with_metagpt)
+    if "ratio" in cpu:   # the summary's row: sopctl as it runs by default, with its journal
         figures.update(ratio=cpu["ratio_journaled"], target="< 1", ratio_label=(
-            "CPU per extra tool step, journaled (sopctl / MetaGPT main's RoleZero, medians)"))
+            "CPU per extra tool step, journaled (sopctl / MetaGPT main's RoleZero, median of rounds)"))
     figures["cpu per extra step"] = cpu
     bare = figures["no journal"]["engine_ms_per_step"]
     figures["target_met"] = bare <= TARGET_MS
@@ -174,18 +185,17 @@ def _row(label: str, side: dict[str, float], last: str) -> str:
 
 def _cpu_table(cpu: dict[str, Any]) -> list[str]:
     small, large = cpu["steps"]
-    rows = [f"CPU per extra tool step (runs of {large} against {small} steps, {cpu['repeats']} pairs each, "
-            "all in this run):", "",
-            "| engine | min | median | max | / RoleZero (medians) |", "|---|---|---|---|---|"]
-    ratios = {"sopctl": cpu.get("ratio"), "sopctl journaled": cpu.get("ratio_journaled")}
-    for name in ("sopctl", "sopctl journaled", "metagpt"):
+    rows = [f"CPU per extra tool step (runs of {large} against {small} steps; {cpu['repeats']} rounds, "
+            "each one pair of runs of every engine, in turn):", "",
+            "| engine | min | median | max | / RoleZero, per round: median (min-max) |", "|---|---|---|---|---|"]
+    for name, key in (("sopctl", "ratio"), ("sopctl journaled", "ratio_journaled"), ("metagpt", "")):
         side = cpu[name]
         if "skipped" in side:
             rows.append(f"| MetaGPT main RoleZero | skipped: {side['skipped']} | | | |")
             continue
         label = f"MetaGPT main RoleZero ({side['version']})" if name == "metagpt" else name
-        ratio = ratios.get(name)
-        rows.append(_row(label, side, "" if ratio is None else f"{ratio:.2f}x"))
+        ratio = f"{cpu[key]:.2f}x ({cpu[key + '_range'][0]:.2f}-{cpu[key + '_range'][1]:.2f})" if key in cpu else ""
+        rows.append(_row(label, side, ratio))
     return rows
 
 
