@@ -113,6 +113,12 @@ def _sopctl_pair(small: int, large: int, journal: bool) -> float:
     return (high - low) / (large - small)
 
 
+def _failed(exc: Exception) -> dict[str, str]:
+    """Why the MetaGPT side stopped, on one line (it goes in a table cell)."""
+    lines = f"MetaGPT main failed: {exc}".replace("|", "/").splitlines()
+    return {"skipped": " / ".join(line.strip() for line in lines if line.strip())[-500:]}
+
+
 def _cpu(small: int, large: int, repeats: int, with_metagpt: bool) -> dict[str, Any]:
     """CPU per extra step, sopctl (without and with the journal) and RoleZero, interleaved
     round by round (one pair of each per round), so a change of load on a shared machine
@@ -129,7 +135,7 @@ def _cpu(small: int, large: int, repeats: int, with_metagpt: bool) -> dict[str, 
                 ready, pair = stack.enter_context(metagpt_main.rolezero(small, large))
                 metagpt["version"] = " at ".join(str(v) for v in (ready["version"], ready["commit"]) if v)
             except (RuntimeError, OSError, ValueError) as exc:
-                metagpt = {"skipped": f"MetaGPT main failed: {exc}"[:500]}
+                metagpt = _failed(exc)
         for _ in range(repeats):
             sides["sopctl"].append(_sopctl_pair(small, large, journal=False))
             sides["sopctl journaled"].append(_sopctl_pair(small, large, journal=True))
@@ -137,7 +143,7 @@ def _cpu(small: int, large: int, repeats: int, with_metagpt: bool) -> dict[str, 
                 try:
                     sides["metagpt"].append(pair())
                 except (RuntimeError, OSError, ValueError) as exc:
-                    metagpt = {"skipped": f"MetaGPT main failed: {exc}"[:500]}
+                    metagpt = _failed(exc)
     cpu: dict[str, Any] = {"steps": [small, large], "repeats": repeats, "sopctl": _spread(sides["sopctl"]),
                            "sopctl journaled": _spread(sides["sopctl journaled"]),
                            "metagpt": metagpt if "skipped" in metagpt else {**metagpt, **_spread(sides["metagpt"])}}
