@@ -46,7 +46,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("node", "bench.node_bench", "ActionNode keys: fill simple against complex, and revise"),
     ("memory", "bench.memory_bench", "Prompt size as a run grows: whole memory against a memory window"),
     ("scale", "bench.scale_bench", "Scale: 10 to 1,000 files on fake"),
-    ("toolloop", "bench.toolloop_bench", "Tool loops: engine time per step"),
+    ("toolloop", "bench.toolloop_bench", "Tool loops: engine time and CPU per step, beside MetaGPT main's RoleZero"),
     ("hosted", "bench.hosted_bench", "A hosted model's first request: direct client and litellm, against a local OpenAI-compatible server"),
 ]
 
@@ -91,7 +91,7 @@ def run_one(name: str, module: str, size_factor: float, skip_metagpt: bool) -> d
     if name in ("compare", "toolloop"):
         kwargs["with_metagpt"] = not skip_metagpt
         if size_factor < 1:
-            kwargs["reps"] = 1
+            kwargs["reps" if name == "compare" else "repeats"] = 1
     try:
         with contextlib.redirect_stdout(tee):
             entry["result"] = main(**kwargs)
@@ -228,7 +228,9 @@ def render(entries: list[dict[str, Any]], info: dict[str, str], argv: list[str],
              "machine; medians with (min-max) over the repetitions.", "",
              f"- date: {now} (started; {took / 60:.0f} min in all); command: "
              f"`python -m bench{''.join(' ' + a for a in argv)}`",
-             f"- machine: {info['cpus']} CPU(s), {info['cpu']}, {info['os']}",
+             f"- machine: {info['cpus']} CPU(s), {info['cpu']}, {info['os']}"
+             + (f"; 1-minute load average {info['load']} (other jobs on the machine too: "
+                "prefer the ratios, measured in the same run)" if info.get("load") else ""),
              f"- versions: Python {info['python']}, sopctl {info['sopctl']}, "
              f"MetaGPT {info['metagpt']}, litellm {info['litellm']}", ""]
     summary = summary_rows(entries)
@@ -293,14 +295,15 @@ def main(argv: list[str] | None = None) -> int:
     size = 0.05 if args.quick else 1.0
     skip = args.skip_metagpt or args.quick
     entries = []
-    started = dt.datetime.now(dt.timezone.utc)
+    started, load = dt.datetime.now(dt.timezone.utc), os.getloadavg()[0]
     for name, module, title in BENCHES:
         if args.only and name not in args.only:
             entries.append({"name": name, "module": module, "skipped": True})
             continue
         print(f"== {title} ({module})", file=sys.stderr)
         entries.append(run_one(name, module, size, skip))
-    report = render(entries, machine(), list(argv if argv is not None else sys.argv[1:]), started)
+    info = {**machine(), "load": f"{load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end"}
+    report = render(entries, info, list(argv if argv is not None else sys.argv[1:]), started)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(report + "\n")
     print(f"wrote {args.out}", file=sys.stderr)

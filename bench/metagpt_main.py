@@ -14,13 +14,14 @@ it), then the source itself with `--no-deps -e`. `SOPCTL_METAGPT_MAIN_VENV` poin
 made elsewhere. When the venv is missing, the benches that use it say so and measure sopctl
 alone (`available()`); they never fail for it.
 
-`run_rolezero` runs bench/metagpt_rolezero.py inside that venv, offline: HOME holds a dummy
+`rolezero` starts bench/metagpt_rolezero.py inside that venv, offline: HOME holds a dummy
 config (MetaGPT refuses to import without one), and TIKTOKEN_CACHE_DIR a copy of the
 `cl100k_base` file litellm ships (MetaGPT's editor counts tokens; tiktoken would otherwise
 download the encoding).
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -28,11 +29,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from bench.metagpt_baseline import offline_env
 
-__all__ = ["VENV", "SOURCE", "available", "venv_python", "install", "run_rolezero"]
+__all__ = ["VENV", "SOURCE", "available", "venv_python", "install", "rolezero"]
 
 BENCH_DIR = Path(__file__).resolve().parent
 CACHE = BENCH_DIR / ".cache"
@@ -40,6 +43,7 @@ SOURCE = CACHE / "metagpt-main-src"
 VENV = Path(os.environ.get("SOPCTL_METAGPT_MAIN_VENV") or CACHE / "metagpt-main-venv")
 RUNNER = BENCH_DIR / "metagpt_rolezero.py"
 RUN_TIMEOUT_S = 900
+REPLY = "@@rolezero-bench "   # metagpt_rolezero.REPLY: its replies among what MetaGPT prints
 _TIKTOKEN_FILE = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"   # cl100k_base, as tiktoken names it
 
 
@@ -99,19 +103,53 @@ def _tiktoken_file() -> Path | None:
     return path if path.exists() else None
 
 
-def run_rolezero(small: int, large: int, repeats: int) -> dict:
-    """CPU per extra RoleZero tool step (bench/metagpt_rolezero.py), in one fresh process."""
-    with tempfile.TemporaryDirectory(prefix="metagpt-main-bench-") as tmp:
+@contextlib.contextmanager
+def rolezero(small: int, large: int) -> Iterator[tuple[dict, Callable[[], float]]]:
+    """A RoleZero process (bench/metagpt_rolezero.py) ready to measure: yields its ready line
+    (with the version and this checkout's commit) and a function that runs one pair of runs
+    and returns its CPU seconds per extra step. Raises RuntimeError if the process fails."""
+    with tempfile.TemporaryDirectory(prefix="metagpt-main-bench-") as tmp, \
+            open(Path(tmp) / "stderr", "w+") as err:
         env = _offline_env(Path(tmp))
-        proc = subprocess.run([str(venv_python()), str(RUNNER), "--steps", f"{small},{large}",
-                               "--repeats", str(repeats)], env=env, cwd=env["METAGPT_PROJECT_ROOT"],
-                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    if proc.returncode != 0:
-        raise RuntimeError(f"MetaGPT main's RoleZero run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    if result["unknown_calls"]:
-        raise RuntimeError(f"MetaGPT main asked {result['unknown_calls']} prompt(s) the script does not know")
-    return result
+        proc = subprocess.Popen([str(venv_python()), str(RUNNER), "--steps", f"{small},{large}"], env=env,
+                                cwd=env["METAGPT_PROJECT_ROOT"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err, text=True)
+        watchdog = threading.Timer(RUN_TIMEOUT_S, proc.kill)   # a hung run must not hang the bench
+        watchdog.start()
+        assert proc.stdin is not None and proc.stdout is not None
+
+        def answer() -> dict:
+            for line in proc.stdout:
+                if line.startswith(REPLY):
+                    return json.loads(line[len(REPLY):])
+            err.seek(0)
+            raise RuntimeError(f"MetaGPT main's RoleZero process ended ({proc.wait()}):\n{err.read()[-3000:]}")
+
+        def pair() -> float:
+            proc.stdin.write("pair\n")
+            proc.stdin.flush()
+            result = answer()
+            if result["unknown_calls"]:
+                raise RuntimeError(f"MetaGPT main asked {result['unknown_calls']} prompt(s) the script does not know")
+            return float(result["cpu_s_per_step"])
+
+        try:
+            yield {**answer(), "commit": _source_commit()}, pair
+        finally:
+            watchdog.cancel()
+            proc.stdin.close()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _source_commit() -> str | None:
+    """The checkout's commit, so the report says which MetaGPT main was measured."""
+    proc = subprocess.run(["git", "-C", str(SOURCE), "rev-parse", "--short=12", "HEAD"],
+                          capture_output=True, text=True)
+    return proc.stdout.strip() or None
 
 
 if __name__ == "__main__":

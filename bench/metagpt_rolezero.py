@@ -1,6 +1,6 @@
 """Runs INSIDE MetaGPT main's private venv: one RoleZero tool loop on a scripted model.
 
-Launched by `bench/toolloop_bench.py` as `python metagpt_rolezero.py --steps 5,40 --repeats 5`
+Launched by `bench/metagpt_main.py` as `python metagpt_rolezero.py --steps 5,40`
 with HOME pointing at a dummy config and TIKTOKEN_CACHE_DIR at a folder holding
 `cl100k_base` (see that module's docstring for the venv). Only the lowest LLM method
 (`acompletion_text`) is replaced, so RoleZero's prompt building (system prompt, plan status,
@@ -12,14 +12,18 @@ and summary are two more scripted answers).
 The figure is CPU per extra tool step: (CPU of a run of the larger step count - CPU of a run
 of the smaller) / the steps between, so a run's fixed costs (the role's construction, the
 language detection, the end's report) cancel out. One untimed run first pays the one-time
-costs (lazy imports, caches). Prints one JSON object on the last line of stdout. Standard
-library plus MetaGPT only.
+costs (lazy imports, caches), then the process prints a ready line and measures one pair of
+runs for each line it reads on stdin, so the caller can interleave its own runs with these
+(both sides then see the same load). Replies are JSON lines prefixed `REPLY` (MetaGPT may
+print too). Standard library plus MetaGPT only.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
+import sys
 import time
 
 import pandas  # noqa: F401 - before metagpt: qianfan's pyarrow stub breaks a later pandas import
@@ -86,38 +90,37 @@ async def one_run(steps: int) -> float:
     return cpu
 
 
-async def measure(small: int, large: int, repeats: int, current: list[int]) -> dict:
+REPLY = "@@rolezero-bench "
+
+
+def reply(obj: dict) -> None:
+    print(REPLY + json.dumps(obj), flush=True)
+
+
+async def serve(small: int, large: int, current: list[int]) -> None:
+    """One untimed run, then one pair of runs per line on stdin, until it closes."""
     current[0] = small
-    await one_run(small)                          # untimed: one-time costs
-    per_step, chars = [], 0
-    for _ in range(repeats):
+    await one_run(small)
+    reply({"ready": True, "version": importlib.metadata.version("metagpt")})
+    while sys.stdin.readline():
         current[0] = small
         low = await one_run(small)
         current[0] = large
         before = STATS["prompt_chars"]
         high = await one_run(large)
-        chars = STATS["prompt_chars"] - before
-        per_step.append((high - low) / (large - small))
-    return {"system": "metagpt-main", "cpu_s_per_step": per_step, "steps": [small, large],
-            "repeats": repeats, "prompt_chars_large_run": chars, "unknown_calls": STATS["unknown"]}
+        reply({"cpu_s_per_step": (high - low) / (large - small), "unknown_calls": STATS["unknown"],
+               "prompt_chars_large_run": STATS["prompt_chars"] - before})
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", default="5,40", help="SMALL,LARGE step counts")
-    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     small, large = (int(n) for n in args.steps.split(","))
-    t0 = time.perf_counter()
     import metagpt.roles.di.role_zero  # noqa: F401
-    import_s = time.perf_counter() - t0
-    import metagpt
     current = [small]
     install_fake(current)
-    result = asyncio.run(measure(small, large, args.repeats, current))
-    result["import_s"] = import_s
-    result["version"] = getattr(metagpt, "__version__", "main")
-    print(json.dumps(result))
+    asyncio.run(serve(small, large, current))
 
 
 if __name__ == "__main__":
