@@ -199,3 +199,12 @@ def test_the_summary_shows_cpu_and_wall_cold_and_warm_against_their_targets() ->
                                     ("(wall)", "(cold)", "0.200", "**no**"), ("(wall)", "(warm)", "0.080", "yes")):
         [row] = [r for label, r in found.items() if clock in label and when in label]
         assert f"**{value}** | <= 0.1 | {met} |" in row
+
+
+def test_the_quick_report_runs_the_tool_loop_bench(tmp_path: Path) -> None:
+    """`python -m bench --quick` passes the tool loop bench its own options (it once failed
+    with a TypeError there and the report only said the bench was skipped)."""
+    out = tmp_path / "benchmarks.md"
+    assert bench_main(["--quick", "--only", "toolloop", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "toolloop" in text and "TypeError" not in text and "failed" not in text.lower()
