@@ -126,8 +126,13 @@ class McpServers:
             except SchemaError as exc:
                 raise McpServerFailed(f"MCP server {name}: tool {tool.name} has an invalid input "
                                       f"schema: {exc.message}") from None
-            tools.append(Tool(f"{name}.{tool.name}", tool.description or "", schema, readonly=True,
-                              server=name))
+            hints = tool.annotations
+            # MCP's default is a tool that may change things: only one that says it reads runs beside
+            # its neighbours; the rest run one at a time, in the order given
+            readonly = bool(hints is not None and hints.read_only_hint)
+            destructive = not readonly and (hints is None or hints.destructive_hint is not False)
+            about = (tool.description or "") + (" [may delete or overwrite]" if destructive and hints else "")
+            tools.append(Tool(f"{name}.{tool.name}", about, schema, readonly=readonly, server=name))
         return tools
 
     def tools(self, server: str) -> list[Any]:

@@ -1,5 +1,6 @@
-"""An MCP stdio server for the tests: a tool that works, one that sleeps, one that kills the
-server (as a crash mid-run would)."""
+"""An MCP stdio server for the tests: a tool that works (and says it only reads), one that
+sleeps (no annotations), one that kills the server (as a crash mid-run would; it says it is
+destructive)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import os
 import time
 
 from mcp.server.mcpserver import MCPServer
+from mcp.types import ToolAnnotations
 
 server = MCPServer("flaky")
 
 
-@server.tool()
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
 def echo(text: str) -> str:
     """Say the text back."""
     return f"echo: {text}"
@@ -24,7 +26,7 @@ def slow(seconds: float) -> str:
     return "woke up"
 
 
-@server.tool()
+@server.tool(annotations=ToolAnnotations(read_only_hint=False, destructive_hint=True))
 def die() -> str:
     """End the server's process at once."""
     os._exit(3)

@@ -64,6 +64,29 @@ def test_tools_are_discovered_namespaced_and_called(tmp_path: Path) -> None:
     assert "Command flaky.slow failed: flaky.slow timed out after 2 s" in prompts[3]
 
 
+def test_only_a_tool_that_says_it_reads_runs_beside_its_neighbours() -> None:
+    """MCP's annotations: readOnlyHint runs concurrently with neighbouring reads; a tool with
+    none, or destructive, runs alone and in order (a create + write + move in one step failed
+    when every MCP tool ran at once); the model is told which may delete or overwrite."""
+    import asyncio
+
+    from engine.run.mcp import McpServers
+
+    async def listed() -> dict[str, Any]:
+        servers = McpServers(flaky_sop())
+        await servers.start()
+        try:
+            return {tool.name: tool for tool in servers.tools("flaky")}
+        finally:
+            await servers.close()
+
+    tools = asyncio.run(listed())
+    assert {name: tool.readonly for name, tool in tools.items()} == {
+        "flaky.echo": True, "flaky.slow": False, "flaky.die": False}
+    assert tools["flaky.die"].description.endswith("[may delete or overwrite]")
+    assert "[may" not in tools["flaky.slow"].description     # no annotations: nothing claimed
+
+
 def test_one_tool_of_a_server(tmp_path: Path) -> None:
     model = ScriptedModel([done()])
     run_sop(flaky_sop("[mcp.flaky.echo]"), model, tmp_path / "ws", allow_exec=True)
