@@ -9,19 +9,28 @@ every node of a multi-machine cluster) and have sopctl and the SOP file at the s
 Without an address a local cluster is started for the batch (`ray.init()`); with one, the
 existing cluster is joined (`host:port` of its head, or `ray://host:port` for Ray Client).
 An address that cannot be reached is refused before any row starts.
+
+The workers of a cluster started with `ray start` have that shell's environment, not the
+driver's, so the driver hands them, through Ray's runtime environment, what a row needs of
+its own: sopctl's settings (`SOPCTL_*`), the providers' keys and endpoints, proxies and the
+OpenTelemetry settings (`worker_environment`). Ray keeps a runtime environment in its
+cluster state: whoever can read a shared cluster's jobs can read those keys.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
 from engine.batch.rows import Row
 from engine.batch.runner import Launcher, RowContext, execute_row
 from engine.errors import UsageError
+from engine.load.secrets import is_secret_name
 
-__all__ = ["LOCAL", "ray_launcher", "shutdown", "check_reachable"]
+__all__ = ["LOCAL", "ray_launcher", "shutdown", "check_reachable", "worker_environment"]
 
 LOCAL = "local"
 """`--ray` without an address: a local cluster for this batch."""
@@ -53,16 +62,32 @@ def check_reachable(address: str) -> None:
                          "start it (`ray start --head`) or leave ADDRESS out for a local cluster") from None
 
 
+_PASSED_PREFIXES = ("SOPCTL_", "LITELLM_", "OPENAI_", "AZURE_", "ANTHROPIC_", "GEMINI_", "GOOGLE_",
+                    "VERTEX", "AWS_", "MISTRAL_", "GROQ_", "DEEPSEEK_", "TOGETHER", "FIREWORKS_", "COHERE_",
+                    "OPENROUTER_", "OLLAMA_", "HF_", "HUGGINGFACE", "OTEL_")
+_PASSED_NAMES = ("HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY", "http_proxy", "https_proxy", "no_proxy",
+                 "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
+
+
+def worker_environment(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The driver's variables a row needs on any worker (see the module docstring)."""
+    env = os.environ if environ is None else environ
+    return {name: value for name, value in env.items()
+            if name.startswith(_PASSED_PREFIXES) or name in _PASSED_NAMES or is_secret_name(name)}
+
+
 def ray_launcher(ctx: RowContext, address: str) -> Launcher:
     """A launcher that runs each row as a Ray task on the cluster at `address` (or a local one)."""
     ray = _ray()
     if address != LOCAL:
         check_reachable(address)
     try:
+        runtime_env = {"env_vars": worker_environment()}
         if address == LOCAL:
-            ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+            ray.init(include_dashboard=False, log_to_driver=False, ignore_reinit_error=True,
+                     runtime_env=runtime_env)
         else:
-            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True)
+            ray.init(address=address, log_to_driver=False, ignore_reinit_error=True, runtime_env=runtime_env)
     except Exception as exc:  # noqa: BLE001 - Ray raises many kinds; all mean "no cluster"
         raise UsageError(f"cannot start or join the Ray cluster ({address}): {exc}") from None
     task = ray.remote(_row_task)
