@@ -27,3 +27,4 @@ def test_the_cluster_is_joined_with_that_runtime_environment(monkeypatch: pytest
     monkeypatch.setenv("SOPCTL_MODEL", "fake")
     ray_backend.ray_launcher(ctx=None, address=ray_backend.LOCAL)  # type: ignore[arg-type]
     assert seen["runtime_env"]["env_vars"]["SOPCTL_MODEL"] == "fake"
+
