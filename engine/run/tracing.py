@@ -7,12 +7,17 @@ interpreter's hot path knows nothing about tracing. The spans:
   RunStarted to RunEnded; status ERROR when the run failed or ran out of budget.
 - `invoke_agent {role}`: a role's activation, its actions in one round; it ends at its last
   action's end (known when the next round starts, or the run ends).
-- `chat {model}`: a model call (each ask and re-ask), with `gen_ai.request.model`,
-  `gen_ai.usage.input_tokens`/`output_tokens`, `gen_ai.response.finish_reasons` and the
-  call's cost as `sopctl.cost_usd`; an answer reused from the journal has `sopctl.reused`
-  (its duration is the one recorded when it was paid for).
+- `chat {model}`: a model call (each ask and re-ask), with `gen_ai.provider.name` and
+  `gen_ai.request.model` (litellm's `openai/gpt-4o-mini` as `openai` and `gpt-4o-mini`,
+  `local` as llama.cpp's SmolLM2, `fake` as sopctl's; the string as given in
+  `sopctl.model`), `gen_ai.usage.input_tokens`/`output_tokens`,
+  `gen_ai.response.finish_reasons` and the call's cost as `sopctl.cost_usd`. An answer
+  reused from the journal has `sopctl.reused`, no tokens and no cost (it spent nothing now;
+  the recorded call's tokens are `sopctl.recorded_input_tokens`/`_output_tokens`) and the
+  duration recorded when it was paid for.
 - `execute_tool {action}`: an exec action (its command is the tool), from ActionStarted to
-  ActionCompleted; a tool loop's command (ToolCalled), as long as it took.
+  ActionCompleted; a tool loop's command (ToolCalled), as long as it took. A command that
+  failed has status ERROR and `error.type` `sopctl.tool_error` (the run may well go on).
 
 Retries, re-asks and questions to a person are span events on the role's span.
 
@@ -55,7 +60,8 @@ if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["TracingObserver", "Tracing", "start_tracing", "tracing_wanted", "INSTRUMENTATION"]
+__all__ = ["TracingObserver", "Tracing", "start_tracing", "tracing_wanted", "INSTRUMENTATION",
+           "provider_and_model"]
 
 
 INSTRUMENTATION = "sopctl"
@@ -181,20 +187,27 @@ class TracingObserver:
         agent.last = now
         start = now - int(event.seconds * 1e9)
         model = event.model or "unknown"
+        provider, name = provider_and_model(model)
+        # a reused answer cost nothing now: its tokens are the recorded call's, kept apart, so a
+        # replay's trace does not look as if it spent them again
+        spent = 0 if event.reused else 1
         attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat", "gen_ai.request.model": model,
-            "gen_ai.usage.input_tokens": event.prompt_tokens,
-            "gen_ai.usage.output_tokens": event.completion_tokens,
-            "sopctl.cost_usd": event.cost_usd, "sopctl.action": event.action,
+            "gen_ai.operation.name": "chat", "gen_ai.request.model": name,
+            "gen_ai.usage.input_tokens": event.prompt_tokens * spent,
+            "gen_ai.usage.output_tokens": event.completion_tokens * spent,
+            "sopctl.cost_usd": event.cost_usd * spent, "sopctl.action": event.action,
             "sopctl.attempt": event.attempt, "sopctl.reused": event.reused,
-            "sopctl.request_hash": event.request_hash}
+            "sopctl.model": model, "sopctl.request_hash": event.request_hash}
+        if event.reused:
+            attributes.update({"sopctl.recorded_input_tokens": event.prompt_tokens,
+                               "sopctl.recorded_output_tokens": event.completion_tokens})
         if event.finish_reason:
             attributes["gen_ai.response.finish_reasons"] = [event.finish_reason]
-        if "/" in model:
-            attributes["gen_ai.provider.name"] = model.split("/", 1)[0]
+        if provider:
+            attributes["gen_ai.provider.name"] = provider
         if event.unpriced:
             attributes["sopctl.unpriced"] = True
-        span = self._tracer.start_span(f"chat {model}", context=self._inside(agent.span),
+        span = self._tracer.start_span(f"chat {name}", context=self._inside(agent.span),
                                        kind=self._trace.SpanKind.CLIENT, start_time=start,
                                        attributes=attributes)
         self._finish(span, now)
@@ -206,7 +219,7 @@ class TracingObserver:
         span = self._tracer.start_span(
             f"execute_tool {tool}", context=self._inside(agent.span), start_time=started_ns,
             attributes={**_tool_attributes(tool, ""), **(attributes or {})})
-        self._finish(span, ended_ns, error=error)
+        self._finish(span, ended_ns, error=error, error_type="sopctl.tool_error")
 
     def _tool_called(self, event: ToolCalled, now: int) -> None:
         """A tool loop's command: a span ending now, as long as the command took."""
@@ -221,11 +234,24 @@ class TracingObserver:
     def _inside(self, parent: Span | None) -> Any:
         return self._trace.set_span_in_context(parent) if parent is not None else None
 
-    def _finish(self, span: Span, end: int, *, error: str = "") -> None:
+    def _finish(self, span: Span, end: int, *, error: str = "", error_type: str = "sopctl.run_failed") -> None:
         if error:
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, error))
-            span.set_attribute("error.type", "sopctl.run_failed")
+            span.set_attribute("error.type", error_type)
         span.end(end_time=end)
+
+
+def provider_and_model(model: str) -> tuple[str, str]:
+    """`gen_ai.provider.name` and `gen_ai.request.model` of a sopctl model string: litellm's
+    `provider/model` split, the embedded model as llama.cpp's, `fake` as sopctl's own."""
+    if model == "local":
+        return "llama.cpp", "SmolLM2-135M-Instruct"
+    if model == "fake":
+        return "sopctl", "fake"
+    if "/" in model:
+        provider, name = model.split("/", 1)
+        return provider, name
+    return "", model
 
 
 @dataclass

@@ -285,3 +285,51 @@ def test_a_tracing_failure_never_stops_the_run(tmp_path: Path, capsys: pytest.Ca
     assert result.status == "idle"
     err = capsys.readouterr().err
     assert err.count("tracing stopped: RuntimeError: exporter exploded") == 1
+
+
+def test_provider_and_model_follow_the_conventions() -> None:
+    from engine.run.tracing import provider_and_model
+
+    assert provider_and_model("openai/gpt-4o-mini") == ("openai", "gpt-4o-mini")
+    assert provider_and_model("anthropic/claude-x/y") == ("anthropic", "claude-x/y")
+    assert provider_and_model("local") == ("llama.cpp", "SmolLM2-135M-Instruct")
+    assert provider_and_model("fake") == ("sopctl", "fake")
+    assert provider_and_model("gpt-4o") == ("", "gpt-4o")
+
+
+def test_a_resumed_runs_reused_answers_spend_no_tokens_in_the_trace(tmp_path: Path) -> None:
+    """A reused answer cost nothing in this invocation: its span says so, the recorded
+    call's tokens beside (a replay's trace looked as if it spent them again)."""
+    first, _ = traced_run(compile_path(SMALL), tmp_path / "run", model="fake")
+    assert first.status == "idle"
+    replayed = tmp_path / "replay"
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    observer = TracingObserver(provider.get_tracer("test"), {})
+    api.replay(tmp_path / "run", replayed, api.ReplayOptions(observers=[observer]))
+    chats = named(list(exporter.get_finished_spans()), "chat")
+    assert chats and all(s.attributes["sopctl.reused"] for s in chats)
+    assert all(s.attributes["gen_ai.usage.input_tokens"] == 0 and s.attributes["sopctl.cost_usd"] == 0
+               for s in chats)
+    assert sum(s.attributes["sopctl.recorded_input_tokens"] for s in chats) == first.prompt_tokens
+    assert {s.attributes["gen_ai.provider.name"] for s in chats} == {"sopctl"}
+
+
+def test_a_failed_tool_call_is_a_tool_error_not_a_failed_run(tmp_path: Path) -> None:
+    text = """
+apiVersion: sop/v1
+name: t
+inputs: {idea: {required: true}}
+actions:
+  Edit: {prompt: "Fix {{ inputs.idea }}", tools: [editor]}
+roles:
+  R: {actions: [Edit], watch: [UserRequirement]}
+"""
+    model = ScriptedModel([{"commands": [{"command_name": "editor.read", "args": {"path": "missing.py"}}]},
+                           {"commands": [{"command_name": "end", "args": {"answer": "ok"}}]}])
+    with use_model(model):
+        result, spans = traced_run(compile_text(text), tmp_path / "run")
+    assert result.status == "idle"
+    (tool,) = named(spans, "execute_tool")
+    assert tool.attributes["error.type"] == "sopctl.tool_error"
