@@ -26,7 +26,8 @@ when tracing is on: `start_tracing` turns it on for `--trace` or the standard en
 variables (`OTEL_TRACES_EXPORTER`, `OTEL_EXPORTER_OTLP_ENDPOINT`,
 `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; `OTEL_SDK_DISABLED=true` turns the environment's off;
 `OTEL_SERVICE_NAME` and `OTEL_RESOURCE_ATTRIBUTES` name the service). Exporters: `otlp`
-(OTLP over HTTP/protobuf, the default) and `console` (JSON lines on stderr).
+(OTLP over HTTP/protobuf by default, or gRPC with `OTEL_EXPORTER_OTLP_PROTOCOL=grpc`) and
+`console` (JSON lines on stderr).
 """
 
 from __future__ import annotations
@@ -346,16 +347,21 @@ def _processors(env: Mapping[str, str]) -> list[Any]:
 
 
 def _otlp_exporter(env: Mapping[str, str]) -> Any:
-    """OTLP over HTTP/protobuf; it reads its endpoint, headers and timeout from OTEL_* itself."""
+    """OTLP over HTTP/protobuf (default) or gRPC (`OTEL_EXPORTER_OTLP_PROTOCOL=grpc`); the
+    exporter reads its endpoint, headers and timeout from OTEL_* itself."""
     protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
                 or "http/protobuf").strip().lower()
-    if protocol != "http/protobuf":
+    if protocol not in ("http/protobuf", "grpc"):
         raise UsageError(f"OTLP protocol {protocol!r} is not supported by sopctl",
-                         "set OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf (port 4318 on a collector)")
+                         "set OTEL_EXPORTER_OTLP_PROTOCOL to http/protobuf (port 4318 on a collector) "
+                         "or grpc (port 4317)")
     try:
-        # the optional `otel` extra's exporter, as above
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        # the optional `otel` extra's exporters, as above
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        else:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
     except ImportError:
-        raise UsageError("the OTLP exporter is not installed",
+        raise UsageError(f"the OTLP exporter for {protocol} is not installed",
                          "install the extra: pip install 'sopctl[otel]'") from None
     return OTLPSpanExporter()

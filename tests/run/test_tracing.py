@@ -247,7 +247,7 @@ def test_tracing_without_the_extra_is_a_clear_answer(tmp_path: Path, monkeypatch
 
 @pytest.mark.parametrize(("name", "value", "says"), [
     ("OTEL_TRACES_EXPORTER", "zipkin", "no exporter"),
-    ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc", "not supported"),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json", "not supported"),
 ])
 def test_an_exporter_sopctl_lacks_is_exit_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             capsys: pytest.CaptureFixture[str], name: str,
@@ -333,3 +333,36 @@ roles:
     assert result.status == "idle"
     (tool,) = named(spans, "execute_tool")
     assert tool.attributes["error.type"] == "sopctl.tool_error"
+
+
+def test_a_run_trace_exports_over_otlp_grpc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """OTEL_EXPORTER_OTLP_PROTOCOL=grpc sends the same spans to a real gRPC OTLP receiver."""
+    from concurrent import futures
+
+    import grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    received: list[Any] = []
+
+    class Collector(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request: Any, context: Any) -> Any:  # noqa: N802 - the service's name
+            received.append(request)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Collector(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        code = main(["run", str(SMALL), "--idea", "a snake game", "--model", "fake", "--out",
+                     str(tmp_path / "run"), "--no-input", "--trace"])
+        assert code == 0, capsys.readouterr().err
+    finally:
+        server.stop(grace=None)
+    names = [span.name for request in received for rs in request.resource_spans
+             for scope in rs.scope_spans for span in scope.spans]
+    assert names.count("invoke_workflow journal_small") == 1 and "chat fake" in names
