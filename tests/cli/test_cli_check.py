@@ -28,7 +28,8 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
 
 def test_valid_file(capsys) -> None:
     code, out, _ = _run(capsys, "validate", VALID)
-    assert (code, out.strip()) == (0, f"{VALID}: ok")
+    # its exec action is named on the needs line (what --allow-exec unlocks)
+    assert (code, out.strip()) == (0, f"{VALID}: ok\n{VALID}: needs --allow-exec: exec (RunTests)")
 
 
 def test_error_is_rendered_compiler_style(capsys) -> None:
