@@ -357,8 +357,8 @@ def _otlp_exporter(env: Mapping[str, str]) -> Any:
                          "or grpc (port 4317)")
     try:
         # the optional `otel` extra's exporters, as above
-        if protocol == "grpc":   # here: the optional extra's, and grpc costs its import only when asked for
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        if protocol == "grpc":
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter  # grpc: only when asked
         else:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
     except ImportError:
