@@ -92,6 +92,16 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return 0
 
 
+@handles("lsp")
+def cmd_lsp(args: argparse.Namespace) -> int:
+    try:
+        from engine.lsp.server import serve   # here: pygls is the optional `lsp` extra
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"`sopctl lsp` needs the lsp extra ({exc.name} is not installed)",
+                         hint="pip install 'sopctl[lsp]'") from None
+    return serve(max(args.debounce_ms, 0) / 1000, tuple(args.include_path))
+
+
 @handles("run")
 def cmd_run(args: argparse.Namespace) -> int:
     """Compile, check inputs, refuse exec/unusable models before starting, run, report.
