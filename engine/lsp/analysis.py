@@ -95,18 +95,18 @@ def _maybe_library(data: dict) -> bool:
 def _includer(file: str, open_texts: Mapping[str, str]) -> tuple[str, str] | None:
     """(path, text) of a file that includes `file`: an open document first, then one on disk
     beside it or in the folder above."""
-    for path, text in open_texts.items():
-        if path != file and _includes(path, text, file):
-            return path, text
+    for name, text in open_texts.items():
+        if name != file and _includes(name, text, file):
+            return name, text
     folder = Path(file).parent
     candidates = [*sorted(folder.glob("*.sop.yaml")), *sorted(folder.parent.glob("*.sop.yaml"))]
     for path in candidates[:_MAX_NEIGHBOURS]:
         name = str(path.absolute())
         if name == file or name in open_texts:
             continue
-        text = _read(path)
-        if text is not None and _includes(name, text, file):
-            return name, text
+        found = _read(path)
+        if found is not None and _includes(name, found, file):
+            return name, found
     return None
 
 

@@ -327,7 +327,7 @@ async def test_the_server_never_imports_litellm(tmp_path: Path) -> None:
     MCP servers, then the server's own sys.modules: no litellm, no model, no MCP SDK."""
     report = tmp_path / "modules.json"
     probe = ("import atexit, json\n"
-             "atexit.register(lambda: open(%r, 'w').write(json.dumps(sorted(sys.modules))))\n" % str(report))
+             f"atexit.register(lambda: open({str(report)!r}, 'w').write(json.dumps(sorted(sys.modules))))\n")
     config = ClientServerConfig(server_command=_server(probe=probe))
     lsp = await config.start()
     await lsp.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
