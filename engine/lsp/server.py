@@ -80,8 +80,14 @@ class SopServer(LanguageServer):
         version, text = document.version, document.source
         others = {self.path_of(u): self.workspace.get_text_document(u).source
                   for u in self.documents if u != uri}
-        analysis = await asyncio.get_running_loop().run_in_executor(
-            self.checker, analyse, self.path_of(uri), text, self.include_dirs, others)
+        try:
+            analysis = await asyncio.get_running_loop().run_in_executor(
+                self.checker, analyse, self.path_of(uri), text, self.include_dirs, others)
+        except Exception as exc:  # noqa: BLE001 - a bug must not end the editor's session
+            self.window_log_message(types.LogMessageParams(
+                type=types.MessageType.Error, message=f"sopctl: internal error checking {uri}: "
+                f"{type(exc).__name__}: {exc} (a bug in sopctl; please report it)"))
+            return
         state = self.documents.get(uri)
         if state is None or self.workspace.get_text_document(uri).version != version:
             return   # closed or changed meanwhile: a newer check is on its way
