@@ -12,6 +12,7 @@ Nothing here runs anything: loading, the models and the checks only.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from engine.load.migrations import migrate
 from engine.load.source import MAX_FILE_BYTES, Source, load_text
 from engine.lsp.index import Index, build_index
 
-__all__ = ["Analysis", "analyse", "absolute"]
+__all__ = ["Analysis", "analyse", "absolute", "is_sop"]
 
 
 _MAX_NEIGHBOURS = 200
@@ -47,6 +48,19 @@ class Analysis:
     """For a library: the file that includes it, through which it was checked."""
 
 
+_SOP_SUFFIXES = (".sop.yaml", ".sop.yml")
+
+
+_API_VERSION = re.compile(r"^apiVersion\s*:\s*['\"]?sop/", re.MULTILINE)
+
+
+def is_sop(file: str, text: str) -> bool:
+    """Whether a document is an SOP file: named `*.sop.yaml`, or saying `apiVersion: sop/...`.
+    An editor starts the server for every YAML file; a compose file or a CI workflow is left
+    alone rather than told it lacks `apiVersion`."""
+    return file.endswith(_SOP_SUFFIXES) or _API_VERSION.search(text) is not None
+
+
 def absolute(file: str) -> str:
     """A diagnostic's file (relative to the current folder for a library) as an absolute path."""
     return os.path.abspath(file)
@@ -56,6 +70,8 @@ def analyse(file: str, text: str, include_dirs: tuple[str, ...] = (),
             open_texts: Mapping[str, str] | None = None) -> Analysis:
     """Check and index the document at `file` (absolute) whose current text is `text`;
     `open_texts` are the other open documents (absolute path -> text)."""
+    if not is_sop(file, text):
+        return Analysis(file=file, text=text, diagnostics={file: ()})
     result = check_text(text, file, include_dirs)
     source = result.source or _loaded(text, file)   # a library that failed: the file alone
     if source is not None and _maybe_library(source.data):

@@ -23,7 +23,7 @@ from lsprotocol import types
 from engine.check.template_rules import BASE_VARIABLES, JOIN_VARIABLES, MESSAGE_FIELDS, VARIABLE_FIELDS
 from engine.load.catalog import BUILTIN, MCP_PREFIX
 from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT
-from engine.lsp.cursor import ITEM, Place, place_at, template_before
+from engine.lsp.cursor import ITEM, Place, place_at, template_before, to_client
 from engine.lsp.index import Index
 from engine.lsp.keys import enum_values, node_at, properties
 
@@ -47,12 +47,12 @@ def complete(text: str, line: int, col: int, index: Index | None, file: str) -> 
     if expression is not None:
         word = re.search(r"\w*$", expression)
         found = list(_template(expression, (*place.path, place.key or ""), data))
-        return _items(found, line, col, len(word.group()) if word else 0)
+        return _items(found, lines[line], line, col, len(word.group()) if word else 0)
     if place.in_block:
         return []
     place = _into_item(place, data)
     found = list(_keys(place, data) if place.in_key else _values(place, data, file))
-    return _items(found, line, col, len(place.word), as_key=place.in_key)
+    return _items(found, lines[line], line, col, len(place.word), as_key=place.in_key)
 
 
 def _into_item(place: Place, data: dict[str, Any]) -> Place:
@@ -65,9 +65,10 @@ def _into_item(place: Place, data: dict[str, Any]) -> Place:
     return Place(path=item, word=place.word)
 
 
-def _items(found: list[Item], line: int, col: int, typed: int, as_key: bool = False) -> list[types.CompletionItem]:
-    edit_range = types.Range(start=types.Position(line=line, character=col - typed),
-                             end=types.Position(line=line, character=col))
+def _items(found: list[Item], text: str, line: int, col: int, typed: int,
+           as_key: bool = False) -> list[types.CompletionItem]:
+    edit_range = types.Range(start=types.Position(line=line, character=to_client(text, col - typed)),
+                             end=types.Position(line=line, character=to_client(text, col)))
     items = []
     for order, (label, kind, doc) in enumerate(dict.fromkeys(found)):
         insert = f"{label}: " if as_key else label

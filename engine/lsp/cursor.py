@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["ITEM", "Place", "from_client", "place_at", "template_before", "to_client", "word_at"]
+__all__ = ["ITEM", "Place", "from_client", "place_at", "template_before", "to_client", "use_encoding", "word_at"]
 
 
 ITEM = "-"
@@ -234,17 +234,39 @@ def template_before(text: str, offset: int) -> str | None:
     return head[opened + 2:]
 
 
+_UNIT_BYTES = {"utf-8": 1, "utf-16": 2, "utf-32": 4}
+
+
+_encoding = ["utf-16"]
+"""How the client counts columns, as the session agreed at `initialize` (UTF-16 unless the
+client offered another that pygls took). One client per server process (stdio), so it is
+set once for the process."""
+
+
+def use_encoding(kind: str) -> None:
+    """Count client columns in `kind` (`utf-8`, `utf-16` or `utf-32`) from now on."""
+    _encoding[0] = kind if kind in _UNIT_BYTES else "utf-16"
+
+
+def _units(char: str) -> int:
+    kind = _encoding[0]
+    if kind == "utf-32":
+        return 1
+    if kind == "utf-8":
+        return len(char.encode("utf-8", "surrogatepass"))
+    return 2 if ord(char) > 0xFFFF else 1
+
+
 def to_client(text: str, col: int) -> int:
-    """A Python column of a line as the client counts it (UTF-16 code units)."""
-    head = text[:col]
-    return col + sum(1 for char in head if ord(char) > 0xFFFF)
+    """A Python column of a line as the client counts it (UTF-16 code units by default)."""
+    return sum(_units(char) for char in text[:col]) + max(col - len(text), 0)
 
 
 def from_client(text: str, col: int) -> int:
-    """A client's column (UTF-16 code units) of a line as a Python column."""
+    """A client's column of a line as a Python column."""
     units = 0
     for index, char in enumerate(text):
         if units >= col:
             return index
-        units += 2 if ord(char) > 0xFFFF else 1
+        units += _units(char)
     return len(text)

@@ -15,7 +15,7 @@ from typing import Any
 from lsprotocol import types
 
 from engine.lsp.completion import kind_reader
-from engine.lsp.cursor import place_at, word_at
+from engine.lsp.cursor import place_at, to_client, word_at
 from engine.lsp.index import Index, Span, Symbol
 from engine.lsp.keys import enum_values, node_at, properties
 from engine.lsp.publish import span_range, uri_of
@@ -190,7 +190,7 @@ def _symbol(name: str, kind: types.SymbolKind, span: Span, lines: Sequence[str],
     last = _entry_end(lines, span)
     end_text = lines[last] if last < len(lines) else ""
     whole = types.Range(start=types.Position(line=span.line, character=0),
-                        end=types.Position(line=last, character=len(end_text.encode("utf-16-le")) // 2))
+                        end=types.Position(line=last, character=to_client(end_text, len(end_text))))
     return types.DocumentSymbol(name=name, kind=kind, range=whole, selection_range=span_range(span, lines),
                                 children=children or None, detail=detail or None)
 

@@ -23,9 +23,9 @@ from pygls.lsp.server import LanguageServer
 from pygls.uris import to_fs_path
 
 from engine import __version__
-from engine.lsp.analysis import Analysis, analyse
+from engine.lsp.analysis import Analysis, analyse, is_sop
 from engine.lsp.completion import TRIGGERS, complete
-from engine.lsp.cursor import from_client
+from engine.lsp.cursor import from_client, use_encoding
 from engine.lsp.index import Index
 from engine.lsp.navigation import definition, hover, references, symbols
 from engine.lsp.publish import quick_fixes, to_lsp, uri_of
@@ -134,6 +134,10 @@ class SopServer(LanguageServer):
         state = self.documents.get(uri)
         return state.index if state is not None else None
 
+    def serves(self, uri: str) -> bool:
+        """Whether the document is an SOP file (other YAML files get no answers)."""
+        return is_sop(self.path_of(uri), self.workspace.get_text_document(uri).source)
+
 
 def _unique(found: list[types.Diagnostic]) -> list[types.Diagnostic]:
     seen: list[types.Diagnostic] = []
@@ -149,6 +153,8 @@ def build(debounce_s: float = DEFAULT_DEBOUNCE_S, include_dirs: tuple[str, ...] 
 
     @server.feature(types.INITIALIZE)
     def initialize(ls: SopServer, params: types.InitializeParams) -> None:
+        encoding = ls.workspace.position_encoding
+        use_encoding(str(getattr(encoding, "value", encoding) or "utf-16"))
         options = params.initialization_options
         if isinstance(options, dict) and isinstance(options.get("debounceMs"), (int, float)):
             ls.debounce_s = max(float(options["debounceMs"]), 0.0) / 1000
@@ -182,6 +188,8 @@ def _requests(server: SopServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_COMPLETION, types.CompletionOptions(trigger_characters=TRIGGERS))
     def completion(ls: SopServer, params: types.CompletionParams) -> types.CompletionList:
         uri = params.text_document.uri
+        if not ls.serves(uri):
+            return types.CompletionList(is_incomplete=False, items=[])
         lines, line, col = ls.position(uri, params.position)
         items = complete("\n".join(lines), line, col, ls.index_of(uri), ls.path_of(uri))
         return types.CompletionList(is_incomplete=False, items=items)
@@ -189,6 +197,8 @@ def _requests(server: SopServer) -> None:
     @server.feature(types.TEXT_DOCUMENT_HOVER)
     def on_hover(ls: SopServer, params: types.HoverParams) -> types.Hover | None:
         uri = params.text_document.uri
+        if not ls.serves(uri):
+            return None
         lines, line, col = ls.position(uri, params.position)
         return hover(ls.index_of(uri), lines, ls.path_of(uri), line, col)
 

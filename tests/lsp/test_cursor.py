@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.lsp.cursor import ITEM, from_client, place_at, template_before, to_client
+from engine.lsp.cursor import ITEM, from_client, place_at, template_before, to_client, use_encoding
 
 DOC = """\
 apiVersion: sop/v1
@@ -86,3 +86,16 @@ def test_columns_in_utf16_units() -> None:
     col = text.index("inputs")
     assert to_client(text, col) == col + 1
     assert from_client(text, to_client(text, col)) == col
+
+
+def test_columns_in_utf8_or_utf32_when_the_client_counts_so() -> None:
+    text = "a: 'é😀 {{ inputs.x }}'"
+    col = text.index("inputs")
+    try:
+        use_encoding("utf-8")
+        assert to_client(text, col) == len(text[:col].encode("utf-8"))
+        assert from_client(text, to_client(text, col)) == col
+        use_encoding("utf-32")
+        assert to_client(text, col) == col
+    finally:
+        use_encoding("utf-16")

@@ -138,6 +138,30 @@ async def test_diagnostics_follow_changes(client: LanguageClient, tmp_path: Path
     assert await _diagnostics(client, uri) == []
 
 
+async def test_ranges_count_columns_as_the_client_asked(tmp_path: Path) -> None:
+    """Helix and Neovim offer UTF-8 columns first: a range after an emoji is in bytes then."""
+    text = SOP.replace('prompt: "Write', 'prompt: "😀 Write').replace("{{ inputs.idea }}", "{{ inputs.idae }}")
+    lsp = await ClientServerConfig(server_command=_server()).start()
+    try:
+        await lsp.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities(
+            general=types.GeneralClientCapabilities(position_encodings=[types.PositionEncodingKind.Utf8]))))
+        (found,) = await _diagnostics(lsp, _open(lsp, _write(tmp_path, "u.sop.yaml", text)))
+        line = text.split("\n")[found.range.start.line]
+        assert found.range.start.character == len(line[:line.index("idae")].encode("utf-8"))
+        await lsp.shutdown_session()
+    finally:
+        await lsp.stop()
+
+
+async def test_other_yaml_files_are_left_alone(client: LanguageClient, tmp_path: Path) -> None:
+    text = "services:\n  web: {image: nginx}\n"
+    uri = _open(client, _write(tmp_path, "compose.yaml", text))
+    assert await _diagnostics(client, uri) == []
+    assert await _labels(client, uri, types.Position(line=2, character=0)) == []
+    assert await client.text_document_hover_async(types.HoverParams(
+        text_document=_doc(uri), position=types.Position(line=0, character=2))) is None
+
+
 async def test_a_file_that_is_not_yaml_yet_is_located(client: LanguageClient, tmp_path: Path) -> None:
     uri = _open(client, _write(tmp_path, "typing.sop.yaml", SOP + "  Extra: [\n"))
     (found,) = await _diagnostics(client, uri)
