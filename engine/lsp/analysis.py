@@ -73,7 +73,7 @@ def analyse(file: str, text: str, include_dirs: tuple[str, ...] = (),
     if not is_sop(file, text):
         return Analysis(file=file, text=text, diagnostics={file: ()})
     result = check_text(text, file, include_dirs)
-    source = result.source or _loaded(text, file)   # a library that failed: the file alone
+    source = result.source or _loaded(text, file) or _repaired(text, file, result)
     if source is not None and _maybe_library(source.data):
         includer = _includer(file, open_texts or {})
         if includer is not None:
@@ -86,6 +86,28 @@ def _loaded(text: str, file: str) -> Source | None:
         return migrate(load_text(text, file))
     except LoadError:
         return None
+
+
+_REPAIRS = 3
+
+
+def _repaired(text: str, file: str, result: CheckResult) -> Source | None:
+    """The text loaded without the lines YAML refuses (a line being typed: `watch: [Wri`),
+    for navigation and completion only; None when blanking a few lines does not help."""
+    lines = text.split("\n")
+    found = result.diagnostics
+    for _ in range(_REPAIRS):
+        broken = [n for d in found if d.code == "SOP005" for n in (d.line, *(r.line for r in d.related))
+                  if 0 < n <= len(lines) and lines[n - 1]]
+        if not broken:
+            return None
+        for number in broken:      # where the parser stopped, and where what it parsed began
+            lines[number - 1] = ""
+        try:
+            return migrate(load_text("\n".join(lines), file))
+        except LoadError as exc:
+            found = tuple(exc.diagnostics)
+    return None
 
 
 def _analysis(file: str, text: str, result: CheckResult, index: Index | None, only: str = "",

@@ -221,6 +221,22 @@ async def test_an_includes_diagnostics_land_in_the_library(client: LanguageClien
     assert "did you mean 'instruction'?" in found.message
 
 
+async def test_saving_a_library_checks_its_includer_again(client: LanguageClient, tmp_path: Path) -> None:
+    library = _write(tmp_path, "lib/shared.sop.yaml", LIBRARY)
+    uri = _open(client, _write(tmp_path, "main.sop.yaml", MAIN))
+    lib_uri = _open(client, library)
+    assert [d.code for d in await _diagnostics(client, lib_uri)] == ["SOP101"]
+    fixed = LIBRARY.replace("instructions", "instruction")
+    library.write_text(fixed, encoding="utf-8")
+    _change(client, lib_uri, fixed, 2)
+    await asyncio.sleep(0.5)          # past the debounce: what comes next is the save's
+    client.diagnostics.pop(uri, None)
+    client.diagnostics.pop(lib_uri, None)
+    client.text_document_did_save(types.DidSaveTextDocumentParams(text_document=_doc(lib_uri)))
+    assert await _diagnostics(client, uri) == []
+    assert await _diagnostics(client, lib_uri) == []
+
+
 async def test_a_library_opened_alone_is_checked_through_its_includer(client: LanguageClient,
                                                                       tmp_path: Path) -> None:
     library = _write(tmp_path, "lib/shared.sop.yaml", LIBRARY)
@@ -279,11 +295,11 @@ async def test_key_completion_follows_the_actions_kind(client: LanguageClient, t
     assert "command" in labels and "kind" not in labels and "system" not in labels
 
 
-async def test_completion_of_addresses_and_tools(client: LanguageClient, tmp_path: Path) -> None:
-    uri = _open(client, _write(tmp_path, "a.sop.yaml", SOP))
-    await _diagnostics(client, uri)
+async def test_completion_of_addresses_and_tools_in_a_file_opened_half_typed(client: LanguageClient,
+                                                                              tmp_path: Path) -> None:
     text = SOP.replace("    context: none\n", "    context: none\n    send_to: [\n    tools: [\n")
-    _change(client, uri, text, 2)
+    uri = _open(client, _write(tmp_path, "a.sop.yaml", text))
+    assert [d.code for d in await _diagnostics(client, uri)] == ["SOP005"]
     addresses = await _labels(client, uri, _at(text, "send_to: [", 10))
     assert addresses[:2] == ["Writer", "Reviewer"] and "<all>" in addresses
     tools = await _labels(client, uri, _at(text, "tools: [", 8))
