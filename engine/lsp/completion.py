@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from engine.load.catalog import BUILTIN, MCP_PREFIX
 from engine.load.spec import SPECIAL_ADDRESSES, USER_REQUIREMENT
 from engine.lsp.cursor import ITEM, Place, place_at, template_before, to_client
 from engine.lsp.index import Index
-from engine.lsp.keys import enum_values, node_at, properties
+from engine.lsp.keys import KindOf, enum_values, node_at, properties
 
 __all__ = ["TRIGGERS", "complete", "kind_reader"]
 
@@ -79,7 +80,7 @@ def _items(found: list[Item], text: str, line: int, col: int, typed: int,
     return items
 
 
-def kind_reader(data: dict[str, Any], place: Place | None = None) -> Any:
+def kind_reader(data: dict[str, Any], place: Place | None = None) -> KindOf:
     """The `kind` of the action a path is in: written beside the cursor, or in the parsed data."""
     def kind_of(path: tuple[str, ...]) -> str | None:
         if len(path) != 2 or path[0] != "actions":
@@ -134,13 +135,20 @@ def _tools(data: dict[str, Any]) -> Iterator[Item]:
             c.name for c in commands)
         for command in commands:
             yield command.name, types.CompletionItemKind.Method, command.description
-    for server in _section(data, "mcp"):
+    for server, spec in _section(data, "mcp").items():
         yield MCP_PREFIX + server, types.CompletionItemKind.Module, f"the MCP server `{server}`"
+        declared = spec.get("tools") if isinstance(spec, dict) else None
+        for tool in declared if isinstance(declared, list) else []:
+            yield f"{MCP_PREFIX}{server}.{tool}", types.CompletionItemKind.Method, f"a tool of `{server}`"
+
+
+_MAX_INCLUDE_CHOICES = 200
 
 
 def _includes(file: str) -> Iterator[Item]:
+    """SOP files under the file's folder (the first few found: a home folder is no project)."""
     folder = Path(file).parent
-    for path in sorted(folder.rglob("*.sop.yaml"))[:200]:
+    for path in sorted(itertools.islice(folder.rglob("*.sop.yaml"), _MAX_INCLUDE_CHOICES)):
         if path != Path(file):
             yield path.relative_to(folder).as_posix(), types.CompletionItemKind.File, ""
 

@@ -298,12 +298,14 @@ async def test_key_completion_follows_the_actions_kind(client: LanguageClient, t
 async def test_completion_of_addresses_and_tools_in_a_file_opened_half_typed(client: LanguageClient,
                                                                               tmp_path: Path) -> None:
     text = SOP.replace("    context: none\n", "    context: none\n    send_to: [\n    tools: [\n")
+    text += "mcp:\n  notes: {command: [python, notes.py], tools: [search]}\n"
     uri = _open(client, _write(tmp_path, "a.sop.yaml", text))
     assert [d.code for d in await _diagnostics(client, uri)] == ["SOP005"]
     addresses = await _labels(client, uri, _at(text, "send_to: [", 10))
     assert addresses[:2] == ["Writer", "Reviewer"] and "<all>" in addresses
     tools = await _labels(client, uri, _at(text, "tools: [", 8))
     assert "editor" in tools and "editor.write" in tools and "terminal" in tools
+    assert "mcp.notes" in tools and "mcp.notes.search" in tools
 
 
 # ---------------------------------------------------------------- hover, navigation
