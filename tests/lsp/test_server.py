@@ -387,3 +387,49 @@ async def test_the_server_never_imports_litellm(tmp_path: Path) -> None:
              or m.startswith(("engine.run", "engine.api", "engine.models.hosted.", "engine.models.local"))]
     assert "engine.lsp.server" in loaded and heavy == []
 
+
+
+async def test_checks_wait_until_typing_stops(tmp_path: Path) -> None:
+    """With a debounce, a burst of edits is checked once, at its last text: the errors of the
+    edits in between are never published."""
+    lsp = await ClientServerConfig(server_command=_server("--debounce-ms", "1000")).start()
+    try:
+        await lsp.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
+        uri = _open(lsp, _write(tmp_path, "burst.sop.yaml", SOP))
+        assert await _diagnostics(lsp, uri) == []
+        lsp.diagnostics.pop(uri, None)
+        for version, typed in enumerate(("i", "id", "ide"), start=2):
+            _change(lsp, uri, SOP.replace("{{ inputs.idea }}", "{{ inputs." + typed + " }}"), version)
+        _change(lsp, uri, SOP, 5)
+        assert await _diagnostics(lsp, uri) == []
+        await lsp.shutdown_session()
+    finally:
+        await lsp.stop()
+
+
+async def test_related_places_and_enum_hovers(client: LanguageClient, tmp_path: Path) -> None:
+    text = SOP.replace("    profile: Editor\n", "    profile: Editor\n    react_mode: by_order\n    profile: Chief\n")
+    uri = _open(client, _write(tmp_path, "dup.sop.yaml", text))
+    (found,) = await _diagnostics(client, uri)
+    assert found.code == "SOP007"
+    (first,) = found.related_information or []
+    assert first.message == "first defined here" and first.location.range.start == _at(text, "profile: Editor")
+    _change(client, uri, text.replace("    profile: Chief\n", ""), 2)
+    await _diagnostics(client, uri)
+    value = await _hover(client, uri, _at(text, "by_order", 3))
+    assert "The actions run in order." in value
+
+
+async def test_definition_and_references_of_a_role_named_in_send_to(client: LanguageClient,
+                                                                     tmp_path: Path) -> None:
+    text = SOP.replace("      Body: {type: str, instruction: the article}\n",
+                       "      Body: {type: str, instruction: the article}\n    send_to: [Reviewer]\n")
+    uri = _open(client, _write(tmp_path, "to.sop.yaml", text))
+    assert await _diagnostics(client, uri) == []
+    (target,) = await client.text_document_definition_async(types.DefinitionParams(
+        text_document=_doc(uri), position=_at(text, "[Reviewer]", 2))) or []
+    assert isinstance(target, types.Location) and target.range.start == _at(text, "Reviewer:")
+    found = await client.text_document_references_async(types.ReferenceParams(
+        text_document=_doc(uri), position=_at(text, "Reviewer:", 1),
+        context=types.ReferenceContext(include_declaration=False))) or []
+    assert [loc.range.start for loc in found] == [_at(text, "Reviewer]")]
