@@ -116,8 +116,10 @@ def _analysis(file: str, text: str, result: CheckResult, index: Index | None, on
     lines: dict[str, tuple[str, ...]] = {file: tuple(text.splitlines())}
     for diag in result.diagnostics:
         where = absolute(diag.file) if diag.file else result.file
-        if only and where != only:
-            continue
+        if only:        # a library checked through its includer: only what is in the library
+            if os.path.realpath(where) != os.path.realpath(only):
+                continue
+            where = file
         grouped.setdefault(where, []).append(diag)
         if where != file:
             lines[where] = result.lines_of(diag.file)
