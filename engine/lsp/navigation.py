@@ -8,14 +8,13 @@ value of an enum, what that value means.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 from lsprotocol import types
 
 from engine.lsp.completion import kind_reader
-from engine.lsp.cursor import place_at, to_client, word_at
+from engine.lsp.cursor import ITEM, place_at, to_client, word_at
 from engine.lsp.index import Index, Span, Symbol
 from engine.lsp.keys import enum_values, node_at, properties
 from engine.lsp.publish import span_range, uri_of
@@ -139,27 +138,25 @@ def _output_doc(data: dict[str, Any], name: str) -> str:
     return "\n\n".join(out)
 
 
-_KEY_AT = re.compile(r"^(\s*(?:-\s+)*)([^\s:#'\"][^:#]*?)\s*:(\s|$)")
-
-
 def _key_doc(lines: list[str], line: int, col: int, data: dict[str, Any]) -> str:
-    """A key's description, or what the enum value under the cursor means."""
+    """A key's description (block or flow style, in a list item too), or what the enum
+    value under the cursor means."""
     text = lines[line] if line < len(lines) else ""
-    match = _KEY_AT.match(text)
-    if match is None:
+    begin, end = word_at(text, col)
+    word = text[begin:end].strip("'\"")
+    if not word:
         return ""
-    start, end = match.start(2), match.end(2)
     kind_of = kind_reader(data)
-    place = place_at(lines, line, start)
-    if start <= col <= end:
-        node = properties(place.path, kind_of).get(match.group(2))
-        return f"**{match.group(2)}**: {node['description']}" if node and node.get("description") else ""
-    begin, finish = word_at(text, col)
-    value = text[begin:finish]
-    node = node_at((*place.path, match.group(2)), kind_of)
-    for option, doc in enum_values(node or {}):
-        if option == value and doc:
-            return f"**{value}**: {doc}"
+    place = place_at(lines, line, end)
+    if text[end:].lstrip().startswith(":"):
+        path = place.path if place.in_key or place.key is None else (*place.path, place.key, ITEM)
+        node = properties(path, kind_of).get(word)
+        return f"**{word}**: {node['description']}" if node and node.get("description") else ""
+    if place.key is None:
+        return ""
+    for option, doc in enum_values(node_at((*place.path, place.key), kind_of) or {}):
+        if option == word and doc:
+            return f"**{word}**: {doc}"
     return ""
 
 

@@ -327,6 +327,10 @@ async def test_hover_on_an_action_a_role_and_a_key(client: LanguageClient, tmp_p
     assert "watch: `WriteDraft`" in role and "actions: `Review`" in role
     key = await _hover(client, uri, _at(SOP, "context: none", 2))
     assert "Which observed/remembered messages are shown" in key
+    flow = await _hover(client, uri, _at(SOP, "instruction: a catchy", 3))
+    assert "What the model must put in this key" in flow
+    item = await _hover(client, uri, _at(SOP, 'path: "review.md"', 1))
+    assert "Path relative to the workspace" in item
 
 
 async def test_references_of_an_action_include_its_templates(client: LanguageClient, tmp_path: Path) -> None:
