@@ -91,7 +91,8 @@ def properties(path: tuple[str, ...], kind_of: KindOf) -> dict[str, dict[str, An
 
 
 def enum_values(node: dict[str, Any]) -> list[tuple[str, str]]:
-    """(value, what it means) of a node's allowed constants (enums, consts, booleans)."""
+    """(value, what it means) of a node's allowed constants (enums, consts, booleans), and
+    its examples (an output node's `type`: `str`, `list[str]`...)."""
     found: list[tuple[str, str]] = []
     for option in [node, *_branches(node)]:
         texts = option.get("enumDescriptions", [])
@@ -101,4 +102,5 @@ def enum_values(node: dict[str, Any]) -> list[tuple[str, str]]:
             found.append((str(option["const"]), option.get("description", "")))
         if option.get("type") == "boolean":
             found += [("true", ""), ("false", "")]
+        found += [(value, "an example") for value in option.get("examples", []) if isinstance(value, str)]
     return list(dict.fromkeys(found))

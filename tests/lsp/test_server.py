@@ -293,6 +293,10 @@ async def test_key_completion_follows_the_actions_kind(client: LanguageClient, t
     await _diagnostics(client, uri)
     labels = await _labels(client, uri, _at(text, "kind: exec\n    ", 15))
     assert "command" in labels and "kind" not in labels and "system" not in labels
+    kinds = await _labels(client, uri, _at(text, "kind: exec", 6))
+    assert kinds == ["llm", "exec", "ask", "reply"]
+    types_ = await _labels(client, uri, _at(text, "Title: {type: ", 14))
+    assert "list[str]" in types_ and "str" in types_
 
 
 async def test_completion_of_addresses_and_tools_in_a_file_opened_half_typed(client: LanguageClient,
