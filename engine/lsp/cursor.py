@@ -127,13 +127,17 @@ def _on_line(lines: list[str], line: int, parsed: _Line, ancestors: list[str], p
     value_at = _KEY.match(rest)
     after = rest[value_at.end():] if value_at else ""
     flow = _flow(after)
-    if flow is None:
+    if not flow:
         return Place(path=tuple(path), key=key, word=partial, siblings=siblings)
     return _in_flow(path, key, flow, partial)
 
 
-def _flow(text: str) -> tuple[str, str] | None:
-    """The innermost unclosed `[` or `{` of a value and what follows it, or None."""
+_FLOW_KEY = re.compile(r"""(?:^|[{,])\s*("[^"]*"|'[^']*'|[^\s'"\[\]{},:#][^\[\]{},:#]*?)\s*:\s*$""")
+
+
+def _flow(text: str) -> list[tuple[str, str]]:
+    """The unclosed `[` and `{` of a value, outermost first, each with its own text (up to
+    the next unclosed one, or to the cursor); nothing when none is open."""
     stack: list[tuple[str, int]] = []
     quote = ""
     for index, char in enumerate(text):
@@ -146,21 +150,38 @@ def _flow(text: str) -> tuple[str, str] | None:
         elif char in "]}" and stack:
             stack.pop()
     if not stack:
-        return None
-    bracket, index = stack[-1]
-    return bracket, text[index + 1:]
+        return []
+    ends = [index for _, index in stack[1:]] + [len(text)]
+    return [(bracket, text[index + 1:end]) for (bracket, index), end in zip(stack, ends, strict=True)]
 
 
-def _in_flow(path: list[str], key: str, flow: tuple[str, str], partial: str) -> Place:
-    bracket, inside = flow
-    segment = re.split(r"[,{\[]", inside)[-1]
+def _in_flow(path: list[str], key: str, flow: list[tuple[str, str]], partial: str) -> Place:
+    """The place inside nested flow collections: `{actions: [A], watch: [Us` is in `watch`."""
+    steps = [*path, key]
+    for bracket, inside in flow[:-1]:     # each open collection holds the next one
+        if bracket == "[":
+            steps.append(ITEM)
+        else:
+            found = _FLOW_KEY.search(_closed(inside))
+            steps.append(_unquote(found.group(1)) if found else "")
+    bracket, inside = flow[-1]
     if bracket == "[":
-        return Place(path=tuple(path), key=key, word=partial, in_list=True)
+        return Place(path=tuple(steps[:-1]), key=steps[-1], word=partial, in_list=True)
+    segment = re.split(r"[,{\[]", inside)[-1]
     inner = _KEY.match(segment.strip() + " ")
-    present = {m.group(1): "" for m in re.finditer(r"([\w$-]+)\s*:", inside)}
+    present = {m.group(1): "" for m in re.finditer(r"([\w$-]+)\s*:", _closed(inside))}
     if inner is None:
-        return Place(path=(*path, key), word=partial, siblings=present)
-    return Place(path=(*path, key), key=_unquote(inner.group("key")), word=partial, siblings=present)
+        return Place(path=tuple(steps), word=partial, siblings=present)
+    return Place(path=tuple(steps), key=_unquote(inner.group("key")), word=partial, siblings=present)
+
+
+def _closed(text: str) -> str:
+    """`text` without the flow collections it opens and closes (`actions: [A, B], watch:` ->
+    `actions: , watch:`), so that only its own keys are read."""
+    previous = None
+    while previous != text:
+        previous, text = text, re.sub(r"\[[^\[\]{}]*\]|\{[^\[\]{}]*\}", "", text)
+    return text
 
 
 def _ancestors(lines: list[str], line: int, limit: int, on_dash: bool) -> tuple[list[str], bool]:

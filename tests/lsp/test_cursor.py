@@ -99,3 +99,15 @@ def test_columns_in_utf8_or_utf32_when_the_client_counts_so() -> None:
         assert to_client(text, col) == col
     finally:
         use_encoding("utf-16")
+
+
+def test_nested_flow_collections() -> None:
+    line = "  Writer: {actions: [Draft], watch: [UserReq"
+    place = place_at(["roles:", line], 1, len(line))
+    assert (place.path, place.key, place.in_list, place.word) == (("roles", "Writer"), "watch", True, "UserReq")
+    line = "  idea: {type: str, desc"
+    place = place_at(["inputs:", line], 1, len(line))
+    assert place.path == ("inputs", "idea") and place.in_key and place.word == "desc"
+    line = "    artifacts: [{path: a.md, con"
+    place = place_at(["actions:", "  A:", line], 2, len(line))
+    assert place.path == ("actions", "A", "artifacts", ITEM) and place.in_key
