@@ -49,8 +49,6 @@ class Index:
     data: dict[str, Any]
     definitions: dict[Symbol, Span] = field(default_factory=dict)
     references: dict[Symbol, list[Span]] = field(default_factory=dict)
-    includes: dict[str, Path] = field(default_factory=dict)
-    """Each include entry's text -> the file it resolves to (from the including file's folder)."""
     files: dict[str, Source] = field(default_factory=dict)
     """Every loaded file by name: the main file and its libraries."""
 
@@ -63,9 +61,6 @@ class Index:
             if any(s.holds(file, line, col) for s in spans):
                 return symbol
         return None
-
-    def names(self, kind: str) -> list[str]:
-        return [name for k, name in self.definitions if k == kind]
 
 
 def build_index(source: Source) -> Index:
@@ -297,6 +292,5 @@ def _include_entries(index: Index, source: Source, locator: _Locator) -> None:
             if at is None:
                 continue
             target = (folder / entry).resolve()
-            index.includes[entry] = target
             span = locator._span(loaded, at, entry)
             index.references.setdefault(("include", str(target)), []).append(span)
