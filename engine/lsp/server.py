@@ -15,6 +15,7 @@ Completion and navigation read the document's latest text and the last index tha
 from __future__ import annotations
 
 import asyncio
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -231,5 +232,7 @@ def _requests(server: SopServer) -> None:
 
 def serve(debounce_s: float = DEFAULT_DEBOUNCE_S, include_dirs: tuple[str, ...] = ()) -> int:
     """Serve one editor over stdin/stdout until it says exit."""
-    build(debounce_s, include_dirs).start_io()
+    stream = sys.stdout.buffer
+    sys.stdout = sys.stderr          # a stray print must never corrupt the JSON-RPC stream
+    build(debounce_s, include_dirs).start_io(sys.stdin.buffer, stream)
     return 0
