@@ -41,6 +41,8 @@ Item = tuple[str, types.CompletionItemKind, str]
 def complete(text: str, line: int, col: int, index: Index | None, file: str) -> list[types.CompletionItem]:
     """The completions at (line, col) (0-based, Python columns) of a document."""
     lines = text.split("\n")
+    if line >= len(lines):
+        return []
     offset = sum(len(ln) + 1 for ln in lines[:line]) + col
     expression = template_before(text, offset)
     place = place_at(lines, line, col)
@@ -70,8 +72,13 @@ def _items(found: list[Item], text: str, line: int, col: int, typed: int,
            as_key: bool = False) -> list[types.CompletionItem]:
     edit_range = types.Range(start=types.Position(line=line, character=to_client(text, col - typed)),
                              end=types.Position(line=line, character=to_client(text, col)))
-    items = []
-    for order, (label, kind, doc) in enumerate(dict.fromkeys(found)):
+    items: list[types.CompletionItem] = []
+    seen: set[str] = set()
+    for label, kind, doc in found:
+        if label in seen:      # the first (the most specific) of a label's offers
+            continue
+        seen.add(label)
+        order = len(items)
         insert = f"{label}: " if as_key else label
         items.append(types.CompletionItem(
             label=label, kind=kind, sort_text=f"{order:04d}", filter_text=label,
