@@ -78,7 +78,7 @@ def analyse(file: str, text: str, include_dirs: tuple[str, ...] = (),
         includer = _includer(file, open_texts or {})
         if includer is not None:
             return _as_library(file, text, includer, include_dirs)
-    return _analysis(file, text, result, build_index(source) if source is not None else None)
+    return _analysis(file, text, result, build_index(source, include_dirs) if source is not None else None)
 
 
 def _loaded(text: str, file: str) -> Source | None:
@@ -175,5 +175,5 @@ def _as_library(file: str, text: str, includer: tuple[str, str], include_dirs: t
     """A library checked through its includer: the problems located in the library."""
     path, includer_text = includer
     result = check_text(includer_text, path, include_dirs)
-    index = build_index(result.source) if result.source is not None else None
+    index = build_index(result.source, include_dirs) if result.source is not None else None
     return _analysis(file, text, result, index, only=file, via=path)

@@ -63,8 +63,9 @@ class Index:
         return None
 
 
-def build_index(source: Source) -> Index:
-    """The index of a loaded (ideally include-merged) file."""
+def build_index(source: Source, include_dirs: tuple[str, ...] = ()) -> Index:
+    """The index of a loaded (ideally include-merged) file; `include_dirs` are the folders
+    besides each file's own that its includes may name (--include-path)."""
     index = Index(file=os.path.abspath(source.file), data=source.data,
                   files={os.path.abspath(s.file): s for s in (source, *source.included)})
     locator = _Locator(source)
@@ -78,7 +79,7 @@ def build_index(source: Source) -> Index:
             span = locator.inside(pointer, start, length, text)
             if span is not None:
                 index.references.setdefault((kind, name), []).append(span)
-    _include_entries(index, source, locator)
+    _include_entries(index, source, locator, include_dirs)
     return index
 
 
@@ -280,17 +281,19 @@ def _keys_of(action: str, subscripts: str, offset: int) -> Iterator[tuple[str, s
         yield "output", f"{action}/{path}", offset + match.start(1), len(match.group(1))
 
 
-def _include_entries(index: Index, source: Source, locator: _Locator) -> None:
-    """Each `include` entry of the file and of its libraries, with the file it names."""
+def _include_entries(index: Index, source: Source, locator: _Locator, include_dirs: tuple[str, ...]) -> None:
+    """Each `include` entry of the file and of its libraries, with the file it names (found
+    as the loader finds it: beside the including file, else under an include folder)."""
     for loaded in (source, *source.included):
         entries = loaded.data.get("include")
-        folder = Path(loaded.file).parent
+        folders = (Path(loaded.file).parent, *(Path(d) for d in include_dirs))
         for i, entry in enumerate(entries if isinstance(entries, list) else []):
             if not isinstance(entry, str):
                 continue
             at = loaded.map.values.get(join_pointer("/include", i))
             if at is None:
                 continue
-            target = (folder / entry).resolve()
+            found = [(folder / entry).resolve() for folder in folders]
+            target = next((path for path in found if path.is_file()), found[0])
             span = locator._span(loaded, at, entry)
             index.references.setdefault(("include", str(target)), []).append(span)

@@ -441,3 +441,21 @@ async def test_definition_and_references_of_a_role_named_in_send_to(client: Lang
         text_document=_doc(uri), position=_at(text, "Reviewer:", 1),
         context=types.ReferenceContext(include_declaration=False))) or []
     assert [loc.range.start for loc in found] == [_at(text, "Reviewer]")]
+
+
+async def test_includes_found_under_an_include_path(tmp_path: Path) -> None:
+    """`sopctl lsp --include-path DIR`: a library found only there is checked and navigable."""
+    shared = tmp_path / "shared"
+    library = _write(shared, "lib/shared.sop.yaml", LIBRARY)
+    lsp = await ClientServerConfig(server_command=_server("--include-path", str(shared))).start()
+    try:
+        await lsp.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
+        uri = _open(lsp, _write(tmp_path, "project/main.sop.yaml", MAIN))
+        assert await _diagnostics(lsp, uri) == []
+        assert [d.code for d in await _diagnostics(lsp, library.as_uri())] == ["SOP101"]
+        (target,) = await lsp.text_document_definition_async(types.DefinitionParams(
+            text_document=_doc(uri), position=_at(MAIN, "lib/shared", 2))) or []
+        assert isinstance(target, types.Location) and target.uri == library.as_uri()
+        await lsp.shutdown_session()
+    finally:
+        await lsp.stop()
