@@ -142,6 +142,15 @@ def test_review_and_memory_benches_produce_their_figures() -> None:
     assert (simple["calls"], revised["calls"]) == (1, 2) and complex_["calls"] > 1
 
 
+def test_lsp_bench_times_open_change_and_completion() -> None:
+    from bench import lsp_bench
+
+    res = lsp_bench.main(size_factor=0.2)
+    for key in ("open_ms", "change_ms", "completion_ms"):
+        _positive(res[key])
+    assert "| diagnostics per change (debounce 0) |" in res["markdown"]
+
+
 def test_scale_bench_runs_the_shipped_company_at_growing_sizes() -> None:
     from bench import scale_bench
 

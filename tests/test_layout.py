@@ -9,7 +9,7 @@ from pathlib import Path
 import networkx as nx
 
 ENGINE = Path(__file__).resolve().parent.parent / "engine"
-LAYERS = ["errors", "diskcache", "load", "templates", "check", "compile", "models", "run", "journal", "api",
+LAYERS = ["errors", "diskcache", "load", "templates", "check", "compile", "lsp", "models", "run", "journal", "api",
           "batch", "cli", "testing"]
 """In pipeline order; `engine/__init__.py` (the version) is below them all."""
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from jinja2 import nodes
@@ -194,14 +194,19 @@ def _beside_chain(node: Any) -> list[Any]:
 def _parsed(ctx: Context) -> list[tuple[_Template, Any]]:
     """Each template with its analysis, or the TemplateFailure when it does not parse."""
     if "templates" not in ctx.cache:
-        result: list[tuple[_Template, Any]] = []
-        for template in _templates(ctx.spec):
-            try:
-                result.append((template, _analyse(parse(template.source))))
-            except TemplateFailure as exc:
-                result.append((template, exc))
-        ctx.cache["templates"] = result
+        ctx.cache["templates"] = [(template, _analysed(template.source)) for template in _templates(ctx.spec)]
     return ctx.cache["templates"]
+
+
+@lru_cache(maxsize=4096)
+def _analysed(source: str) -> _Analysis | TemplateFailure:
+    """A template's analysis, worked out once per text in a process (the rules only read it):
+    `sopctl lsp` checks a file again at every pause in typing, and all but the edited
+    template are the same text as before. Parsing is most of a check's time."""
+    try:
+        return _analyse(parse(source))
+    except TemplateFailure as exc:
+        return exc
 
 
 @rule("SOP401", "SOP406")

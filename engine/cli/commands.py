@@ -80,6 +80,16 @@ def cmd_graph(args: argparse.Namespace) -> int:
     return 0
 
 
+@handles("lsp")
+def cmd_lsp(args: argparse.Namespace) -> int:
+    try:
+        from engine.lsp.server import serve   # here: pygls is the optional `lsp` extra
+    except ModuleNotFoundError as exc:
+        raise UsageError(f"`sopctl lsp` needs the lsp extra ({exc.name} is not installed)",
+                         hint="pip install 'sopctl[lsp]'") from None
+    return serve(max(args.debounce_ms, 0) / 1000, tuple(args.include_path))
+
+
 @handles("migrate")
 def cmd_migrate(args: argparse.Namespace) -> int:
     from engine.cli.migrate import migrate_files  # here: only migrate needs ruamel's token positions

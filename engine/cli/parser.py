@@ -96,6 +96,18 @@ def _migrate(sub: Any) -> None:
     _add_include_flag(p)
 
 
+@_command("lsp")
+def _lsp(sub: Any) -> None:
+    p = sub.add_parser("lsp", help="a language server over stdio: validate's diagnostics, completion, "
+                       "navigation in an editor", description="Serve the Language Server Protocol on "
+                       "stdin/stdout, for an editor to start: sopctl's own diagnostics as you type and on "
+                       "save, completion, hover, definitions, references, symbols and quick fixes. It never "
+                       "runs a model, a command or an MCP server. Needs the extra: pip install 'sopctl[lsp]'.")
+    p.add_argument("--debounce-ms", type=int, default=300, metavar="MS",
+                   help="check this long after the last keystroke (default 300; 0 checks at every change)")
+    _add_include_flag(p)
+
+
 @_command("run")
 def _run(sub: Any) -> None:
     p = sub.add_parser("run", help="run an SOP")

@@ -94,6 +94,9 @@ class CheckResult:
     failed: `sopctl graph` still draws it, with the offending loop marked."""
     library_lines: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """The lines of each included library, by file, for diagnostics located in one."""
+    source: Source | None = field(default=None, compare=False, repr=False)
+    """The loaded file, its libraries merged in, whenever it loaded (even with errors after
+    loading): what an editor's navigation reads (engine/lsp)."""
 
     def lines_of(self, file: str) -> tuple[str, ...]:
         """The lines of the file a diagnostic is in: this file's or a library's."""
@@ -256,7 +259,7 @@ def _check_source(source: Source, include_dirs: IncludeDirs = (), with_templates
             compiled = _with_templates(compiled)
     return CheckResult(file=source.file, diagnostics=tuple(located), compiled=compiled,
                        lines=tuple(source.lines), graph=graph,
-                       library_lines={lib.file: tuple(lib.lines) for lib in source.included})
+                       library_lines={lib.file: tuple(lib.lines) for lib in source.included}, source=source)
 
 
 def _with_templates(compiled: CompiledSop) -> CompiledSop:
