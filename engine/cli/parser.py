@@ -361,6 +361,7 @@ EXAMPLES: dict[str, tuple[str, ...]] = {
     "runs": ("sopctl runs runs --format json",),
     "show": ("sopctl show runs/20261202-101500-ab12cd --prompts WritePRD",),
     "report": ("sopctl report runs/20261202-101500-ab12cd -o report.html",),
+    "lsp": ("sopctl lsp --include-path shared/sops", "sopctl lsp --debounce-ms 150"),
     "pool": ("sopctl pool list --pool pool.sqlite", "sopctl pool prune --pool pool.sqlite --keep 3"),
 }
 """What each command's `--help` ends with (tests parse every one)."""
