@@ -132,3 +132,19 @@ def test_pool_list_clear_prune(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert sopctl(["pool", "clear"]) == 0 and pool.entries() == []
     monkeypatch.delenv("SOPCTL_POOL")
     assert sopctl(["pool", "list"]) == 2           # no pool named
+
+
+def test_the_pool_keeps_no_secret_in_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool is shared across runs and people: what the journal redacts (a key's value, a URL
+    password, a token-shaped text) is redacted in the pool file too, prompts and answers."""
+    value, token = "plain-service-secret-42", "sk_live_51AbCdEf0123456789AbCd"
+    monkeypatch.setenv("MY_SERVICE_TOKEN", value)
+    pool = Pool.open(tmp_path / "pool.db")
+    idea = f"tea with {value} and postgres://app:hunter2-long@db/app"
+    _run(tmp_path, "one", idea, pool, answer=f'{{"Title": "Tea {value} {token}"}}')
+    pool.close()
+    blob = (tmp_path / "pool.db").read_bytes()
+    for secret in (value, token, "hunter2-long"):
+        assert secret.encode() not in blob
+    entry = Pool.open(tmp_path / "pool.db").entries()[0]
+    assert "[REDACTED]" in entry.prompt and entry.answer == '{"Title": "Tea [REDACTED] [REDACTED]"}'
