@@ -220,10 +220,7 @@ def _answer_of(args: argparse.Namespace) -> PersonAnswer:
     if args.reject:
         return PersonAnswer("reject", comment=args.comment or "")
     if args.json is not None:
-        try:
-            value = json.loads(args.json)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"--json is not valid JSON: {exc.msg} (column {exc.colno})") from None
+        value = _json_answer(args.json)
     elif args.file is not None:
         value = _read_answer_file(args.file)
     else:
@@ -231,12 +228,40 @@ def _answer_of(args: argparse.Namespace) -> PersonAnswer:
     return PersonAnswer("answer", value)   # to a review question: an edit
 
 
-def _read_answer_file(path: str) -> str:
+def _json_answer(text: str) -> object:
+    """`answer --json`: valid JSON, nested no deeper than a model's answer may be."""
+    from engine.models.answers import MAX_ANSWER_DEPTH, nesting_depth
+
+    too_deep = UsageError(f"--json nests deeper than {MAX_ANSWER_DEPTH} levels",
+                          "an answer is an object or a list of plain values")
+    if len(text) > ANSWER_FILE_LIMIT:
+        raise UsageError(f"--json is longer than {ANSWER_FILE_LIMIT:,} characters")
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read --file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--json is not valid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:        # the C decoder's own depth limit
+        raise too_deep from None
+    if nesting_depth(value) > MAX_ANSWER_DEPTH:
+        raise too_deep
+    return value
+
+
+ANSWER_FILE_LIMIT = 1_000_000
+"""Most bytes `answer --file` reads: as `--input KEY=@FILE`, it goes into prompts."""
+
+
+def _read_answer_file(path: str) -> str:
+    """The text of `answer --file`: a regular file (never a FIFO or `/dev/zero`), bounded, UTF-8."""
+    from engine.load.files import FileRefused, read_bounded
+
+    try:
+        return read_bounded(path, ANSWER_FILE_LIMIT).decode("utf-8")
+    except FileRefused as exc:
+        raise UsageError(f"cannot read --file {path}: {exc.message}", exc.hint) from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read --file {path}: not UTF-8 text (offset {exc.start})",
+                         "convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
 
 
 @handles("replay")
