@@ -77,3 +77,37 @@ def test_an_experience_file_that_is_a_fifo_fails_the_action_without_hanging(tmp_
     result = run_sop(api.load(sop), ScriptedModel([end()]), tmp_path / "ws")
     assert result.status == "failed"
     assert "cannot read experience file 'exp/write.md': not a regular file" in result.error
+
+
+def test_a_steps_outputs_together_are_bounded(tmp_path: Path) -> None:
+    """Twenty full reads in one step: each output is cut at MAX_OUTPUT_CHARS, and all of them
+    together at MAX_STEP_OUTPUT_CHARS; the ones past it say so instead of being shown."""
+    from engine.run.toolloop import MAX_COMMANDS, MAX_STEP_OUTPUT_CHARS
+
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    for i in range(MAX_COMMANDS):
+        (workspace / f"f{i}.txt").write_text("\n".join(f"line {n} " + "x" * 60 for n in range(400)))
+    reads = [("editor.read", {"path": f"f{i}.txt"}) for i in range(MAX_COMMANDS)]
+    model = ScriptedModel([step(*reads), end()])
+    result = run_sop(sop_text(WRITER), model, workspace)
+    assert result.status == "idle", result.error
+    shown = model.prompts()[1].split("## Your steps so far", 1)[1]
+    assert len(shown) < MAX_STEP_OUTPUT_CHARS + MAX_COMMANDS * 400
+    assert shown.count("[output not shown: this step's outputs passed") >= MAX_COMMANDS // 2
+    assert "Command editor.read executed" in shown              # the first ones are shown
+
+
+def test_a_huge_write_is_not_journaled_again_in_its_event(tmp_path: Path) -> None:
+    from engine.journal.store import Journal
+    from engine.run.tools.base import MAX_OUTPUT_CHARS
+
+    content = "y" * 3_000_000                                  # past the editor's write limit
+    model = ScriptedModel([step(("editor.write", {"path": "big.txt", "content": content})), end()])
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert "a file the editor writes is at most" in model.prompts()[1]
+    with Journal.open(tmp_path / "ws") as journal:
+        called = [e.data for e in journal.events() if e.type == "ToolCalled"]
+    assert len(called[0]["args"]["content"]) < MAX_OUTPUT_CHARS + 100
+    assert called[0]["args"]["content"].endswith("characters cut]")
