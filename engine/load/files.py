@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import stat
 
-__all__ = ["FileRefused", "read_bounded"]
+__all__ = ["FileRefused", "open_regular", "read_bounded"]
 
 
 class FileRefused(ValueError):
@@ -28,15 +28,8 @@ def read_bounded(path: str | os.PathLike[str], limit: int, *, follow_links: bool
     """The bytes of the regular file at `path`, at most `limit` of them; FileRefused otherwise.
     With `follow_links=False` a symlink at the last name is refused too; with `single_link`
     a file with another hard link (a name elsewhere, maybe outside a shared folder) is."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    if not follow_links:
-        flags |= getattr(os, "O_NOFOLLOW", 0)
+    fd = open_regular(path, follow_links=follow_links, single_link=single_link)
     try:
-        fd = os.open(path, flags)
-    except OSError as exc:
-        raise FileRefused(f"cannot open the file: {exc.strerror or exc}") from None
-    try:
-        _require_plain(os.fstat(fd), single_link)
         with os.fdopen(fd, "rb", closefd=False) as handle:
             data = handle.read(limit + 1)
     except OSError as exc:
@@ -47,6 +40,25 @@ def read_bounded(path: str | os.PathLike[str], limit: int, *, follow_links: bool
         raise FileRefused(f"the file is larger than {limit:,} bytes",
                           "pass a smaller file, or the part that is needed")
     return data
+
+
+def open_regular(path: str | os.PathLike[str], *, follow_links: bool = True,
+                 single_link: bool = False) -> int:
+    """A descriptor of the regular file at `path` (see `read_bounded`), for a caller that
+    streams it; FileRefused for anything else, without ever waiting on a FIFO."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if not follow_links:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        raise FileRefused(f"cannot open the file: {exc.strerror or exc}") from None
+    try:
+        _require_plain(os.fstat(fd), single_link)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _require_plain(info: os.stat_result, single_link: bool) -> None:

@@ -173,3 +173,13 @@ def test_replay_into_a_folder_with_planted_links(tmp_path: Path, elsewhere: Path
     assert main(["batch", "--replay", str(runs), "--out", str(other)]) == 2
     assert "is a symlink; refused" in capsys.readouterr().err
     assert _tree(elsewhere) == {"mine.txt": b"the user's own file\n"}
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_inputs_that_are_not_a_plain_file_are_refused_without_hanging(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str) -> None:
+    inputs = tmp_path / "rows.jsonl"
+    os.mkfifo(inputs) if kind == "fifo" else inputs.mkdir()
+    assert main(["batch", str(PIPELINE), "--inputs", str(inputs), "--model", "fake",
+                 "--out", str(tmp_path / "b")]) == 2
+    assert f"cannot read --inputs {inputs}: not a regular file" in capsys.readouterr().err
