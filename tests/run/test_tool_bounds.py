@@ -111,3 +111,24 @@ def test_a_huge_write_is_not_journaled_again_in_its_event(tmp_path: Path) -> Non
         called = [e.data for e in journal.events() if e.type == "ToolCalled"]
     assert len(called[0]["args"]["content"]) < MAX_OUTPUT_CHARS + 100
     assert called[0]["args"]["content"].endswith("characters cut]")
+
+
+def test_a_header_naming_a_secret_is_a_warning_naming_the_host() -> None:
+    """As a stdio server's `env` naming a key is: the user sees which key goes to which host."""
+    from engine.compile.compiler import check_text
+
+    text = WRITER.replace("tools: [editor]", "tools: [editor, mcp.web, search]") + """
+mcp:
+  web:
+    url: https://mcp.example.com/mcp
+    headers: {Authorization: STRIPE_SK, X-Trace: TRACE_ID}
+search:
+  url: https://search.example.org/search
+  headers: {X-API-Key: SEARCH_API_KEY}
+"""
+    found = [(d.code, d.severity, d.pointer, d.message) for d in check_text(text).diagnostics]
+    assert ("SOP223", "warning", "/mcp/web/headers/Authorization",
+            "header Authorization sends the user's secret STRIPE_SK to mcp.example.com") in found
+    assert ("SOP223", "warning", "/search/headers/X-API-Key",
+            "header X-API-Key sends the user's secret SEARCH_API_KEY to search.example.org") in found
+    assert not [f for f in found if "X-Trace" in f[2]]
