@@ -330,7 +330,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 @handles("runs")
 def cmd_runs(args: argparse.Namespace) -> int:
     """List the runs under a folder from their journals; an unreadable one is a row, not a crash."""
-    from engine.cli.report import format_runs, runs_json   # here: journals import the run (asyncio)
+    from engine.cli.report import format_runs, printable, runs_json   # here: journals import the run (asyncio)
     from engine.journal.history import list_runs
 
     rows = list_runs(args.dir)
@@ -339,14 +339,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
     elif not rows:
         print(f"no runs under {args.dir}")
     else:
-        print(format_runs(rows))
+        print(printable(format_runs(rows)))
     return 0
 
 
 @handles("show")
 def cmd_show(args: argparse.Namespace) -> int:
     """A run's timeline and usage, or (`--format json`) its result object, from the journal alone."""
-    from engine.cli.report import format_show, result_object   # here: journals import the run (asyncio)
+    from engine.cli.report import format_show, printable, result_object   # here: journals import the run (asyncio)
     from engine.journal.history import read_run
 
     state = read_run(args.run_dir)
@@ -355,7 +355,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(result_object(state), indent=2, ensure_ascii=False))
     else:
-        print(format_show(state))
+        print(printable(format_show(state)))
     return 0
 
 
@@ -363,7 +363,7 @@ def _show_prompts(args: argparse.Namespace, state: RunState) -> int:
     """`show --prompts [ACTION]`: the requests as sent and their answers (JSON: the result
     object with a `prompts` list)."""
     from engine.cli.prompts import format_prompts   # here: journals import the run (asyncio)
-    from engine.cli.report import result_object
+    from engine.cli.report import printable, result_object
     from engine.journal.history import read_exchanges
 
     exchanges = read_exchanges(args.run_dir, args.prompts or None)
@@ -371,7 +371,7 @@ def _show_prompts(args: argparse.Namespace, state: RunState) -> int:
         data = {**result_object(state), "prompts": [e.to_json() for e in exchanges]}
         print(json.dumps(data, indent=2, ensure_ascii=False))
     else:
-        print(format_prompts(exchanges))
+        print(printable(format_prompts(exchanges)))
     return 0
 
 

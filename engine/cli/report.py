@@ -4,6 +4,7 @@ as text for people or JSON for tools."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,8 +24,20 @@ if TYPE_CHECKING:
     from engine.run.team import RunResult
 
 __all__ = ["runs_json", "result_object", "format_show", "format_runs", "summary", "print_result",
-           "status_line", "format_time",
+           "status_line", "format_time", "printable",
            "EXIT_CODES"]
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""Characters a terminal acts on (ESC starts a sequence that can move the cursor, retitle the
+window or rewrite what was printed; C1 0x9b is a one-byte CSI), all but tab and newline."""
+
+
+def printable(text: str) -> str:
+    """`text` safe to print to a terminal: each control character shown as `\\xNN`. A model's
+    answer or a person's text from the journal (`show`, `show --prompts`, `runs`) is printed
+    as it reads, never acted on."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def runs_json(rows: list[tuple[Path, RunState | JournalError]]) -> list[dict[str, Any]]:

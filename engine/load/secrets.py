@@ -30,8 +30,9 @@ _SECRET_NAME = re.compile(
     r"API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|ACCESS_KEY|PRIVATE_?KEY"
     r"|WEBHOOK|AUTHORIZATION|CONNECTION_?STRING|SIGNING_?KEY"
     # short words only as the last part of a name: OPENAI_KEY, GITHUB_PAT, ANTHROPIC_AUTH,
-    # DB_PASS, STRIPE_SK, DB_PWD, SENTRY_DSN, but not MONKEY, COMPAT, AUTHOR or TASK
-    r"|(?:^|[_.-])(?:KEY|PAT|AUTH|PASS|PWD|SK|DSN|JWT|COOKIE)S?$", re.I)
+    # DB_PASS, SENTRY_DSN, but not MONKEY, COMPAT, AUTHOR or TASK; PWD and SK only after a
+    # prefix (MYSQL_PWD, STRIPE_SK): PWD alone is the shell's current folder
+    r"|(?:^|[_.-])(?:KEY|PAT|AUTH|PASS|DSN|JWT|COOKIE)S?$|[_.-](?:PWD|SK)$", re.I)
 
 
 _TOKEN_SHAPES = re.compile(

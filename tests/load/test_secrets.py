@@ -23,7 +23,8 @@ their values."""
 ORDINARY_NAMES = ("PATH", "HOME", "LANG", "TERM", "MONKEY", "COMPAT", "AUTHOR", "TASK", "DESK",
                   "PASSAGE", "KEYBOARD", "PYTHONPATH", "VIRTUAL_ENV", "DISPLAY", "EDITOR",
                   "LC_ALL", "SOPCTL_POOL", "CI", "SHELL", "COOKIECUTTER_CONFIG", "TASKS_DIR",
-                  "RISK_LEVEL", "MY_DISK")
+                  "RISK_LEVEL", "MY_DISK", "PWD", "OLDPWD", "SK", "USER", "LOGNAME", "HOSTNAME",
+                  "XDG_RUNTIME_DIR", "SSH_TTY")
 
 
 @pytest.mark.parametrize("name", SECRET_NAMES_TESTED)
