@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from engine.cli.parser import COMMANDS, build_parser, parse_args
 from engine.errors import SopError, UsageError, require_utf8
+from engine.load.files import FileRefused, read_bounded
 from engine.load.schema import schema_text
 from engine.models.hosted import import_litellm_in_background
 from engine.models.registry import MODEL_ENV, default_model, is_hosted
@@ -230,7 +231,7 @@ def _answer_of(args: argparse.Namespace) -> PersonAnswer:
 
 def _json_answer(text: str) -> object:
     """`answer --json`: valid JSON, nested no deeper than a model's answer may be."""
-    from engine.models.answers import MAX_ANSWER_DEPTH, nesting_depth
+    from engine.models.answers import MAX_ANSWER_DEPTH, nesting_depth   # here: `answer` only
 
     too_deep = UsageError(f"--json nests deeper than {MAX_ANSWER_DEPTH} levels",
                           "an answer is an object or a list of plain values")
@@ -253,8 +254,6 @@ ANSWER_FILE_LIMIT = 1_000_000
 
 def _read_answer_file(path: str) -> str:
     """The text of `answer --file`: a regular file (never a FIFO or `/dev/zero`), bounded, UTF-8."""
-    from engine.load.files import FileRefused, read_bounded
-
     try:
         return read_bounded(path, ANSWER_FILE_LIMIT).decode("utf-8")
     except FileRefused as exc:
