@@ -106,6 +106,10 @@ first): twenty full reads would put 160,000 characters into every later prompt. 
 past it are replaced by a line saying so; the commands did run."""
 
 
+_ALWAYS_SHOWN_CHARS = 300
+"""An output this short (an error, a `not run` line) is shown even past the step's limit."""
+
+
 _REPEAT_LOOKBACK = 5
 """A step's commands equal to those of one of this many steps before, with nothing new come
 back since, are a repeat (RoleZero compares with its last 10 memories: about 5 answers and
@@ -627,7 +631,7 @@ def _within_step_limit(outputs: list[str]) -> list[str]:
     kept, used = [], 0
     for output in outputs:
         used += len(output)
-        if used <= MAX_STEP_OUTPUT_CHARS or len(output) <= _OLD_OUTPUT_CHARS:
+        if used <= MAX_STEP_OUTPUT_CHARS or len(output) <= _ALWAYS_SHOWN_CHARS:
             kept.append(output)
             continue
         head = " ".join(output.split(":", 1)[0].split()[:3])
