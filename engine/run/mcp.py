@@ -14,6 +14,10 @@ model as that command's output. A server that dies mid-run ends the run `failed`
 the server (`McpServerFailed`); the journal keeps every finished tool call, so a resume
 starts the server again and goes on. The SDK is imported only here and only when a run
 uses a server: `sopctl validate` never imports it.
+
+A stdio server that writes lines that are not JSON-RPC to its stdout (a print left in, a
+banner) has them ignored; the SDK logs a traceback for each, which `_OneNoiseLine` turns into
+one line for the run (400 garbage lines were 400 tracebacks on stderr).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -40,6 +45,31 @@ START_TIMEOUT_S = 120.0
 import); `call_timeout_s` bounds each tool call."""
 
 
+_SDK_PARSE_FAILURE = "Failed to parse JSONRPC message from server"
+"""What the SDK's stdio client logs, with a traceback, for each line it cannot parse."""
+
+
+class _OneNoiseLine(logging.Filter):
+    """Drops the SDK's traceback for each unparsable line a server writes; the first becomes
+    one line without a traceback, saying they are ignored."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != _SDK_PARSE_FAILURE:
+            return True
+        self.seen += 1
+        if self.seen > 1:
+            return False
+        record.msg, record.args = ("sopctl: warning: an MCP server wrote a line that is not JSON-RPC to "
+                                   "its stdout; it is ignored, and so are any more (say nothing but "
+                                   "JSON-RPC on stdout: log to stderr)"), ()
+        record.exc_info = record.exc_text = None
+        return True
+
+
 class McpServerFailed(RunError):
     """An MCP server could not start, offered bad tools, or died mid-run."""
 
@@ -54,6 +84,9 @@ class McpServers:
         self._tools: dict[str, list[Any]] = {}
 
     async def start(self) -> None:
+        sdk = logging.getLogger("mcp.client.stdio")
+        if not any(isinstance(f, _OneNoiseLine) for f in sdk.filters):   # once per process
+            sdk.addFilter(_OneNoiseLine())
         for name, wanted in self.compiled.plan.servers.items():   # decided when it compiled
             spec = self.compiled.spec.mcp[name]
             try:
