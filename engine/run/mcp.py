@@ -15,6 +15,11 @@ the server (`McpServerFailed`); the journal keeps every finished tool call, so a
 starts the server again and goes on. The SDK is imported only here and only when a run
 uses a server: `sopctl validate` never imports it.
 
+No process a stdio server starts outlives the run: while servers run, sopctl is a child
+subreaper and each server carries a mark in its environment (engine/run/reaper.py, as exec
+commands do), so what a server started and left (`setsid`, a double fork) is killed and
+reaped when the servers close.
+
 A stdio server that writes lines that are not JSON-RPC to its stdout (a print left in, a
 banner) has them ignored; the SDK logs a traceback for each, which `_OneNoiseLine` turns into
 one line for the run (400 garbage lines were 400 tracebacks on stderr).
@@ -27,14 +32,17 @@ import contextlib
 import json
 import logging
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
+from collections.abc import Iterator
 
 from engine.compile.compiler import CompiledSop
 from engine.errors import RunError
 from engine.load.spec import McpServerSpec
 from engine.run.exec import child_env
+from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.tools import Outcome, Tool
 
 __all__ = ["McpServerFailed", "McpServers"]
@@ -70,6 +78,17 @@ class _OneNoiseLine(logging.Filter):
         return True
 
 
+@contextlib.contextmanager
+def _reaping(mark: str) -> Iterator[None]:
+    """A child subreaper while the servers run; on the way out every process still carrying
+    their mark (a `setsid` child a server left) is killed and reaped."""
+    with subreaper():
+        try:
+            yield
+        finally:
+            reap(mark, leader=-1)      # no leader: the servers themselves the SDK has closed
+
+
 class McpServerFailed(RunError):
     """An MCP server could not start, offered bad tools, or died mid-run."""
 
@@ -82,6 +101,9 @@ class McpServers:
         self._stack = contextlib.AsyncExitStack()
         self._sessions: dict[str, Any] = {}
         self._tools: dict[str, list[Any]] = {}
+        self._mark = secrets.token_hex(8)
+        """In every stdio server's environment: what they leave behind is found by it."""
+        self._reaping = False
 
     async def start(self) -> None:
         sdk = logging.getLogger("mcp.client.stdio")
@@ -120,7 +142,11 @@ class McpServers:
         if argv[0] in ("python", "python3"):
             argv[0] = sys.executable   # as exec actions: the interpreter running sopctl
         folder = Path(self.compiled.file).parent if Path(self.compiled.file).is_file() else Path.cwd()
-        params = StdioServerParameters(command=argv[0], args=argv[1:], env=child_env(spec.env),
+        if not self._reaping:      # entered before the first server: left after the last closed
+            self._stack.enter_context(_reaping(self._mark))
+            self._reaping = True
+        params = StdioServerParameters(command=argv[0], args=argv[1:],
+                                       env={**child_env(spec.env), MARK_ENV: self._mark},
                                        cwd=str(folder.resolve()))
         errlog = self._stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
         return stdio_client(params, errlog=errlog)
