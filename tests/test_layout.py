@@ -63,9 +63,11 @@ def test_no_import_cycle() -> None:
     assert list(nx.simple_cycles(_graph())) == []
 
 
-_LOAD_FOR_RUN = {"engine.load.spec", "engine.load.catalog", "engine.load.outputs", "engine.load.source"}
+_LOAD_FOR_RUN = {"engine.load.spec", "engine.load.catalog", "engine.load.outputs", "engine.load.source",
+                 "engine.load.files"}
 """What run/ may take from load/: spec types and constants (engine.load.catalog's `END`, the
-built-in command table), and pointer/value helpers; never the facts the compiler works out."""
+built-in command table), pointer/value helpers and the bounded file read; never the facts the
+compiler works out."""
 
 _COMPILED_FACTS = {"flags_needed", "mcp_hosts", "expand_tools", "read_experience", "team_targets", "team_reach"}
 

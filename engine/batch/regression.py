@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from engine import api
-from engine.batch.results import ROWS_DIR, RESULTS_FILE, ResultsFile
+from engine.batch.folder import ROWS_DIR, check_row_folder, rows_folder
+from engine.batch.results import RESULTS_FILE, ResultsFile
 from engine.batch.rows import Row
 from engine.batch.runner import Batch, BatchBudget, BatchProgress, BatchTotals, Launcher, summarize
 from engine.errors import SopError, UsageError
@@ -60,11 +61,11 @@ def _message_key(message: dict[str, Any]) -> tuple[Any, ...]:
 
 async def replay_one(number: int, source: Path, out: Path) -> dict[str, Any] | None:
     """Replay one run into `out/rows/<name>`; its line (None: interrupted)."""
-    target = out / ROWS_DIR / source.name
     line: dict[str, Any] = {"row": number, "source": str(source),
-                            "dir": target.relative_to(out).as_posix(), "run_id": None}
+                            "dir": f"{ROWS_DIR}/{source.name}", "run_id": None}
     try:
         recorded = read_run(source)
+        target = check_row_folder(out, source.name)     # neither it nor rows/ a planted link
         if target.exists():            # an earlier, interrupted replay: start it again
             shutil.rmtree(target)
         replayed = await api.replay_async(source, target)
@@ -90,6 +91,7 @@ async def replay_runs(runs_dir: str | Path, out: str | Path, *, concurrency: int
     if target.resolve() == Path(runs_dir).resolve():
         raise UsageError("--out must be another folder than the runs being replayed")
     target.mkdir(parents=True, exist_ok=True)
+    rows_folder(target)           # a planted `rows` link stops the replay before any run
     results = ResultsFile(target)
 
     async def launch(row: Row, share: float | None) -> dict[str, Any] | None:

@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
 from engine.errors import UsageError
+from engine.load.files import FileRefused, open_regular
 
 __all__ = ["Row", "read_rows", "count_rows", "EXPECT_KEY"]
 
@@ -39,10 +41,10 @@ def read_rows(path: str | Path) -> Iterator[Row]:
     (a header row; an empty cell is an input not given)."""
     source = Path(path)
     kind = _kind(source)
-    try:
-        handle = source.open(encoding="utf-8", newline="")
-    except OSError as exc:
-        raise UsageError(f"cannot read --inputs {path}: {exc.strerror or exc}") from None
+    try:           # a FIFO would hang the batch (nothing may ever write it): a regular file only
+        handle = os.fdopen(open_regular(source), encoding="utf-8", newline="")
+    except FileRefused as exc:
+        raise UsageError(f"cannot read --inputs {path}: {exc.message}", exc.hint) from None
     with handle:
         try:
             yield from (_jsonl_rows(handle) if kind == "jsonl" else _csv_rows(handle, source))

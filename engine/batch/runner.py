@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from engine import api
+from engine.batch.folder import row_folder, rows_folder
 from engine.batch.evaluate import Golden, check_expectations, conformance, trajectory
 from engine.batch.results import (
     ResultsFile,
@@ -83,9 +84,9 @@ async def execute_row(ctx: RowContext, row: Row, share_usd: float | None,
         return _judged(ctx, row, problem_line(row.number, row.problem), None, ())
     compiled = compiled or _compiled(ctx.sop_file, ctx.include_dirs)
     actions = tuple(compiled.spec.actions)
-    workspace = row_dir(Path(ctx.out), row.number)
     try:
         inputs = api.resolve_inputs(compiled, row.inputs)
+        workspace = row_folder(Path(ctx.out), row_dir(Path(ctx.out), row.number).name)
         state = await _run_or_resume(ctx, compiled, row, inputs, workspace, share_usd)
     except SopError as exc:
         return _judged(ctx, row, problem_line(row.number, exc.message), None, actions)
@@ -311,6 +312,7 @@ async def run_batch(ctx: RowContext, inputs: str | Path, *, concurrency: int = 4
         raise UsageError(f"--concurrency must be at least 1, got {concurrency}")
     out = Path(ctx.out)
     out.mkdir(parents=True, exist_ok=True)
+    rows_folder(out)              # a planted `rows` link stops the batch before any row
     results = ResultsFile(out)
     compiled = _compiled(ctx.sop_file, ctx.include_dirs)
     batch = Batch(results, BatchBudget(budget_usd, results.spent_usd(), concurrency),

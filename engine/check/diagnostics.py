@@ -76,7 +76,7 @@ CODES: dict[str, str] = {
     "SOP219": "`recall` without a `memory_window` (on the action or the role running it), or on an action with `context: none`",
     "SOP221": "`tools` names an unknown toolset, command or MCP server (or a tool the server does not declare)",
     "SOP222": "`tools` on an action that has `review: human`, or that a person's role runs; `team` with no one to address, `quick_think` without `output: text` (warning: `max_steps`, `experience`, `quick_think`, `tool_top_k` or `working_memory` without `tools`)",
-    "SOP223": "an MCP server named like a built-in toolset (warning: `env` or `headers` that do not apply to its transport, or `env` naming a secret)",
+    "SOP223": "an MCP server named like a built-in toolset (warning: `env` or `headers` that do not apply to its transport, or `env` or a header (MCP or `search`) naming a secret)",
     "SOP224": "an `experience` path that is absolute, a URL, or leaves the SOP's folder (..)",
     # the watch graph (engine/check/watch.py)
     "SOP301": "a cycle of activations on which no action declares `max_runs`",

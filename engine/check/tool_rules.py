@@ -8,6 +8,7 @@ of the file: `sopctl validate` says it after the diagnostics (the compiled RunPl
 from __future__ import annotations
 
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 from engine.check.rules import Context, error, rule, warning
 from engine.errors import Diagnostic
@@ -68,7 +69,8 @@ def tool_actions(ctx: Context) -> Iterator[Diagnostic]:
 def mcp_servers(ctx: Context) -> Iterator[Diagnostic]:
     """A server's name is the namespace of its tools: it must not hide a built-in toolset;
     a header's value is named by an environment variable (the header is usually a secret:
-    that is what it is for); a stdio server's `env` naming a secret gets a warning."""
+    that is what it is for); a stdio server's `env` naming a secret gets a warning, and so
+    does a header of an HTTP server or of the search endpoint naming one (with its host)."""
     for name, server in ctx.spec.mcp.items():
         here = f"/mcp/{name}"
         if name in BUILTIN or name == END:
@@ -85,6 +87,21 @@ def mcp_servers(ctx: Context) -> Iterator[Diagnostic]:
                 yield warning("SOP223", f"{here}/env/{index}", f"`env` gives the MCP server the user's secret {var}",
                               "a server started from a shared file can copy it anywhere; keep it only if "
                               "the server needs that key")
+        if server.url is not None:
+            yield from _secret_headers(f"{here}/headers", server.headers, server.url, "SOP223")
+    if ctx.spec.search is not None:
+        yield from _secret_headers("/search/headers", ctx.spec.search.headers, ctx.spec.search.url, "SOP223")
+
+
+def _secret_headers(where: str, headers: dict[str, str], url: str, code: str) -> Iterator[Diagnostic]:
+    """A header whose value is a secret-named variable sends the user's key to the file's host:
+    a warning naming both, as `env` gets one, so the user sees where each key goes."""
+    host = urlsplit(url).hostname or url
+    for header, var in headers.items():
+        if is_secret_name(var):
+            yield warning(code, f"{where}/{header}", f"header {header} sends the user's secret {var} to {host}",
+                          f"it is sent only once you allow {host} with --allow-host: check that host "
+                          "is the one the key is for")
 
 
 RULES = (known_tools, tool_actions, mcp_servers)

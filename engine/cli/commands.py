@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from engine.cli.parser import COMMANDS, build_parser, parse_args
 from engine.errors import SopError, UsageError, require_utf8
+from engine.load.files import FileRefused, read_bounded
 from engine.load.schema import schema_text
 from engine.models.hosted import import_litellm_in_background
 from engine.models.registry import MODEL_ENV, default_model, is_hosted
@@ -266,10 +267,7 @@ def _answer_of(args: argparse.Namespace) -> PersonAnswer:
     if args.reject:
         return PersonAnswer("reject", comment=args.comment or "")
     if args.json is not None:
-        try:
-            value = json.loads(args.json)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"--json is not valid JSON: {exc.msg} (column {exc.colno})") from None
+        value = _json_answer(args.json)
     elif args.file is not None:
         value = _read_answer_file(args.file)
     else:
@@ -277,12 +275,38 @@ def _answer_of(args: argparse.Namespace) -> PersonAnswer:
     return PersonAnswer("answer", value)   # to a review question: an edit
 
 
-def _read_answer_file(path: str) -> str:
+def _json_answer(text: str) -> object:
+    """`answer --json`: valid JSON, nested no deeper than a model's answer may be."""
+    from engine.models.answers import MAX_ANSWER_DEPTH, nesting_depth   # here: `answer` only
+
+    too_deep = UsageError(f"--json nests deeper than {MAX_ANSWER_DEPTH} levels",
+                          "an answer is an object or a list of plain values")
+    if len(text) > ANSWER_FILE_LIMIT:
+        raise UsageError(f"--json is longer than {ANSWER_FILE_LIMIT:,} characters")
     try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read --file {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"--json is not valid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:        # the C decoder's own depth limit
+        raise too_deep from None
+    if nesting_depth(value) > MAX_ANSWER_DEPTH:
+        raise too_deep
+    return value
+
+
+ANSWER_FILE_LIMIT = 1_000_000
+"""Most bytes `answer --file` reads: as `--input KEY=@FILE`, it goes into prompts."""
+
+
+def _read_answer_file(path: str) -> str:
+    """The text of `answer --file`: a regular file (never a FIFO or `/dev/zero`), bounded, UTF-8."""
+    try:
+        return read_bounded(path, ANSWER_FILE_LIMIT).decode("utf-8")
+    except FileRefused as exc:
+        raise UsageError(f"cannot read --file {path}: {exc.message}", exc.hint) from None
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read --file {path}: not UTF-8 text (offset {exc.start})",
+                         "convert it to UTF-8 (e.g. iconv -t UTF-8)") from None
 
 
 @handles("replay")
@@ -351,7 +375,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 @handles("runs")
 def cmd_runs(args: argparse.Namespace) -> int:
     """List the runs under a folder from their journals; an unreadable one is a row, not a crash."""
-    from engine.cli.report import format_runs, runs_json   # here: journals import the run (asyncio)
+    from engine.cli.report import format_runs, printable, runs_json   # here: journals import the run (asyncio)
     from engine.journal.history import list_runs
 
     rows = list_runs(args.dir)
@@ -360,14 +384,14 @@ def cmd_runs(args: argparse.Namespace) -> int:
     elif not rows:
         print(f"no runs under {args.dir}")
     else:
-        print(format_runs(rows))
+        print(printable(format_runs(rows)))
     return 0
 
 
 @handles("show")
 def cmd_show(args: argparse.Namespace) -> int:
     """A run's timeline and usage, or (`--format json`) its result object, from the journal alone."""
-    from engine.cli.report import format_show, result_object   # here: journals import the run (asyncio)
+    from engine.cli.report import format_show, printable, result_object   # here: journals import the run (asyncio)
     from engine.journal.history import read_run
 
     state = read_run(args.run_dir)
@@ -376,7 +400,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(result_object(state), indent=2, ensure_ascii=False))
     else:
-        print(format_show(state))
+        print(printable(format_show(state)))
     return 0
 
 
@@ -384,7 +408,7 @@ def _show_prompts(args: argparse.Namespace, state: RunState) -> int:
     """`show --prompts [ACTION]`: the requests as sent and their answers (JSON: the result
     object with a `prompts` list)."""
     from engine.cli.prompts import format_prompts   # here: journals import the run (asyncio)
-    from engine.cli.report import result_object
+    from engine.cli.report import printable, result_object
     from engine.journal.history import read_exchanges
 
     exchanges = read_exchanges(args.run_dir, args.prompts or None)
@@ -392,7 +416,7 @@ def _show_prompts(args: argparse.Namespace, state: RunState) -> int:
         data = {**result_object(state), "prompts": [e.to_json() for e in exchanges]}
         print(json.dumps(data, indent=2, ensure_ascii=False))
     else:
-        print(format_prompts(exchanges))
+        print(printable(format_prompts(exchanges)))
     return 0
 
 

@@ -6,13 +6,21 @@ calls in flight. Every message, prompt and artifact is model or user text, so th
 rendered with autoescape on; and the page's Content-Security-Policy lets nothing load from
 anywhere and no script run but the report's own (by its hash), so a message that slipped
 past escaping still could not fetch or run anything. The file works offline.
+
+A report is made to be shared, so every text it quotes (artifacts, which the journal does not
+redact, messages, prompts, inputs, errors) goes through the journal's redaction
+(`engine.load.secrets.scrub`) once more, with the secrets of the environment it is made in:
+the template's `finalize` redacts every value it prints, and a text that is cut is redacted
+before it is cut (a cut could split a secret and leave its head in clear).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -26,6 +34,9 @@ from engine.cli.report_svg import duration_text, layout_graph, layout_timeline
 from engine.compile.compiler import check_path
 from engine.errors import SopError, UsageError
 from engine.journal.history import ActionRecord, RunState, read_exchanges
+from engine.journal.run_folder import OPEN_OWN
+from engine.load.secrets import scrub, secret_values
+from engine.load.spec import ENGINE_DIR, in_engine_dir
 from engine.models.types import Usage
 from engine.run.events import RunStatus
 from engine.run.workspace import Workspace
@@ -47,8 +58,14 @@ def default_output(run_dir: str | Path) -> Path:
 
 
 def write_report(state: RunState, out: str | Path) -> Path:
-    """Render the report and write it atomically to `out` (UsageError if it cannot be)."""
+    """Render the report and write it atomically to `out` (UsageError if it cannot be).
+
+    Never into a run folder's `.sopctl/` (`-o RUN/.sopctl/journal.sqlite` would replace the
+    journal), and the temporary file is made afresh, never opened through a link."""
     target = Path(out)
+    if any(in_engine_dir(part) for part in target.resolve().parts):
+        raise UsageError(f"-o {out} is inside a run folder's {ENGINE_DIR}/ (its journal and lock); refused",
+                         "write the report beside the run, e.g. the default RUN_DIR.html")
     if target.is_dir():
         raise UsageError(f"-o {out} is a folder", "give a file name, e.g. -o report.html")
     if not target.parent.is_dir():
@@ -56,18 +73,28 @@ def write_report(state: RunState, out: str | Path) -> Path:
     html = render_report(state)
     temp = target.with_name(f".{target.name}.tmp")
     try:
-        temp.write_text(html, encoding="utf-8")
+        temp.unlink(missing_ok=True)          # a leftover or a planted link: removed, not followed
+        handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | OPEN_OWN, 0o644)
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            file.write(html)
         temp.replace(target)
     except OSError as exc:
-        temp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            temp.unlink(missing_ok=True)
         raise UsageError(f"cannot write {out}: {exc.strerror or exc}") from None
     return target
 
 
 def render_report(state: RunState) -> str:
     """The whole HTML page of a run."""
+    secrets = secret_values()
+
+    def redacted(value: Any) -> Any:
+        # the page's own script and style are Markup (a str): left as they are
+        return scrub(value, secrets) if isinstance(value, str) and not isinstance(value, Markup) else value
+
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined,
-                             trim_blocks=True, lstrip_blocks=True)
+                             trim_blocks=True, lstrip_blocks=True, finalize=redacted)
     template = env.from_string(_asset("report.html.j2"))
     script = _asset("report.js")
     style = _asset("report.css")
@@ -181,6 +208,8 @@ def _shown_exchange(exchange: dict[str, Any]) -> dict[str, Any]:
 
 
 def _cut(text: str, hint: str) -> str:
+    """Redacted, then cut (cutting first could split a secret and leave its head in clear)."""
+    text = scrub(text)
     if len(text) <= PROMPT_SHOWN_CHARS:
         return text
     return f"{text[:PROMPT_SHOWN_CHARS]}\n… ({len(text) - PROMPT_SHOWN_CHARS} more characters: `{hint}`)"
@@ -242,6 +271,7 @@ def _artifact(state: RunState, rel: str, digest: str) -> dict[str, Any]:
     except UnicodeDecodeError:
         view["note"] = (view["note"] + "; " if view["note"] else "") + f"binary, {len(data)} bytes"
         return view
+    text = scrub(text)        # a file the run wrote is not redacted in the workspace; here it is
     if len(text) > ARTIFACT_SHOWN_CHARS:
         text = text[:ARTIFACT_SHOWN_CHARS] + f"\n… (cut: {len(data)} bytes in all)"
     view["text"] = text

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import PoolError
+from engine.load.secrets import scrub, secret_values
 from engine.run.experience import Experience, similarity
 
 __all__ = ["Pool", "POOL_ENV", "DEFAULT_THRESHOLD", "FORMAT"]
@@ -96,10 +97,13 @@ class Pool:
         return best
 
     def add(self, action: str, key: str, signature: str, prompt: str, answer: str) -> None:
-        now = time.time()
+        """Store an accepted answer, redacted as the journal redacts (a pool is shared across
+        runs and people: a key in a prompt or an answer must not be kept in clear)."""
+        now, secrets = time.time(), secret_values()
         self.db.execute("INSERT OR IGNORE INTO experience (action, key, signature, prompt, answer, "
                         "created, last_used) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                        (action, key, signature, prompt, answer, now, now))
+                        (action, key, signature, scrub(prompt, secrets), scrub(answer, secrets),
+                         now, now))
 
     def reused(self, entry: Experience) -> None:
         self.db.execute("UPDATE experience SET score = score + 1, uses = uses + 1, last_used = ? "

@@ -26,7 +26,7 @@ from engine.journal.sqlite_errors import explain, guard
 from engine.load.spec import ENGINE_DIR
 
 __all__ = ["JOURNAL_DIR", "JOURNAL_FILE", "OPEN_OWN", "journal_path", "refuse_planted",
-           "take_writer_lock", "writer_active"]
+           "require_own", "own_folder", "open_own_file", "take_writer_lock", "writer_active"]
 
 
 JOURNAL_DIR = ENGINE_DIR
@@ -65,22 +65,66 @@ def refuse_planted(path: Path, *, writing: bool) -> None:
 
 
 def _require_kind(path: Path, is_kind: Callable[[int], bool], kind: str, *, writing: bool) -> None:
+    hint = (f"sopctl never follows its own files ({JOURNAL_DIR}/) through a link; remove "
+            f"{path} (a workspace from elsewhere must not bring its own {JOURNAL_DIR}/)")
+    require_own(path, is_kind, kind, writing=writing, what="run folder", hint=hint)
+
+
+def require_own(path: Path, is_kind: Callable[[int], bool], kind: str, *, writing: bool,
+                what: str, hint: str) -> None:
+    """Refuse `path` when it is a symlink, not of `kind`, or (for writing) a hard-linked file.
+
+    A missing path is fine (sopctl creates it). `what` names the folder in the message (the
+    run folder, the batch folder), `hint` says how to fix it."""
     try:
         info = os.lstat(path)
     except FileNotFoundError:
         return
     except OSError as exc:
         raise explain(exc, path, "check") from None
-    hint = (f"sopctl never follows its own files ({JOURNAL_DIR}/) through a link; remove "
-            f"{path} (a workspace from elsewhere must not bring its own {JOURNAL_DIR}/)")
     if stat.S_ISLNK(info.st_mode):
-        raise JournalError(f"run folder entry {path} is a symlink; refused", hint)
+        raise JournalError(f"{what} entry {path} is a symlink; refused", hint)
     if not is_kind(info.st_mode):
-        raise JournalError(f"run folder entry {path} is not {kind}; refused", hint)
+        raise JournalError(f"{what} entry {path} is not {kind}; refused", hint)
     if writing and stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
-        raise JournalError(f"run folder file {path} has {info.st_nlink} hard links; refused",
-                           "writing it would change the other names' file too; copy the run "
-                           "folder instead of linking it")
+        raise JournalError(f"{what} file {path} has {info.st_nlink} hard links; refused",
+                           "writing it would change the other names' file too; copy the "
+                           f"{what} instead of linking it")
+
+
+def own_folder(path: Path, *, what: str, hint: str) -> Path:
+    """`path` as a real folder of sopctl's, made if missing; a link or a file there is refused.
+
+    `mkdir` never follows a link at the last name (it fails with EEXIST), and the check is
+    repeated after it, so a link planted meanwhile is refused too."""
+    require_own(path, stat.S_ISDIR, "a folder", writing=False, what=what, hint=hint)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise JournalError(f"cannot create {what} folder {path}: {exc.strerror or exc}") from None
+    require_own(path, stat.S_ISDIR, "a folder", writing=False, what=what, hint=hint)
+    return path
+
+
+def open_own_file(path: Path, flags: int, *, what: str, hint: str, mode: int = 0o644) -> int:
+    """A descriptor of one of sopctl's own files, opened never through a link nor blocking
+    on a FIFO; not a plain file, or (when opened for writing) one with another hard link, is
+    refused. The check is on the opened descriptor, so nothing swapped in between counts."""
+    try:
+        handle = os.open(path, flags | OPEN_OWN, mode)
+    except OSError as exc:
+        if os.path.islink(path):
+            raise JournalError(f"{what} entry {path} is a symlink; refused", hint) from None
+        raise JournalError(f"cannot open {what} file {path}: {exc.strerror or exc}") from None
+    info = os.fstat(handle)
+    writing = bool(flags & (os.O_WRONLY | os.O_RDWR))
+    if not stat.S_ISREG(info.st_mode) or (writing and info.st_nlink > 1):
+        os.close(handle)
+        kind = "not a plain file" if not stat.S_ISREG(info.st_mode) else f"has {info.st_nlink} hard links"
+        raise JournalError(f"{what} file {path} {kind}; refused", hint)
+    return handle
 
 
 def take_writer_lock(path: Path) -> tuple[int, ...]:
@@ -128,14 +172,8 @@ def _try_lock(handle: int, path: Path) -> bool:
 
 
 def _open_pid_file(lock: Path) -> int:
-    with guard(lock, "lock"):
-        handle = os.open(lock, os.O_RDWR | os.O_CREAT | OPEN_OWN, 0o644)
-    info = os.fstat(handle)
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
-        os.close(handle)
-        raise JournalError(f"run folder file {lock} is not a plain file of its own; refused",
-                           f"remove {lock}; sopctl makes it again")
-    return handle
+    return open_own_file(lock, os.O_RDWR | os.O_CREAT, what="run folder",
+                         hint=f"remove {lock}; sopctl makes it again")
 
 
 def _read_pid(lock: Path) -> str:

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import urlsplit
 
+from engine.load.files import FileRefused, read_bounded
 from engine.load.spec import Sop, tools_of
 
 __all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "NETWORK_TOOLSETS", "BROWSER_FLAGS",
@@ -338,12 +339,10 @@ def read_experience(sop_file: str, rel: str) -> str:
     path = (folder / rel).resolve()
     if not path.is_relative_to(folder):
         raise ValueError(f"experience file '{rel}' leaves the SOP's folder through a symlink")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot read experience file '{rel}': {exc.strerror or exc}") from None
-    if len(data) > MAX_EXPERIENCE_BYTES:
-        raise ValueError(f"experience file '{rel}' is larger than {MAX_EXPERIENCE_BYTES} bytes")
+    try:           # a FIFO would hang the run, /dev/zero never end: a regular file only
+        data = read_bounded(path, MAX_EXPERIENCE_BYTES)
+    except FileRefused as exc:
+        raise ValueError(f"cannot read experience file '{rel}': {exc.message}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:

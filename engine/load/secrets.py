@@ -1,11 +1,16 @@
 """What counts as a secret: the one rule shared by the checker, exec and the journal.
 
 A variable whose *name* looks like a key (`OPENAI_API_KEY`, `OPENAI_KEY`, `GITHUB_PAT`,
-`ANTHROPIC_AUTH`, `*_TOKEN`, `*_SECRET`, `*_PASSWORD`, `*_CREDENTIALS`, ...) holds a secret,
-and so does the password of any URL written `scheme://user:password@host` (a `DATABASE_URL`
-carries one whatever its variable is called). Exec children never get such variables unless
-an action names them (and the checker warns when it does); the journal never stores them in
-clear. Lives in the lowest layer that needs it (the checker), so every layer above can share it.
+`ANTHROPIC_AUTH`, `STRIPE_SK`, `SLACK_WEBHOOK_URL`, `SENTRY_DSN`, `*_TOKEN`, `*_SECRET`,
+`*_PASSWORD`, `*_CREDENTIALS`, ...; `SECRET_NAMES_TESTED` in the tests is the list) holds a
+secret, and so does the password of any URL written `scheme://user:password@host` (a
+`DATABASE_URL` carries one whatever its variable is called), and so does any text shaped like
+a well-known token (an OpenAI, Anthropic, Stripe, Slack, GitHub, GitLab, AWS, Google or
+Hugging Face key, a Slack webhook's path, a PEM private key), whatever variable it came from.
+Exec children never get such variables unless an action names them (and the checker warns
+when it does). `scrub` is the one redaction: the journal, the experience pool, `sopctl
+report` and the hosted models' error messages all call it. Lives in the lowest layer that
+needs it (the checker), so every layer above can share it.
 """
 
 from __future__ import annotations
@@ -22,10 +27,27 @@ REDACTED = "[REDACTED]"
 
 
 _SECRET_NAME = re.compile(
-    r"API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL|ACCESS_KEY"
+    r"API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|ACCESS_KEY|PRIVATE_?KEY"
+    r"|WEBHOOK|AUTHORIZATION|CONNECTION_?STRING|SIGNING_?KEY"
     # short words only as the last part of a name: OPENAI_KEY, GITHUB_PAT, ANTHROPIC_AUTH,
-    # DB_PASS, but not MONKEY, COMPAT or AUTHOR
-    r"|(?:^|[_.-])(?:KEY|PAT|AUTH|PASS)S?$", re.I)
+    # DB_PASS, SENTRY_DSN, but not MONKEY, COMPAT, AUTHOR or TASK; PWD and SK only after a
+    # prefix (MYSQL_PWD, STRIPE_SK): PWD alone is the shell's current folder
+    r"|(?:^|[_.-])(?:KEY|PAT|AUTH|PASS|DSN|JWT|COOKIE)S?$|[_.-](?:PWD|SK)$", re.I)
+
+
+_TOKEN_SHAPES = re.compile(
+    # Each a fixed prefix then a run of token characters with no condition after it, so a
+    # failed try costs the prefix only and a match consumes its run: linear on any text.
+    r"\b(?:sk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_-]{20,}"        # OpenAI, Anthropic
+    r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{20,}"   # Stripe
+    r"|xox[abeoprs]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}"     # Slack
+    r"|gh[opsuir]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"  # GitHub
+    r"|glpat-[A-Za-z0-9_-]{20,}"                                  # GitLab
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}"                                 # AWS access key id
+    r"|AIza[0-9A-Za-z_-]{30,}"                                    # Google
+    r"|hf_[A-Za-z0-9]{30,}|gsk_[A-Za-z0-9]{30,}|xai-[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{30,})"
+    r"|(?<=hooks\.slack\.com/)(?:services|workflows|triggers)/[A-Za-z0-9/_-]{10,}"  # webhook path
+    r"|-----BEGIN [A-Z ]{0,32}PRIVATE KEY-----[A-Za-z0-9+/=\s]{0,16384}")
 
 
 _URL_PASSWORD = re.compile(
@@ -55,11 +77,13 @@ def secret_values(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     return tuple(sorted(found, key=len, reverse=True))
 
 
-def scrub(text: str, secrets: tuple[str, ...], mark: str = REDACTED) -> str:
-    """`text` with every value of `secrets` and every URL password replaced by `mark`."""
-    for value in secrets:
+def scrub(text: str, secrets: tuple[str, ...] | None = None, mark: str = REDACTED) -> str:
+    """`text` with every value of `secrets` (default: this environment's, `secret_values()`),
+    every URL password and every token-shaped text replaced by `mark`: the one redaction."""
+    for value in secret_values() if secrets is None else secrets:
         if value in text:
             text = text.replace(value, mark)
+    text = _TOKEN_SHAPES.sub(mark, text)
     if "://" not in text:  # the common case costs one scan
         return text
     return _URL_PASSWORD.sub(lambda m: m.group("head") + mark, text)

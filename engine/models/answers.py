@@ -81,6 +81,27 @@ class InvalidAnswer(ValueError):
     """The model's answer cannot be accepted; the message says why, for the model to fix."""
 
 
+MAX_ANSWER_DEPTH = 64
+"""How deeply an answer's JSON may nest (an SOP file's own limit). Deeper is re-asked: a
+value nested thousands deep would overflow the stack of whatever walks it next (the schema
+check, the journal's encoder, a template), and no output schema needs it."""
+
+
+def nesting_depth(value: Any, limit: int = MAX_ANSWER_DEPTH) -> int:
+    """How deeply lists and objects nest in `value` (a scalar is 0), walked without recursion
+    and given up at `limit + 1` (the caller only asks whether it is past the limit)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if not isinstance(item, (list, dict)):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
 # --------------------------------------------------------------------------- asking
 
 
@@ -266,10 +287,16 @@ def read(spec: CallSpec, text: str) -> Any:
             raise InvalidAnswer("the answer is empty")
         return text.strip()
     schema = spec.schema or {}
-    value = command_step(text) if spec.tool_step >= 0 or spec.commands else None
-    if value is None:
-        value = _SECTION_PARSERS[spec.format](text, schema) if spec.format in _SECTION_PARSERS \
-            else parse_json_object(text)
+    try:            # the C decoder raises RecursionError, not a decode error, past its depth
+        value = command_step(text) if spec.tool_step >= 0 or spec.commands else None
+        if value is None:
+            value = _SECTION_PARSERS[spec.format](text, schema) if spec.format in _SECTION_PARSERS \
+                else parse_json_object(text)
+    except RecursionError:
+        value = None
+    if value is None or nesting_depth(value) > MAX_ANSWER_DEPTH:
+        raise InvalidAnswer(f"the answer's JSON nests deeper than {MAX_ANSWER_DEPTH} levels; "
+                            "answer with a flat object as the schema asks")
     errors = schema_errors(value, schema)
     if errors:
         raise InvalidAnswer("the object does not match the schema: " + "; ".join(errors))

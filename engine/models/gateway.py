@@ -49,12 +49,13 @@ Answers reused from the journal were paid when they were recorded: they are not 
 reserves its worst-case cost before it starts: its prompt tokens bounded from the request's
 text (a token is at least one byte), its completion by `max_tokens` (else the model's most
 output tokens, else DEFAULT_COMPLETION_CAP), at the model's price (`types.price_of`: the
-provider's `price`, else the user's; a call whose price is unknown is reserved at the
-dearest call seen so far). A call
-starts only if spend + every in-flight reservation + its own stays within the budget, and
-always when nothing is in flight (so a run makes progress); when it ends its reservation is
-released and its real cost counted. So a run overspends by at most one call, however the
-calls' costs vary (a fan-out of dearer calls no longer starts at once).
+provider's `price`, else the user's). A call starts only if spend + every in-flight
+reservation + its own stays within the budget, and always when nothing is in flight (so a
+run makes progress); when it ends its reservation is released and its real cost counted. A
+call whose price is unknown (its cost is known only from the answer) cannot be reserved, so
+under a budget it starts only when nothing else is in flight: such calls run one at a time
+(`--price` makes them concurrent again). So a run overspends by at most one call, however
+the calls' costs vary (a fan-out of dearer calls no longer starts at once).
 
 Events: the gateway reports through the run's one event stream (`emit`, which the Team plugs
 in; they are run events, see `engine.run.events`): `ModelAnswered` for every answer read (each
@@ -155,7 +156,6 @@ class Gateway:
     _admission: tuple[Any, asyncio.Condition] | None = field(default=None, repr=False)
     _in_flight: int = field(default=0, repr=False)
     _reserved: float = field(default=0.0, repr=False)
-    _max_call_cost: float | None = field(default=None, repr=False)
     _recorded: set[str] = field(default_factory=set, repr=False)
     """Journal keys this gateway recorded (an answer under one was not journaled earlier)."""
     _occurrences: dict[tuple[str, str], int] = field(default_factory=dict, repr=False)
@@ -309,7 +309,6 @@ class Gateway:
                               max(float(answer.cost_usd or 0.0), 0.0), round(seconds, 3),
                               unpriced=not answer.priced, finish_reason=answer.finish_reason)
             self._count(event, result)  # before the admission slot frees: the budget sees it
-            self._max_call_cost = max(self._max_call_cost or 0.0, event.cost_usd)
         if self.store is not None:  # recorded before it is reported or parsed: never lost
             self.store.record(key, request.spec.action, StoredAnswer(
                 answer.text, answer.prompt_tokens, answer.completion_tokens, answer.cost_usd,
@@ -390,9 +389,12 @@ class Gateway:
                 cond.notify_all()
 
     def _reservation(self, price: Price | None, tokens: tuple[int, int]) -> float | None:
-        """A call's worst-case cost; unknown price: the dearest call seen (None before any)."""
+        """A call's worst-case cost; None when its price is unknown, so it starts only when no
+        other call is in flight. An unknown price is known only after the answer (a provider
+        reports the cost it charged): reserving the dearest call seen let a cheap first call
+        admit a whole fan-out of dear ones ($0.01, then ten $1 calls on a $1.50 budget)."""
         if price is None:
-            return self._max_call_cost
+            return None
         return price.cost(*tokens)
 
     def _may_start(self, spec: CallSpec, reserve: float | None) -> bool:

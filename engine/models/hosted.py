@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import LLMError, RunError, UsageError
-from engine.load.secrets import scrub, secret_values
+from engine.load.secrets import scrub
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import (
     CallSpec,
@@ -122,13 +122,15 @@ def _ignore_unsent_calls() -> None:
     warnings.filterwarnings("ignore", message=_UNSENT_CALL, category=RuntimeWarning)
 
 
+# Broader than the shared token shapes (engine/load/secrets.py): in an error message a word
+# taken for a key costs nothing, in a journaled answer it would change the answer.
 _KEY_SHAPES = re.compile(r"\b(?:(?:sk|pk|rk|gsk|xai|hf|ghp|github_pat)[-_][-_A-Za-z0-9]{12,}|AIza[-_A-Za-z0-9]{20,})")
 
 
 def redact(text: str) -> str:
     """Remove every secret value of the environment (engine/load/secrets.py: the rule the
     journal and exec share) and every key-shaped token from `text`."""
-    return _KEY_SHAPES.sub("***", scrub(text, secret_values(), mark="***"))
+    return _KEY_SHAPES.sub("***", scrub(text, mark="***"))
 
 
 @dataclass

@@ -554,7 +554,8 @@ async def call_gateway(ctx: RunContext, spec: CallSpec) -> CallResult:
             ctx.emit(RunLog(round=spec.round, level=level, role=spec.role, action=spec.action,
                             message=message))
         return await pooled_call(ctx.gateway.call, spec, pool=ctx.pool, store=ctx.gateway.store,
-                                 journal_key=ctx.gateway.first_key, log=log)
+                                 journal_key=ctx.gateway.first_key, log=log,
+                                 scope=ctx.compiled.source_hash)
     except (ActionFailed, BudgetExceeded):
         raise
     except LLMError as exc:

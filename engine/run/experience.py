@@ -12,6 +12,11 @@ for the call's request (the action, what is asked for and the prompt; not the mo
   still answers, and a `RunLog` says which entry was offered and how similar it was.
 
 Every answer the gateway accepts is then added to the pool (an existing entry is kept).
+
+Entries belong to the SOP file that made them (`scope`: its source hash, includes and all):
+a pool shared between SOPs never lets one file's answers be reused, or offered as examples,
+by another, so a shared file run once cannot plant answers in a trusted SOP's later runs;
+an edited file starts with no hits of its own.
 The pool's storage (SQLite, `engine.journal.pool`) sits in a later layer; this module
 knows it through the `ExperiencePool` protocol.
 """
@@ -68,16 +73,18 @@ class ExperiencePool(Protocol):
     def offered(self, entry: Experience) -> None: ...
 
 
-def signature(spec: CallSpec) -> str:
-    """What an answer must be (kind, output schema, format, language): entries of one
-    signature are interchangeable answers, whatever the prompt."""
-    what = [spec.kind, spec.schema, spec.format, spec.code_lang]
+def signature(spec: CallSpec, scope: str = "") -> str:
+    """What an answer must be (kind, output schema, format, language) and for which SOP file
+    (`scope`): entries of one signature are interchangeable answers, whatever the prompt."""
+    what = [spec.kind, spec.schema, spec.format, spec.code_lang, scope]
     return sha256_text(json.dumps(what, sort_keys=True, ensure_ascii=False))
 
 
-def request_key(spec: CallSpec) -> str:
-    """The request as the pool keys it: action, signature, system prompt and prompt (no model)."""
-    return sha256_text(json.dumps([spec.action, signature(spec), spec.system, spec.prompt], ensure_ascii=False))
+def request_key(spec: CallSpec, scope: str = "") -> str:
+    """The request as the pool keys it: action, signature (with the SOP file's scope), system
+    prompt and prompt (no model)."""
+    return sha256_text(json.dumps([spec.action, signature(spec, scope), spec.system, spec.prompt],
+                                  ensure_ascii=False))
 
 
 def similarity(a: str, b: str) -> float:
@@ -94,13 +101,13 @@ Log = Callable[[str, str], None]
 async def pooled_call(call: Callable[[CallSpec], Awaitable[CallResult]], spec: CallSpec, *,
                       pool: ExperiencePool, journal_key: Callable[[CallSpec], str],
                       store: AnswerStore | None,
-                      log: Log) -> CallResult:
+                      log: Log, scope: str = "") -> CallResult:
     """`call(spec)` with the pool consulted first and the accepted answer added after.
 
     `store` is the run's answer store (the journal); without one an exact hit cannot be
     journaled, so it is not reused. `journal_key(spec)` is the key the gateway looks the
-    first request up by."""
-    key = request_key(spec)
+    first request up by; `scope` the SOP file's source hash (see the module docstring)."""
+    key = request_key(spec, scope)
     hit = pool.exact(spec.action, key)
     if hit is not None and store is not None:
         if store.lookup(journal_key(spec)) is None:
@@ -112,12 +119,12 @@ async def pooled_call(call: Callable[[CallSpec], Awaitable[CallResult]], spec: C
         pool.reused(hit)
         return result
     asked = spec
-    near = pool.nearest(spec.action, signature(spec), spec.prompt)
+    near = pool.nearest(spec.action, signature(spec, scope), spec.prompt)
     if near is not None:
         asked = dataclasses.replace(spec, prompt=spec.prompt + EXAMPLE_NOTE.format(answer=near.answer))
         log("notice", f"experience pool entry {near.id} (similarity {near.similarity:.2f}) offered "
                     "to the model as an example")
         pool.offered(near)
     result = await call(asked)
-    pool.add(spec.action, key, signature(spec), spec.prompt, result.text)
+    pool.add(spec.action, key, signature(spec, scope), spec.prompt, result.text)
     return result

@@ -6,13 +6,12 @@ Inputs are checked here (unknown keys, missing required ones, types), so every f
 from __future__ import annotations
 
 import math
-import os
-import stat
 from collections.abc import Mapping
 from typing import Any
 
 from engine.compile.compiler import CompiledSop
 from engine.errors import UsageError, did_you_mean, require_utf8
+from engine.load.files import FileRefused, read_bounded
 from engine.load.spec import InputSpec
 
 __all__ = ["resolve_inputs", "parse_input_flags", "read_input_file", "check_limits", "INPUT_FILE_LIMIT"]
@@ -109,18 +108,9 @@ def read_input_file(key: str, path: str) -> str:
     if not path:
         raise UsageError(f"{what}: no file named", hint="write KEY=@FILE, or KEY=@@text for a value starting with @")
     try:
-        # O_NONBLOCK: opening a FIFO must not wait for a writer before fstat refuses it
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as exc:
-        raise UsageError(f"{what}: cannot open the file: {exc.strerror}") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise UsageError(f"{what}: not a regular file", hint="name a file (not a folder, FIFO or device)")
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(INPUT_FILE_LIMIT + 1)
-    if len(data) > INPUT_FILE_LIMIT:
-        raise UsageError(f"{what}: the file is larger than {INPUT_FILE_LIMIT:,} bytes",
-                         hint="pass a smaller file, or the part the SOP needs")
+        data = read_bounded(path, INPUT_FILE_LIMIT)
+    except FileRefused as exc:
+        raise UsageError(f"{what}: {exc.message}", exc.hint) from None
     try:
         return data.decode("utf-8-sig")  # a BOM is no part of the text
     except UnicodeDecodeError as exc:

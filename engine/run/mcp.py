@@ -14,6 +14,15 @@ model as that command's output. A server that dies mid-run ends the run `failed`
 the server (`McpServerFailed`); the journal keeps every finished tool call, so a resume
 starts the server again and goes on. The SDK is imported only here and only when a run
 uses a server: `sopctl validate` never imports it.
+
+No process a stdio server starts outlives the run: while servers run, sopctl is a child
+subreaper and each server carries a mark in its environment (engine/run/reaper.py, as exec
+commands do), so what a server started and left (`setsid`, a double fork) is killed and
+reaped when the servers close.
+
+A stdio server that writes lines that are not JSON-RPC to its stdout (a print left in, a
+banner) has them ignored; the SDK logs a traceback for each, which `_OneNoiseLine` turns into
+one line for the run (400 garbage lines were 400 tracebacks on stderr).
 """
 
 from __future__ import annotations
@@ -21,15 +30,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
+from collections.abc import Iterator
 
 from engine.compile.compiler import CompiledSop
 from engine.errors import RunError
 from engine.load.spec import McpServerSpec
 from engine.run.exec import child_env
+from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.tools import Outcome, Tool
 
 __all__ = ["McpServerFailed", "McpServers"]
@@ -38,6 +51,42 @@ __all__ = ["McpServerFailed", "McpServers"]
 START_TIMEOUT_S = 120.0
 """How long a server may take to start and list its tools (an interpreter and the SDK to
 import); `call_timeout_s` bounds each tool call."""
+
+
+_SDK_PARSE_FAILURE = "Failed to parse JSONRPC message from server"
+"""What the SDK's stdio client logs, with a traceback, for each line it cannot parse."""
+
+
+class _OneNoiseLine(logging.Filter):
+    """Drops the SDK's traceback for each unparsable line a server writes; the first becomes
+    one line without a traceback, saying they are ignored."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage() != _SDK_PARSE_FAILURE:
+            return True
+        self.seen += 1
+        if self.seen > 1:
+            return False
+        record.msg, record.args = ("sopctl: warning: an MCP server wrote a line that is not JSON-RPC to "
+                                   "its stdout; it is ignored, and so are any more (say nothing but "
+                                   "JSON-RPC on stdout: log to stderr)"), ()
+        record.exc_info = record.exc_text = None
+        return True
+
+
+@contextlib.contextmanager
+def _reaping(mark: str) -> Iterator[None]:
+    """A child subreaper while the servers run; on the way out every process still carrying
+    their mark (a `setsid` child a server left) is killed and reaped."""
+    with subreaper():
+        try:
+            yield
+        finally:
+            reap(mark, leader=-1)      # no leader: the servers themselves the SDK has closed
 
 
 class McpServerFailed(RunError):
@@ -52,8 +101,14 @@ class McpServers:
         self._stack = contextlib.AsyncExitStack()
         self._sessions: dict[str, Any] = {}
         self._tools: dict[str, list[Any]] = {}
+        self._mark = secrets.token_hex(8)
+        """In every stdio server's environment: what they leave behind is found by it."""
+        self._reaping = False
 
     async def start(self) -> None:
+        sdk = logging.getLogger("mcp.client.stdio")
+        if not any(isinstance(f, _OneNoiseLine) for f in sdk.filters):   # once per process
+            sdk.addFilter(_OneNoiseLine())
         for name, wanted in self.compiled.plan.servers.items():   # decided when it compiled
             spec = self.compiled.spec.mcp[name]
             try:
@@ -87,7 +142,11 @@ class McpServers:
         if argv[0] in ("python", "python3"):
             argv[0] = sys.executable   # as exec actions: the interpreter running sopctl
         folder = Path(self.compiled.file).parent if Path(self.compiled.file).is_file() else Path.cwd()
-        params = StdioServerParameters(command=argv[0], args=argv[1:], env=child_env(spec.env),
+        if not self._reaping:      # entered before the first server: left after the last closed
+            self._stack.enter_context(_reaping(self._mark))
+            self._reaping = True
+        params = StdioServerParameters(command=argv[0], args=argv[1:],
+                                       env={**child_env(spec.env), MARK_ENV: self._mark},
                                        cwd=str(folder.resolve()))
         errlog = self._stack.enter_context(open(os.devnull, "w", encoding="utf-8"))
         return stdio_client(params, errlog=errlog)

@@ -98,6 +98,16 @@ MAX_COMMANDS = 20
 """The most commands run in one step; the rest are not run, and the step's output says so."""
 
 
+MAX_STEP_OUTPUT_CHARS = 5 * MAX_OUTPUT_CHARS
+"""What all of one step's outputs together show the model (each is cut at MAX_OUTPUT_CHARS
+first): twenty full reads would put 160,000 characters into every later prompt. The outputs
+past it are replaced by a line saying so; the commands did run."""
+
+
+_ALWAYS_SHOWN_CHARS = 300
+"""An output this short (an error, a `not run` line) is shown even past the step's limit."""
+
+
 _REPEAT_LOOKBACK = 5
 """A step's commands equal to those of one of this many steps before, with nothing new come
 back since, are a repeat (RoleZero compares with its last 10 memories: about 5 answers and
@@ -489,6 +499,7 @@ class ToolLoop:
             current.outputs.append(f"Not run, at most {MAX_COMMANDS} commands run per step: the other "
                                    f"{len(over)} ({', '.join(name for name, _ in over)}); give them again "
                                    "in a later step if they are still needed.")
+        current.outputs = _within_step_limit(current.outputs)
         return _NOT_DONE
 
     def _exclusive_cut(self, calls: list[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], str]:
@@ -569,7 +580,7 @@ class ToolLoop:
                 self._record(call, outcome)
             self._keep_files(outcome)
         self.ctx.emit(ToolCalled(round=self.round, role=self.role_id, action=self.action_id, step=step,
-                                 tool=name, args=args, output=outcome.output, call=call,
+                                 tool=name, args=_shown_args(args), output=outcome.output, call=call,
                                  error=outcome.error, reused=reused,
                                  seconds=round(time.monotonic() - started, 3)))
         return outcome
@@ -626,6 +637,31 @@ def _call_key(action_key: str, step: int, index: int, name: str, args: dict[str,
 def _canonical(commands: list[dict[str, Any]]) -> str:
     """Commands as compared for a repeat: names and args, whatever their order of keys."""
     return json.dumps(commands, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _within_step_limit(outputs: list[str]) -> list[str]:
+    """The step's outputs, in order, until together they pass MAX_STEP_OUTPUT_CHARS; each one
+    after is a line naming its command (its first words) and why it is not shown."""
+    kept, used = [], 0
+    for output in outputs:
+        used += len(output)
+        if used <= MAX_STEP_OUTPUT_CHARS or len(output) <= _ALWAYS_SHOWN_CHARS:
+            kept.append(output)
+            continue
+        head = " ".join(output.split(":", 1)[0].split()[:3])
+        kept.append(f"{head}: [output not shown: this step's outputs passed {MAX_STEP_OUTPUT_CHARS:,} "
+                    "characters; ask for fewer or smaller results in one step]")
+    return kept
+
+
+def _shown_args(args: dict[str, Any]) -> dict[str, Any]:
+    """A command's arguments as its ToolCalled event keeps them: a long text (a whole file
+    given to editor.write) cut at MAX_OUTPUT_CHARS, so the journal does not hold the answer's
+    text a second time; the answer itself, in full, is in the answers table."""
+    if not any(isinstance(v, str) and len(v) > MAX_OUTPUT_CHARS for v in args.values()):
+        return args
+    return {k: (v[:MAX_OUTPUT_CHARS] + f" [... {len(v) - MAX_OUTPUT_CHARS} characters cut]"
+                if isinstance(v, str) and len(v) > MAX_OUTPUT_CHARS else v) for k, v in args.items()}
 
 
 def _capped(outcome: Outcome) -> Outcome:

@@ -21,8 +21,9 @@ from __future__ import annotations
 import itertools
 import json
 import re
-from collections.abc import Callable
-from functools import lru_cache
+from string import Formatter
+from collections.abc import Callable, Iterator
+from functools import lru_cache, update_wrapper
 from typing import Any
 
 from jinja2 import StrictUndefined, TemplateError, nodes
@@ -142,11 +143,20 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         return _check_size(super().call_binop(context, operator, left, right))
 
     def wrap_str_format(self, value: Any) -> Any:
-        # `'{:>1000000000}'.format(x)` would allocate the width before anything could check it
-        owner = getattr(value, "__self__", None)
-        if isinstance(owner, str) and getattr(value, "__name__", "") in ("format", "format_map"):
-            _check_format(owner, ())
-        return super().wrap_str_format(value)
+        """`str.format`/`format_map`, as jinja sandboxes them, with the format and its arguments
+        checked before it runs: `'{:>1000000000}'.format(x)` allocates the width in one C call,
+        and `('{a}' * 999).format(a=big)` repeats a keyword argument (jinja's wrapper is what
+        `call` sees, so only here are its arguments known)."""
+        sandboxed = super().wrap_str_format(value)
+        if sandboxed is None:
+            return None
+        owner = value.__self__
+
+        def checked(*args: Any, **kwargs: Any) -> Any:
+            _check_format(owner, (*args, *kwargs.values()))    # format_map's one dict: its values
+            return _check_size(sandboxed(*args, **kwargs))
+
+        return update_wrapper(checked, sandboxed)
 
     def call(__self, __context, __obj, *args, **kwargs):  # type: ignore[override]  # noqa: N805
         """Method calls (`'x'.center(n)`): sizes checked before the call, the result after."""
@@ -154,7 +164,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         _check_arguments(name, args, kwargs)
         owner = getattr(__obj, "__self__", None)
         if isinstance(owner, (str, bytes)):
-            _check_method(owner, name, args)
+            _check_method(owner, name, (*args, *kwargs.values()))
         return _check_size(super().call(__context, __obj, *args, **kwargs))
 
 
@@ -178,20 +188,88 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-_WIDTH = re.compile(r"%[-#0 +]*(\d+|\*)|\{[^{}]*:[^{}]*?(\d+)")
-
-
 def _check_format(template: str | bytes, args: tuple[Any, ...]) -> None:
-    """`'%999999s' * 9`, `'{:>999999}'`, `'%*s' % (10**6, x)`, `'{0}{0}{0}'.format(big)`:
-    the widths, and every field filled with all the arguments, bound what a format builds."""
+    """`'%999999s' * 9`, `'%(a)999999s'`, `'%.999999f'`, `'{:>999999}'`, `'{:{w}}'`,
+    `'%*s' % (10**6, x)`, `'{0}{0}{0}'.format(big)`: the widths and precisions of every
+    field, and every field filled with all the arguments, bound what a format builds. Both
+    syntaxes are scanned as Python parses them, so no spelling of a width is missed."""
     text = template.decode("latin-1") if isinstance(template, bytes) else template
-    widths = 0
-    star_args = iter(a for a in args if _is_int(a))
-    for percent, brace in _WIDTH.findall(text):
-        width = percent or brace
-        widths += abs(next(star_args, 0)) if width == "*" else int(width)
+    if "%" not in text and "{" not in text:
+        return
+    ints = _int_arguments(args)
+    widths = _printf_widths(text, iter(ints)) + _brace_widths(text, max(map(abs, ints), default=0))
     fields = max(text.count("{"), text.count("%"), 1)
     _check_growth(len(text) + widths + fields * sum(_weight(a) for a in args))
+
+
+def _int_arguments(args: tuple[Any, ...]) -> list[int]:
+    """The integers a format may take a `*` or a nested `{w}` width from, in order (a
+    mapping's values too: `'%(a)*s'` is an error, but `format_map({'w': n})` is not)."""
+    found: list[int] = []
+    for arg in args:
+        values = arg.values() if isinstance(arg, dict) else (arg,)
+        found.extend(v for v in values if _is_int(v))
+    return found
+
+
+_TOO_WIDE = MAX_RENDERED_CHARS + 1
+"""What a width of more digits than the limit has counts as (no int() of a huge digit run)."""
+
+
+def _spec_number(text: str, start: int, star: Iterator[int]) -> tuple[int, int]:
+    """The width or precision at `start` (digits, or `*` taken from the arguments), and where
+    it ends."""
+    if text.startswith("*", start):
+        return start + 1, abs(next(star, 0))
+    end = start
+    while end < len(text) and text[end].isdigit():
+        end += 1
+    digits = text[start:end]
+    if not digits:
+        return end, 0
+    return end, _TOO_WIDE if len(digits) > 7 else int(digits)
+
+
+def _printf_widths(text: str, star: Iterator[int]) -> int:
+    """The widths and precisions of `%` fields, parsed as CPython parses them: a `(key)` with
+    nested parentheses, flags, width, `.precision`."""
+    total, at = 0, text.find("%")
+    while 0 <= at < len(text) - 1:
+        end = at + 1
+        if text[end] == "(":
+            depth, end = 1, end + 1
+            while end < len(text) and depth:
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                end += 1
+        while end < len(text) and text[end] in "-+ #0":
+            end += 1
+        end, width = _spec_number(text, end, star)
+        if text.startswith(".", end):
+            end, precision = _spec_number(text, end + 1, star)
+            width += precision
+        total += width
+        at = text.find("%", end + 1)     # `end` is the conversion (or the second `%` of `%%`)
+    return total
+
+
+_DIGITS = re.compile(r"\d+")
+
+
+def _brace_widths(text: str, widest_argument: int) -> int:
+    """The widths and precisions of `{}` fields (`{:>10.5}`: every digit run of a format spec
+    counts), a nested `{w}` counting as the widest integer argument."""
+    if "{" not in text:
+        return 0
+    total = 0
+    try:
+        for _, field, spec, _ in Formatter().parse(text):
+            if field is None or not spec:
+                continue
+            total += spec.count("{") * widest_argument
+            total += sum(_TOO_WIDE if len(d) > 7 else int(d) for d in _DIGITS.findall(spec))
+    except ValueError:        # not a valid format: `format` itself says why, building nothing
+        return 0
+    return total
 
 
 def _check_arguments(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

@@ -286,3 +286,50 @@ def test_a_changed_sop_file_is_drawn_as_it_is_now_and_says_so(runs: dict[str, Pa
     html = html_report.render_report(state)
     assert "changed since the run: this is the graph of the file as it is now" in html
     assert 'id="graph-svg"' in html
+
+
+def test_the_report_redacts_what_the_journal_redacts(runs: dict[str, Path], tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A report is shared: an artifact (which the workspace keeps as written) holding a key's
+    value, a token or a URL password is redacted in the page, and so is a journaled text that
+    holds a secret of the environment the report is made in."""
+    import shutil
+
+    copy = tmp_path / "ws"
+    shutil.copytree(runs["debate"], copy)
+    rel = sorted(read_run(copy).artifacts)[0]
+    value, token = "plain-service-secret-42", "ghp_AbCdEf0123456789AbCdEf0123456789AbCd"
+    monkeypatch.setenv("MY_SERVICE_TOKEN", value)
+    monkeypatch.setenv("ANOTHER_SECRET", "better than dogs")      # in the journaled idea
+    (copy / rel).write_text(f"key {value}\ntoken {token}\ndb postgres://app:hunter2-long@db/app\n",
+                            encoding="utf-8")
+    code, html, _ = report(capsys, copy, "-o", str(tmp_path / "r.html"))
+    assert code == 0
+    for secret in (value, token, "hunter2-long", "better than dogs"):
+        assert secret not in html
+    assert "key [REDACTED]\ntoken [REDACTED]\ndb postgres://app:[REDACTED]@db/app" in html
+
+
+def test_output_into_the_run_folders_own_files_is_refused(runs: dict[str, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    copy = tmp_path / "ws"
+    shutil.copytree(runs["debate"], copy)
+    before = journal_path(copy).read_bytes()
+    for target in (journal_path(copy), copy / ".SOPCTL" / "x.html", copy / ".sopctl" / "r.html"):
+        assert main(["report", str(copy), "-o", str(target)]) == 2
+        assert ".sopctl/ (its journal and lock); refused" in capsys.readouterr().err
+    (tmp_path / "link.html").symlink_to(journal_path(copy))
+    assert main(["report", str(copy), "-o", str(tmp_path / "link.html")]) == 2
+    assert journal_path(copy).read_bytes() == before
+
+
+def test_a_planted_temporary_report_link_is_not_written_through(runs: dict[str, Path], tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    mine = tmp_path / "mine.txt"
+    mine.write_text("mine\n", encoding="utf-8")
+    (tmp_path / ".r.html.tmp").symlink_to(mine)
+    assert main(["report", str(runs["debate"]), "-o", str(tmp_path / "r.html")]) == 0
+    assert mine.read_text(encoding="utf-8") == "mine\n" and (tmp_path / "r.html").is_file()

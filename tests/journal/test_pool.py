@@ -132,3 +132,38 @@ def test_pool_list_clear_prune(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert sopctl(["pool", "clear"]) == 0 and pool.entries() == []
     monkeypatch.delenv("SOPCTL_POOL")
     assert sopctl(["pool", "list"]) == 2           # no pool named
+
+
+def test_the_pool_keeps_no_secret_in_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool is shared across runs and people: what the journal redacts (a key's value, a URL
+    password, a token-shaped text) is redacted in the pool file too, prompts and answers."""
+    value, token = "plain-service-secret-42", "sk_live_51AbCdEf0123456789AbCd"
+    monkeypatch.setenv("MY_SERVICE_TOKEN", value)
+    pool = Pool.open(tmp_path / "pool.db")
+    idea = f"tea with {value} and postgres://app:hunter2-long@db/app"
+    _run(tmp_path, "one", idea, pool, answer=f'{{"Title": "Tea {value} {token}"}}')
+    pool.close()
+    blob = (tmp_path / "pool.db").read_bytes()
+    for secret in (value, token, "hunter2-long"):
+        assert secret.encode() not in blob
+    entry = Pool.open(tmp_path / "pool.db").entries()[0]
+    assert "[REDACTED]" in entry.prompt and entry.answer == '{"Title": "Tea [REDACTED] [REDACTED]"}'
+
+
+def test_a_pool_shared_between_sops_never_mixes_their_answers(tmp_path: Path) -> None:
+    """A shared file with the same action and prompt as a trusted SOP, run once with a pool the
+    two share, cannot plant an answer the trusted SOP then reuses without a model call, nor
+    an example it is offered."""
+    pool = Pool.open(tmp_path / "pool.db", threshold=0.5)
+    hostile = tmp_path / "hostile" / "s.sop.yaml"
+    hostile.parent.mkdir()
+    hostile.write_text(SOP.replace("name: pooled", "name: pooled  # the same action, another file"),
+                       encoding="utf-8")
+    with use_model(ScriptedModel(lambda spec, attempt: '{"Title": "PLANTED"}')):
+        api.run(api.load(hostile), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "h", pool=pool))
+    assert len(pool.entries()) == 1
+    trusted, model = _run(tmp_path, "one", "tea", pool)
+    assert model.calls == 1 and trusted.messages[-1].out == {"Title": "Tea time"}
+    assert "PLANTED" not in model.prompts()[0]
+    _, again = _run(tmp_path, "two", "tea", pool)               # its own entry is reused
+    assert again.calls == 0

@@ -402,6 +402,50 @@ def test_a_run_whose_fan_out_costs_more_than_its_first_call_stops_within_one_cal
     assert model.calls < 1 + len(files)
 
 
+class _PricedAfter(ScriptedModel):
+    """A model whose price is unknown before the call (no `price`) and told in each answer:
+    the first answer cheap, every later one dear."""
+
+    async def complete(self, request):
+        self.cost_per_call = 0.01 if self.calls == 0 else 1.0
+        return await super().complete(request)
+
+
+def test_prices_known_only_after_the_answer_cannot_overspend_a_fan_out(tmp_path):
+    """A cheap first call ($0.01), then ten $1 calls at once on a $1.50 budget: once spent ran
+    to $10.01 and the run ended idle. An unknown price cannot be reserved, so such calls run
+    one at a time under a budget: at most one call past the budget, and the run ends budget."""
+    from engine.api import RunOptions, run as run_sop
+    from engine.compile.compiler import compile_path
+
+    files = [f"f{i}.py" for i in range(10)]
+
+    def answer(call_spec, attempt):
+        if call_spec.action == "ListFiles":
+            return json.dumps({"Task list": files})
+        return "```python\nx = 1\n```"
+
+    compiled = compile_path(TESTS / "sops" / "fanout.sop.yaml")
+    with use_model(_PricedAfter(answer)) as model:
+        result = run_sop(compiled, {"idea": "files"}, RunOptions(budget_usd=1.5, workspace=tmp_path / "ws"),
+                         journal=False)
+    assert result.status == "budget" and "budget of $1.5000 spent" in (result.error or "")
+    assert result.usage.cost_usd <= 1.5 + 1.0 + 1e-9          # at most one call past it
+    assert model.calls == 3 and model.max_in_flight == 1
+
+
+def test_prices_known_before_the_call_still_run_concurrently_under_a_budget():
+    model = ScriptedModel(lambda s, a: "ok", token_price=Price(0.0, 0.0001))
+    gateway = Gateway(providers={"scripted": model}, budget_usd=10.0)
+
+    async def fan_out():
+        calls = (gateway.call(spec("text", prompt=f"item {i}", max_tokens=10)) for i in range(8))
+        return await asyncio.gather(*calls)
+
+    asyncio.run(fan_out())
+    assert model.max_in_flight > 1
+
+
 def test_fan_out_without_budget_runs_concurrently():
     started, peak = [0], [0]
 

@@ -297,9 +297,10 @@ def test_validate_says_which_flags_a_file_needs(tmp_path: Path) -> None:
 
 def test_a_tool_the_server_does_not_declare_is_refused() -> None:
     text = MCP.replace("mcp.notes.search", "mcp.notes.delete")
-    assert _codes(text) == [("SOP221", "/actions/Write/tools/0")]
+    header = ("SOP223", "/mcp/web/headers/Authorization")        # WEB_TOKEN goes to mcp.example.com
+    assert _codes(text) == [("SOP221", "/actions/Write/tools/0"), header]
     assert _codes(MCP.replace("  notes:\n", "  editor:\n").replace("mcp.notes.search", "mcp.editor")) == [
-        ("SOP223", "/mcp/editor")]
+        ("SOP223", "/mcp/editor"), header]
 
 
 def test_a_run_without_the_flags_refuses_before_any_model_call(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ check alone would only see it after the memory was spent.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -14,6 +15,7 @@ import pytest
 from engine.templates import render
 from engine.templates.render import compile_expression, render_template
 from engine.templates.sandbox import TemplateFailure
+from run_helpers import ROOT
 
 BOMBS = {
     "repeat": "{{ 'x' * 10**9 }}",
@@ -41,6 +43,22 @@ BOMBS = {
                        "{{ [b, b, b, b, b, b, b, b, b, b] }}",
     "format fields": "{{ ('{0}' * 1000).format('x' * 100000) }}",
     "join of shared": "{{ (['x' * 100000] * 10)|join }}",
+    "percent mapping key width": "{{ '%(a)1000000000s' % {'a': 'x'} }}",
+    "percent nested key width": "{{ '%(a(b))1000000000s' % {'a(b)': 'x'} }}",
+    "percent precision": "{{ '%.1000000000f' % 1.0 }}",
+    "percent width and precision": "{{ '%10.1000000000f' % 1.0 }}",
+    "percent flags then width": "{{ '%-+ #01000000000d' % 5 }}",
+    "percent after a literal percent": "{{ '%%%(a)1000000000s' % {'a': 1} }}",
+    "percent digits past int()": "{{ '%99999999999999999999999s' % 1 }}",
+    "format filter mapping key": "{{ '%(a)1000000000s'|format(a='x') }}",
+    "str.format precision": "{{ '{:10.1000000000f}'.format(1.0) }}",
+    "str.format conversion then width": "{{ '{!r:>1000000000}'.format('x') }}",
+    "str.format indexed field width": "{{ '{0[0]:>1000000000}'.format(['x']) }}",
+    "str.format nested width": "{{ ('{0:>{1}}' * 100).format('x', 999999) }}",
+    "str.format nested keyword width": "{{ ('{0:>{w}}' * 100).format('x', w=999999) }}",
+    "format_map nested width": "{{ ('{a:>{w}}' * 100).format_map({'a': 'x', 'w': 999999}) }}",
+    "str.format repeated keyword": "{{ ('{a}' * 1000).format(a='x' * 999999) }}",
+    "ljust repeated": "{{ ('{0}' * 1000).format('x'.ljust(999999)) }}",
 }
 
 
@@ -48,6 +66,30 @@ BOMBS = {
 def test_a_template_bomb_is_refused_before_it_is_built(template):
     with pytest.raises(TemplateFailure, match="refused by the sandbox"):
         render_template(template, {})
+
+
+def test_every_bomb_is_refused_under_a_tight_memory_limit():
+    """Refused *before* it is built: under an address-space limit 600 MB above what the
+    interpreter uses, a bomb built first and measured after would be a MemoryError (the
+    1 GB string of `'%(a)1000000000s' % {...}`), not the sandbox's refusal."""
+    script = (
+        "import json, resource, sys\n"
+        "from engine.templates.render import render_template\n"
+        "from engine.templates.sandbox import TemplateFailure\n"
+        "size = int(open('/proc/self/status').read().split('VmSize:')[1].split()[0]) * 1024\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (size + 600 * 2**20, resource.RLIM_INFINITY))\n"
+        "out = {}\n"
+        "for name, template in json.loads(sys.stdin.read()).items():\n"
+        "    try:\n"
+        "        render_template(template, {}); out[name] = 'rendered'\n"
+        "    except TemplateFailure as exc:\n"
+        "        out[name] = str(exc)\n"
+        "print(json.dumps(out))\n")
+    done = subprocess.run([sys.executable, "-c", script], input=json.dumps(BOMBS), capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr
+    outcomes = json.loads(done.stdout)
+    assert {name: why for name, why in outcomes.items() if "refused by the sandbox" not in why} == {}
 
 
 def test_ordinary_templates_still_render():

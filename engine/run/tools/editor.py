@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from engine.load.catalog import MAX_WRITE_BYTES
+from engine.load.files import FileRefused, read_bounded
 from engine.load.spec import ENGINE_DIR
 from engine.run.tools.base import MAX_OUTPUT_CHARS, Outcome, ToolError
 from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
@@ -282,9 +283,11 @@ class Editor:
         if not path.is_file():
             raise ToolError(f"no file {rel} in the workspace")
         self._size_checked(rel, path)
-        try:
-            return path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
+        try:       # no link at the last name, and no hard link to a file outside the workspace
+            return read_bounded(path, MAX_READ_BYTES, follow_links=False, single_link=True).decode("utf-8")
+        except FileRefused as exc:
+            raise ToolError(f"cannot read {rel}: {exc.message}") from None
+        except UnicodeDecodeError as exc:
             raise ToolError(f"cannot read {rel}: {exc}") from None
 
     @staticmethod
@@ -409,9 +412,9 @@ def _fitting(rows: list[str]) -> list[str]:
 def _hits(path: Path, rel: str, term: str) -> list[str]:
     """`rel:N: line` for each line of the file that contains `term` (a file that is not
     UTF-8 text, or cannot be read, has none)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+    try:       # as `_text` reads: a hard-linked or planted file is not searched
+        text = read_bounded(path, MAX_READ_BYTES, follow_links=False, single_link=True).decode("utf-8")
+    except (FileRefused, UnicodeDecodeError):
         return []
     hits = []
     for number, line in enumerate(_split(text), 1):
