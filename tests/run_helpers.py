@@ -112,6 +112,27 @@ def sop(name: str) -> CompiledSop:
     return compile_path(SOPS / f"{name}.sop.yaml")
 
 
+EDITOR_WRITER = """
+apiVersion: sop/v1
+name: editor_writer
+inputs:
+  idea: {required: true}
+actions:
+  Write:
+    prompt: "Write about {{ inputs.idea }}"
+    tools: [editor]
+    max_steps: 4
+    output:
+      Summary: {type: str}
+roles:
+  Writer:
+    actions: [Write]
+    watch: [UserRequirement]
+"""
+"""One role whose action is a tool loop with the editor, ending with a `Summary`: the tool
+tests' common SOP."""
+
+
 def sop_text(text: str) -> CompiledSop:
     return compile_text(text)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_helpers import run_sop, sop_text
+from run_helpers import EDITOR_WRITER, run_sop, sop_text
 
 from engine.models import answers
 from engine.models.types import CallSpec
@@ -66,23 +66,7 @@ def test_outside_a_tool_step_an_array_or_a_bare_command_is_not_rewritten() -> No
         answers.read(plain, json.dumps(WRITE))
 
 
-WRITER = """
-apiVersion: sop/v1
-name: metagpt_forms
-inputs:
-  idea: {required: true}
-actions:
-  Write:
-    prompt: "Write about {{ inputs.idea }}"
-    tools: [editor]
-    max_steps: 4
-    output:
-      Summary: {type: str}
-roles:
-  Writer:
-    actions: [Write]
-    watch: [UserRequirement]
-"""
+WRITER = EDITOR_WRITER
 
 
 def test_a_scripted_loop_answering_in_metagpt_forms_runs_with_no_reask(tmp_path: Path) -> None:

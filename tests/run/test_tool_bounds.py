@@ -10,29 +10,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from run_helpers import run_sop, sop_text
+from run_helpers import EDITOR_WRITER, run_sop, sop_text
 
 from engine import api
 from engine.models.answers import MAX_ANSWER_DEPTH
 from engine.testing import ScriptedModel
 
-WRITER = """
-apiVersion: sop/v1
-name: tools_bounds
-inputs:
-  idea: {required: true}
-actions:
-  Write:
-    prompt: "Write about {{ inputs.idea }}"
-    tools: [editor]
-    max_steps: 4
-    output:
-      Summary: {type: str}
-roles:
-  Writer:
-    actions: [Write]
-    watch: [UserRequirement]
-"""
+WRITER = EDITOR_WRITER
 
 
 def step(*commands: tuple[str, dict[str, Any]]) -> str:
