@@ -558,6 +558,9 @@ class McpServerSpec(_Model):
         "server offers them."))
     call_timeout_s: float = Field(default=60, gt=0, le=3600, description=(
         "The longest one tool call may take (default 60). Was `timeout_s` (deprecated)."))
+    start_timeout_s: float = Field(default=120, gt=0, le=3600, description=(
+        "The longest the server may take to start, answer `initialize` and list its tools (default 120: "
+        "`npx` may download it first); a server that does not is named and the run does not start."))
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerSpec:

@@ -48,11 +48,6 @@ from engine.run.tools import Outcome, Tool
 __all__ = ["McpServerFailed", "McpServers"]
 
 
-START_TIMEOUT_S = 120.0
-"""How long a server may take to start and list its tools (an interpreter and the SDK to
-import); `call_timeout_s` bounds each tool call."""
-
-
 _SDK_PARSE_FAILURE = "Failed to parse JSONRPC message from server"
 """What the SDK's stdio client logs, with a traceback, for each line it cannot parse."""
 
@@ -111,11 +106,14 @@ class McpServers:
             sdk.addFilter(_OneNoiseLine())
         for name, wanted in self.compiled.plan.servers.items():   # decided when it compiled
             spec = self.compiled.spec.mcp[name]
-            try:
+            try:   # start_timeout_s bounds starting, initialize and the tool list; call_timeout_s each call
                 session = await self._connect(name, spec)
-                listed = (await asyncio.wait_for(session.list_tools(), START_TIMEOUT_S)).tools
+                listed = (await asyncio.wait_for(session.list_tools(), spec.start_timeout_s)).tools
             except McpServerFailed:
                 raise
+            except asyncio.TimeoutError:
+                raise McpServerFailed(f"MCP server {name} did not start and answer within {spec.start_timeout_s:g} s "
+                                      f"(start_timeout_s)", hint=_start_hint(spec)) from None
             except BaseException as exc:  # noqa: BLE001 - the SDK's own errors, a refused spawn
                 if isinstance(exc, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
                     raise
@@ -132,7 +130,7 @@ class McpServers:
         else:
             read, write = await self._stack.enter_async_context(self._http(name, spec))
         session = await self._stack.enter_async_context(ClientSession(read, write))
-        await asyncio.wait_for(session.initialize(), START_TIMEOUT_S)
+        await asyncio.wait_for(session.initialize(), spec.start_timeout_s)
         return session
 
     def _stdio(self, spec: McpServerSpec) -> Any:

@@ -87,3 +87,32 @@ roles:
     assert result.status == "idle", result.error
     pid = int(model.prompts()[1].split("Command spawner.spawn executed: ", 1)[1].split()[0])
     assert _gone(pid)
+
+
+def test_a_server_that_never_answers_initialize_is_named_after_its_start_timeout(tmp_path: Path) -> None:
+    """Not after a fixed two minutes: the file's start_timeout_s bounds starting a server."""
+    import sys
+
+    from engine import api
+    from engine.compile.compiler import compile_text
+
+    text = f"""
+apiVersion: sop/v1
+name: mcp_mute
+inputs:
+  idea: {{required: true}}
+mcp:
+  mute:
+    command: [{sys.executable}, -c, "import sys; sys.stdin.read()"]
+    start_timeout_s: 1
+actions:
+  Use:
+    prompt: "Use it for {{{{ inputs.idea }}}}"
+    tools: [mcp.mute]
+roles:
+  User: {{actions: [Use], watch: [UserRequirement]}}
+"""
+    result = api.run(compile_text(text), {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "ws",
+                                                                       allow_exec=True))
+    assert result.status == "failed" and result.llm_calls == 0
+    assert "MCP server mute did not start and answer within 1 s (start_timeout_s)" in result.error
