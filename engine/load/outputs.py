@@ -8,8 +8,6 @@ the model for and what every answer is validated against.
 
 from __future__ import annotations
 
-import json
-
 import re
 from typing import Any
 
@@ -81,20 +79,9 @@ def node_schema(node: OutputNode) -> dict[str, Any]:
         schema = parse_type(node.type or "str")
         if node.pattern:
             schema = with_pattern(schema, node.pattern)
-    instruction = node.instruction.strip()
-    if instruction and node.example is not None and instruction[-1] not in ".!?:":
-        instruction += "."
-    described = " ".join(filter(None, [instruction, _example_text(node.example)]))
-    if described:   # a description travels everywhere a schema does (prompt, response_format, grammar)
-        schema = {**schema, "description": described}
+    if node.instruction:
+        schema = {**schema, "description": node.instruction}
     return schema
-
-
-def _example_text(example: Any) -> str:
-    """`Example: ["main.py"]`: the node's example, as the model sees it beside the instruction."""
-    if example is None:
-        return ""
-    return "Example: " + (example if isinstance(example, str) else json.dumps(example, ensure_ascii=False))
 
 
 def with_pattern(schema: dict[str, Any], pattern: str) -> dict[str, Any]:

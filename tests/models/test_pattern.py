@@ -151,17 +151,3 @@ def test_the_fake_model_runs_a_file_with_patterns_to_its_end(tmp_path: Path, cap
     assert sopctl(["run", str(sop), "--idea", "a game", "--model", "fake", "--out", str(workspace)]) == 0
     files = json.loads((workspace / "files.json").read_text(encoding="utf-8"))
     assert files and all(search(r"^[a-z_]+\.py$", name) for name in files)
-
-
-def test_an_output_nodes_example_is_shown_beside_its_instruction() -> None:
-    """The example travels in the description: the prompt's field list, response_format and
-    the grammar all carry it (it was in the file and reached no model)."""
-    from engine.load.spec import OutputNode
-    from engine.models.answers import field_list
-
-    schema = node_schema(OutputNode(type="list[str]", instruction="the files, main.py first", example=["main.py"]))
-    assert schema["description"] == 'the files, main.py first. Example: ["main.py"]'
-    assert node_schema(OutputNode(instruction="a name", example="snake"))["description"] == "a name. Example: snake"
-    assert node_schema(OutputNode(instruction="no example")) == {"type": "string", "description": "no example"}
-    text = field_list({"type": "object", "properties": {"Files": schema}, "required": ["Files"]})
-    assert '- "Files" (list of string): the files, main.py first. Example: ["main.py"]' in text
