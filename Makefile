@@ -40,8 +40,8 @@ run: install
 	@echo "sopctl: running sops/software_company.sop.yaml on the embedded model (a few minutes)"
 	$(BIN)/sopctl run sops/software_company.sop.yaml --idea "$(IDEA)"
 	@echo "sopctl: sopctl is installed in $(VENV)/: run it as $(BIN)/sopctl (or 'source $(BIN)/activate', \
-	then sopctl). Next: $(BIN)/sopctl --help; $(BIN)/sopctl run sops/mgx_team.sop.yaml --allow-exec \
-	--model fake --idea \"$(IDEA)\"; the README's examples."
+	then sopctl). Next: $(BIN)/sopctl --help; $(BIN)/sopctl init my_sop (a starter file); \
+	$(BIN)/sopctl run examples/debate.sop.yaml --model fake --idea \"$(IDEA)\"; the README's examples."
 
 test: install-dev
 	$(BIN)/python -m pytest -q
