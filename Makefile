@@ -3,6 +3,7 @@
 #   make test   - installs sopctl with its test tools and runs the whole test suite
 #   make lint   - ruff and mypy (CI runs it before the tests)
 #   make test-py310 - the fast suite again on Python 3.10, the oldest we support, where this machine has it
+#   make docs   - the docs site (mkdocs-material) into site/, strictly
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -16,7 +17,7 @@ LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAM
 # like a problem to a newcomer, and is not one.
 PIP := PYTHONWARNINGS=ignore $(BIN)/pip install --quiet
 
-.PHONY: run test test-py310 lint bench install install-dev clean
+.PHONY: run test test-py310 lint docs bench install install-dev clean
 
 $(BIN)/python:
 	@echo "sopctl: creating the virtual environment $(VENV)/"
@@ -66,5 +67,9 @@ lint: install-dev
 bench: install-dev
 	$(BIN)/python -m bench
 
+# The docs site (mkdocs.yml) into site/; --strict: a broken link fails it (CI builds it).
+docs: install-dev
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 clean:
-	rm -rf $(VENV) .venv310 runs .pytest_cache
+	rm -rf $(VENV) .venv310 runs .pytest_cache site
