@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from run_helpers import run_sop, sop_text
+from run_helpers import EDITOR_WRITER, run_sop, sop_text
 
 from engine.errors import RunError
 from engine.models.types import CallSpec, Price
@@ -17,23 +17,7 @@ from engine.run.toolloop import MAX_OUTPUT_CHARS, _capped
 from engine.run.tools import Outcome
 from engine.testing import ScriptedModel, ScriptedPerson
 
-WRITER = """
-apiVersion: sop/v1
-name: tools_test
-inputs:
-  idea: {required: true}
-actions:
-  Write:
-    prompt: "Write about {{ inputs.idea }}"
-    tools: [editor, plan]
-    max_steps: 4
-    output:
-      Summary: {type: str}
-roles:
-  Writer:
-    actions: [Write]
-    watch: [UserRequirement]
-"""
+WRITER = EDITOR_WRITER.replace("tools: [editor]", "tools: [editor, plan]")
 
 
 def step(*commands: tuple[str, dict[str, Any]]) -> dict[str, Any]:
