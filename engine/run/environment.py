@@ -44,12 +44,14 @@ class Environment:
         reached = self.recipients(message)
         for role in reached:
             role.deliver(message)
+        ids = [role.id for role in reached]
         if self.public_chat and NONE not in message.send_to:   # to no one is heard by no one
+            hearing = {*ids, message.sent_from}
             for role in self.roles:
-                if role not in reached and role.id != message.sent_from:
+                if role.id not in hearing:
                     role.overhear(message)
         self._emit(MessagePublished(message=message.to_json()))
-        return [role.id for role in reached]
+        return ids
 
     def active_roles(self) -> list[Role]:
         """The roles that will run this round (not idle), in file order."""

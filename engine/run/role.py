@@ -64,6 +64,7 @@ class Role:
         """What the current activation heard since the last one (public chat), oldest first."""
         self._direct = False
         """The current activation answers the user's direct chat (`team.leader`)."""
+        self._leader = spec.role_at(spec.team.leader)
         self.runs: Counter[str] = Counter()
         self._round = 0
         self._seq = 0
@@ -136,9 +137,7 @@ class Role:
 
     def _direct_chat(self, news: list[Message]) -> bool:
         """MGX's direct chat: the user sent this role (not the leader) a message of its own."""
-        spec = self.ctx.compiled.spec
-        leader = spec.role_at(spec.team.leader)
-        return leader is not None and leader != self.id and any(
+        return self._leader is not None and self._leader != self.id and any(
             m.sent_from == HUMAN and ALL not in m.send_to and self.addresses & m.send_to for m in news)
 
     def _to_publish(self, made: list[Message]) -> list[Message]:

@@ -320,15 +320,9 @@ class ToolLoop:
         if any(c.get("command_name") == END or self._moves(c.get("command_name")) for c in commands):
             return False
         given = _canonical(commands)
-        first = max(len(self.steps) - _REPEAT_LOOKBACK, 0)
-        return any(_canonical(self.steps[i].commands) == given and self._nothing_new_since(i)
-                   for i in range(first, len(self.steps)))
-
-    def _nothing_new_since(self, index: int) -> bool:
-        """Every step after step `index` gave the commands of a step at or before it, and got
-        the same back (a write of other content, or a changed output, is new)."""
-        before = {(_canonical(s.commands), tuple(s.outputs)) for s in self.steps[:index + 1]}
-        return all((_canonical(s.commands), tuple(s.outputs)) in before for s in self.steps[index + 1:])
+        done = [(_canonical(s.commands), tuple(s.outputs)) for s in self.steps]   # each step once
+        first = max(len(done) - _REPEAT_LOOKBACK, 0)
+        return any(done[i][0] == given and _nothing_new_since(done, i) for i in range(first, len(done)))
 
     def _moves(self, name: Any) -> bool:
         tool = self.tools.get(str(name))
@@ -632,6 +626,13 @@ def _words(text: str) -> list[str]:
 def _call_key(action_key: str, step: int, index: int, name: str, args: dict[str, Any]) -> str:
     return sha256_text(json.dumps([TOOL, action_key, step, index, name, args], sort_keys=True,
                                   ensure_ascii=False, default=str))
+
+
+def _nothing_new_since(done: list[tuple[str, tuple[str, ...]]], index: int) -> bool:
+    """Every step after step `index` gave the commands of a step at or before it, and got the
+    same back (a write of other content, or a changed output, is new)."""
+    before = set(done[:index + 1])
+    return all(step in before for step in done[index + 1:])
 
 
 def _canonical(commands: list[dict[str, Any]]) -> str:
