@@ -37,7 +37,7 @@ from engine.errors import (
     SopError,
 )
 from engine.load import schema
-from engine.load.includes import resolve_includes, sources_digest
+from engine.load.includes import Overlay, resolve_includes, sources_digest
 from engine.load.migrations import migrate
 from engine.load.outputs import output_schema
 from engine.load.source import (
@@ -145,17 +145,22 @@ def _check_new(path: str | Path, include_dirs: IncludeDirs, with_templates: bool
     return _check_source(source, include_dirs, with_templates)
 
 
-def _with_includes(source: Source, base: Path, include_dirs: IncludeDirs) -> Source:
+def _with_includes(source: Source, base: Path, include_dirs: IncludeDirs, overlay: Overlay | None = None) -> Source:
     """Deprecated spellings rewritten (each a warning), then the libraries merged in (theirs too)."""
-    return resolve_includes(migrate(source), base, tuple(Path(d) for d in include_dirs))
+    return resolve_includes(migrate(source), base, tuple(Path(d) for d in include_dirs), overlay)
 
 
-def _load_failure(file: str, exc: LoadError, lines: tuple[str, ...]) -> CheckResult:
+def _load_failure(file: str, exc: LoadError, lines: tuple[str, ...], overlay: Overlay | None = None) -> CheckResult:
     """A file (or a library of it) that could not be loaded: its diagnostics, with the lines of
-    every file they are in."""
+    every file they are in (an open document's from its text in the overlay)."""
     others = {d.file for d in exc.diagnostics if d.file and d.file != file}
     return CheckResult(file=file, diagnostics=tuple(exc.diagnostics), lines=lines,
-                       library_lines={f: source_lines(f) for f in others})
+                       library_lines={f: _lines_of(f, overlay or {}) for f in others})
+
+
+def _lines_of(file: str, overlay: Overlay) -> tuple[str, ...]:
+    text = overlay.get(Path(file).resolve())
+    return source_lines(file) if text is None else tuple(text.splitlines())
 
 
 def source_lines(path: str | Path) -> tuple[str, ...]:
@@ -169,14 +174,16 @@ def source_lines(path: str | Path) -> tuple[str, ...]:
         return ()
 
 
-def check_text(text: str, file: str = "<string>", include_dirs: IncludeDirs = ()) -> CheckResult:
+def check_text(text: str, file: str = "<string>", include_dirs: IncludeDirs = (),
+               overlay: Overlay | None = None) -> CheckResult:
     """Check SOP YAML given as text (its includes are relative to `file`'s folder, or to the
-    current folder for a name such as `<string>`)."""
+    current folder for a name such as `<string>`). `overlay`: the texts of libraries to read
+    instead of their files, by real path (an editor's unsaved documents)."""
     base = Path.cwd() if file.startswith("<") else Path(file).parent
     try:
-        source = _with_includes(load_text(text, file), base, include_dirs)
+        source = _with_includes(load_text(text, file), base, include_dirs, overlay)
     except LoadError as exc:
-        return _load_failure(file, exc, tuple(text.splitlines()))
+        return _load_failure(file, exc, tuple(text.splitlines()), overlay)
     return _check_source(source, include_dirs)
 
 

@@ -9,6 +9,10 @@ main file has, and its deprecated spellings are rewritten as the main file's are
 warning, located in the library). Cycles are refused with the chain; a library reached
 twice (a diamond) is merged once. A name defined in two files is an error at the second definition.
 
+An editor passes an *overlay*: the text of each open document by its real path, read in
+place of the file on disk, so that a library's unsaved edits are what its includers are
+checked against (`sopctl lsp`).
+
 The result is one `Source` whose data is the merged document and whose `owners` map each
 merged entry (`/actions/Speak`) to the library it came from, so that every later phase keeps
 reporting by JSON pointer and the compiler locates each diagnostic in the right file.
@@ -18,15 +22,16 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from engine.errors import Diagnostic, LoadError, Related, did_you_mean
 from engine.load.migrations import migrate
-from engine.load.source import Source, join_pointer, load_path
+from engine.load.source import Source, join_pointer, load_path, load_text
 
-__all__ = ["MAX_INCLUDED_FILES", "MERGED_SECTIONS", "LIBRARY_KEYS", "resolve_includes",
+__all__ = ["MAX_INCLUDED_FILES", "MERGED_SECTIONS", "LIBRARY_KEYS", "Overlay", "resolve_includes",
            "sources_digest"]
 
 
@@ -55,18 +60,25 @@ class _Merge:
     owners: dict[str, Source] = field(default_factory=dict)
     loaded: dict[Path, Source] = field(default_factory=dict)
     diagnostics: list[Diagnostic] = field(default_factory=list)
+    overlay: Mapping[Path, str] = field(default_factory=dict)
+    """Texts read instead of the files on disk, by real path (an editor's open documents)."""
 
 
-def resolve_includes(main: Source, base: Path, include_dirs: tuple[Path, ...] = ()) -> Source:
-    """`main` with its libraries merged in; `base` is the folder its includes are relative to.
+Overlay = Mapping[Path, str]
+
+
+def resolve_includes(main: Source, base: Path, include_dirs: tuple[Path, ...] = (),
+                     overlay: Overlay | None = None) -> Source:
+    """`main` with its libraries merged in; `base` is the folder its includes are relative to;
+    `overlay`: texts to read instead of the files at those real paths.
 
     Raises LoadError with every problem (a refused path, a cycle, a name defined twice, and
     whatever a library's own loading found, located in the library)."""
     if "include" not in main.data:
         return main
     roots = tuple(p.resolve() for p in include_dirs)
-    merge = _Merge(main=main, roots=roots, data={k: (dict(v) if k in MERGED_SECTIONS and isinstance(v, dict) else v)
-                                      for k, v in main.data.items()})
+    data = {k: (dict(v) if k in MERGED_SECTIONS and isinstance(v, dict) else v) for k, v in main.data.items()}
+    merge = _Merge(main=main, roots=roots, data=data, overlay=overlay or {})
     _include_all(merge, main, base.resolve(), [_identity(main, base)])
     if merge.diagnostics:
         raise LoadError(merge.diagnostics)
@@ -117,7 +129,7 @@ def _include_one(merge: _Merge, source: Source, pointer: str, path: Path, chain:
         _report(merge, source, pointer, "SOP012", f"more than {MAX_INCLUDED_FILES} included files")
         return
     try:
-        library = migrate(load_path(_shown(path)))
+        library = migrate(_load(merge, path))
     except LoadError as exc:
         note = _note(source, pointer, "included from here")
         merge.diagnostics += [replace(d, related=(*d.related, note)) for d in exc.diagnostics]
@@ -126,6 +138,12 @@ def _include_one(merge: _Merge, source: Source, pointer: str, path: Path, chain:
     if _library_shape(merge, library):
         _merge_sections(merge, library)
         _include_all(merge, library, path.parent, [*chain, path])
+
+
+def _load(merge: _Merge, path: Path) -> Source:
+    """The library at `path`: its text in the overlay (an open document), else the file."""
+    text = merge.overlay.get(path)
+    return load_path(_shown(path)) if text is None else load_text(text, str(_shown(path)))
 
 
 def _shown(path: Path) -> Path:
@@ -146,7 +164,7 @@ def _resolve(merge: _Merge, source: Source, pointer: str, entry: Any, folder: Pa
     roots = (folder, *merge.roots)
     for root in roots:
         candidate = (root / entry).resolve()
-        if candidate.exists():
+        if candidate.exists() or candidate in merge.overlay:
             if any(candidate.is_relative_to(r) for r in (root, *merge.roots)):
                 return candidate
             _report(merge, source, pointer, "SOP012",

@@ -5,6 +5,9 @@ The diagnostics are the compiler's own (`check_text`, the same phases and codes 
 published in the library. A library opened by itself would fail as a main file (no
 `name`, no `roles`), so it is checked through a file that includes it (an open document,
 or a `.sop.yaml` beside it or one folder up, as saved), keeping the problems that are its.
+Every open document's text is read in place of its file (an overlay): an includer is
+checked against its libraries' unsaved edits, and a library through its includer with
+its own.
 
 Nothing here runs anything: loading, the models and the checks only.
 """
@@ -19,7 +22,7 @@ from pathlib import Path
 
 from engine.compile.compiler import CheckResult, check_text
 from engine.errors import Diagnostic, LoadError
-from engine.load.includes import LIBRARY_KEYS
+from engine.load.includes import LIBRARY_KEYS, Overlay
 from engine.load.migrations import migrate
 from engine.load.source import MAX_FILE_BYTES, Source, load_text
 from engine.lsp.index import Index, build_index
@@ -72,13 +75,19 @@ def analyse(file: str, text: str, include_dirs: tuple[str, ...] = (),
     `open_texts` are the other open documents (absolute path -> text)."""
     if not is_sop(file, text):
         return Analysis(file=file, text=text, diagnostics={file: ()})
-    result = check_text(text, file, include_dirs)
+    overlay = _overlay({**(open_texts or {}), file: text})
+    result = check_text(text, file, include_dirs, overlay)
     source = result.source or _loaded(text, file) or _repaired(text, file, result)
     if source is not None and _maybe_library(source.data):
         includer = _includer(file, open_texts or {})
         if includer is not None:
-            return _as_library(file, text, includer, include_dirs)
+            return _as_library(file, text, includer, include_dirs, overlay)
     return _analysis(file, text, result, build_index(source, include_dirs) if source is not None else None)
+
+
+def _overlay(texts: Mapping[str, str]) -> Overlay:
+    """The open documents by real path, as the include resolver looks files up."""
+    return {Path(name).resolve(): text for name, text in texts.items()}
 
 
 def _loaded(text: str, file: str) -> Source | None:
@@ -171,9 +180,10 @@ def _includes(path: str, text: str, library: str) -> bool:
         isinstance(e, str) and (folder / e).resolve() == target for e in entries)
 
 
-def _as_library(file: str, text: str, includer: tuple[str, str], include_dirs: tuple[str, ...]) -> Analysis:
+def _as_library(file: str, text: str, includer: tuple[str, str], include_dirs: tuple[str, ...],
+                overlay: Overlay) -> Analysis:
     """A library checked through its includer: the problems located in the library."""
     path, includer_text = includer
-    result = check_text(includer_text, path, include_dirs)
+    result = check_text(includer_text, path, include_dirs, overlay)
     index = build_index(result.source, include_dirs) if result.source is not None else None
     return _analysis(file, text, result, index, only=file, via=path)

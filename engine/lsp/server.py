@@ -8,6 +8,10 @@ document changed meanwhile is dropped, not published. Each check publishes its
 diagnostics to every file they land in (the document and its libraries), and clears the
 files where the previous check had some and this one has none.
 
+Every open document's text stands in for its file (an overlay): a change to an open
+library checks, after the same debounce, the open documents that read it (its includers,
+and it through them), against the unsaved text; closing it checks them against the file.
+
 Completion and navigation read the document's latest text and the last index that loaded
 (a half-typed line leaves the previous index in use until the text loads again).
 """
@@ -15,6 +19,7 @@ Completion and navigation read the document's latest text and the last index tha
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -110,6 +115,13 @@ class SopServer(LanguageServer):
                 uri=uri if file == analysis.file else uri_of(file), diagnostics=_unique(merged)))
         state.published = {file for file, found in now.items() if found or file == analysis.file}
 
+    def dependents(self, uri: str) -> list[str]:
+        """The other open documents whose last check read the document at `uri` (an includer
+        of it, a library checked through it), or whose text has not loaded yet."""
+        path = os.path.realpath(self.path_of(uri))
+        return [other for other, state in self.documents.items() if other != uri and (
+            state.index is None or any(os.path.realpath(f) == path for f in state.index.files))]
+
     def close(self, uri: str) -> None:
         state = self.documents.pop(uri, None)
         if state is None:
@@ -166,7 +178,9 @@ def build(debounce_s: float = DEFAULT_DEBOUNCE_S, include_dirs: tuple[str, ...] 
 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: SopServer, params: types.DidChangeTextDocumentParams) -> None:
-        ls.schedule(params.text_document.uri, ls.debounce_s)
+        uri = params.text_document.uri
+        for changed in (uri, *ls.dependents(uri)):   # an includer reads the unsaved text too
+            ls.schedule(changed, ls.debounce_s)
 
     @server.feature(types.TEXT_DOCUMENT_DID_SAVE)
     def did_save(ls: SopServer, params: types.DidSaveTextDocumentParams) -> None:
@@ -177,7 +191,11 @@ def build(debounce_s: float = DEFAULT_DEBOUNCE_S, include_dirs: tuple[str, ...] 
 
     @server.feature(types.TEXT_DOCUMENT_DID_CLOSE)
     def did_close(ls: SopServer, params: types.DidCloseTextDocumentParams) -> None:
-        ls.close(params.text_document.uri)
+        uri = params.text_document.uri
+        readers = ls.dependents(uri)
+        ls.close(uri)
+        for reader in readers:     # the unsaved text is gone: they read the file again
+            ls.schedule(reader, 0)
 
     _requests(server)
     return server

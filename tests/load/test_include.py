@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from run_helpers import sopctl_in_process
 
-from engine.compile.compiler import check_path, compile_path
+from engine.compile.compiler import check_path, check_text, compile_path
 from engine.errors import LoadError
 
 LIBRARY = """\
@@ -241,3 +241,17 @@ def test_compiled_once_per_process_until_a_file_changes(tmp_path: Path) -> None:
     main_file.write_text(MAIN.format(include="lib/nowhere.sop.yaml"), encoding="utf-8")
     with pytest.raises(LoadError, match="nowhere"):
         compile_path(main_file)
+
+
+def test_an_overlay_text_is_read_in_place_of_the_library_file(tmp_path: Path) -> None:
+    """An editor's unsaved library (`sopctl lsp`): its text stands in for the file, and its
+    problems are located in that text."""
+    main = project(tmp_path)
+    library = (tmp_path / "lib/speaker.sop.yaml").resolve()
+    edited = "# unsaved\n" + LIBRARY.replace("  Speak:", "  Talk:").replace("actions: [Speak]", "actions: [Talk]")
+    result = check_text(main.read_text(encoding="utf-8"), str(main), overlay={library: edited})
+    assert [(d.code, "'Speak'" in d.message) for d in result.diagnostics] == [("SOP202", True)]
+    typo = "# unsaved\n" + LIBRARY.replace("output: text", "outptu: text")
+    (found,) = check_text(main.read_text(encoding="utf-8"), str(main), overlay={library: typo}).diagnostics
+    assert found.code == "SOP101" and os.path.realpath(found.file) == str(library) and found.line == 7
+    assert check_text(main.read_text(encoding="utf-8"), str(main)).ok      # the file itself is unchanged

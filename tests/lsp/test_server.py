@@ -237,6 +237,42 @@ async def test_saving_a_library_checks_its_includer_again(client: LanguageClient
     assert await _diagnostics(client, lib_uri) == []
 
 
+async def test_an_open_librarys_unsaved_edits_are_checked_in_its_includer(client: LanguageClient,
+                                                                          tmp_path: Path) -> None:
+    """A library edited but not saved: the includer is checked against the buffer (an action
+    renamed there is unknown in the includer at once), and the library's own problems land
+    in the library at the buffer's lines, not the file's; closing it unsaved goes back to
+    the file on disk."""
+    fixed = LIBRARY.replace("instructions", "instruction")
+    library = _write(tmp_path, "lib/shared.sop.yaml", fixed)
+    uri = _open(client, _write(tmp_path, "main.sop.yaml", MAIN))
+    lib_uri = _open(client, library)
+    assert await _diagnostics(client, uri) == []
+    assert await _diagnostics(client, lib_uri) == []
+    renamed = fixed.replace("  Shared:", "  Sharde:")
+    client.diagnostics.pop(uri, None)
+    _change(client, lib_uri, renamed, 2)
+    found = await _diagnostics(client, uri)
+    assert found and all("'Shared'" in d.message for d in found)
+    starts = sorted((d.range.start.line, d.range.start.character) for d in found)
+    assert starts == [(p.line, p.character) for p in (_at(MAIN, "Shared], watch"), _at(MAIN, "Shared]}"))]
+    typo = "# notes\n# more notes\n" + fixed.replace("instruction:", "instructon:")
+    _change(client, lib_uri, typo, 3)
+    (in_library,) = await _diagnostics(client, lib_uri)
+    assert in_library.code == "SOP101" and in_library.range.start == _at(typo, "instructon")
+    assert "did you mean 'instruction'?" in in_library.message
+    client.diagnostics.pop(uri, None)
+    _change(client, lib_uri, fixed, 4)
+    assert await _diagnostics(client, uri) == []
+    assert await _diagnostics(client, lib_uri) == []
+    client.diagnostics.pop(uri, None)
+    _change(client, lib_uri, renamed, 5)
+    assert await _diagnostics(client, uri) != []
+    client.diagnostics.pop(uri, None)
+    client.text_document_did_close(types.DidCloseTextDocumentParams(text_document=_doc(lib_uri)))
+    assert await _diagnostics(client, uri) == []
+
+
 async def test_a_library_opened_alone_is_checked_through_its_includer(client: LanguageClient,
                                                                       tmp_path: Path) -> None:
     library = _write(tmp_path, "lib/shared.sop.yaml", LIBRARY)
