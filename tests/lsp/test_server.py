@@ -348,6 +348,35 @@ async def test_completion_of_addresses_and_tools_in_a_file_opened_half_typed(cli
     assert "mcp.notes" in tools and "mcp.notes.search" in tools
 
 
+async def test_completion_of_names_in_actions_context_send_to_and_role_vars(client: LanguageClient,
+                                                                           tmp_path: Path) -> None:
+    """Each list that names an action or a role offers them, with the item kinds an editor
+    shows as icons; `role.vars.` offers the variables of the roles running the action."""
+    text = (SOP.replace("    context: none\n", "    context: [WriteDraft]\n")
+            .replace("the article}\n", "the article}\n    send_to: [Rita]\n")
+            .replace("{{ inputs.idea }}", "{{ inputs.idea }} in {{ role.vars.tone }}")
+            .replace("    watch: [UserRequirement]\n", "    watch: [UserRequirement]\n    vars: {tone: dry}\n")
+            .replace("    profile: Editor\n", "    profile: Editor\n    name: Rita\n"))
+    uri = _open(client, _write(tmp_path, "n.sop.yaml", text))
+    assert await _diagnostics(client, uri) == []
+
+    async def offered(needle: str, offset: int) -> list[tuple[str, types.CompletionItemKind | None]]:
+        result = await client.text_document_completion_async(types.CompletionParams(
+            text_document=_doc(uri), position=_at(text, needle, offset)))
+        items = result.items if isinstance(result, types.CompletionList) else result or []
+        return [(item.label, item.kind) for item in items]
+
+    kind = types.CompletionItemKind
+    assert await offered("actions: [WriteDraft]", 10) == [("WriteDraft", kind.Function), ("Review", kind.Function)]
+    context = await offered("context: [WriteDraft]", 10)
+    assert context[:3] == [("WriteDraft", kind.Function), ("Review", kind.Function),
+                           ("UserRequirement", kind.Event)]
+    assert await offered("send_to: [Rita]", 10) == [
+        ("Writer", kind.Class), ("Reviewer", kind.Class), ("Rita", kind.Class),
+        ("<all>", kind.Constant), ("<self>", kind.Constant), ("<none>", kind.Constant)]
+    assert await offered("role.vars.tone", 10) == [("tone", kind.Variable)]
+
+
 # ---------------------------------------------------------------- hover, navigation
 
 
@@ -391,6 +420,32 @@ async def test_definition_and_references_of_an_output_key(client: LanguageClient
     (target,) = await client.text_document_definition_async(types.DefinitionParams(
         text_document=_doc(uri), position=_at(SOP, "Body'] }}", 1))) or []
     assert isinstance(target, types.Location) and target.range.start == _at(SOP, "Body: {")
+
+
+async def test_hover_and_references_of_an_input_and_an_output_key(client: LanguageClient,
+                                                                   tmp_path: Path) -> None:
+    uri = _open(client, _write(tmp_path, "io.sop.yaml", SOP))
+    await _diagnostics(client, uri)
+    idea = await _hover(client, uri, _at(SOP, "inputs.idea", 8))
+    assert "**input `idea`** (str, required)" in idea and "what to write about" in idea
+    title = await _hover(client, uri, _at(SOP, "Title: {", 1))
+    assert "**output `Title`** of `WriteDraft`: `str`" in title and "a catchy title" in title
+    for needle, used in (("Title: {", "Title'] }}"), ("idea: {", "idea }}")):
+        found = await client.text_document_references_async(types.ReferenceParams(
+            text_document=_doc(uri), position=_at(SOP, needle, 1),
+            context=types.ReferenceContext(include_declaration=False))) or []
+        assert [(loc.uri, loc.range.start) for loc in found] == [(uri, _at(SOP, used))]
+
+
+async def test_references_of_an_include_file(client: LanguageClient, tmp_path: Path) -> None:
+    library = _write(tmp_path, "lib/shared.sop.yaml", LIBRARY.replace("instructions", "instruction"))
+    uri = _open(client, _write(tmp_path, "main.sop.yaml", MAIN))
+    await _diagnostics(client, uri)
+    found = await client.text_document_references_async(types.ReferenceParams(
+        text_document=_doc(uri), position=_at(MAIN, "lib/shared", 2),
+        context=types.ReferenceContext(include_declaration=True))) or []
+    assert [(loc.uri, loc.range.start) for loc in found] == [(uri, _at(MAIN, "lib/shared"))]
+    assert library.is_file()
 
 
 async def test_document_symbols(client: LanguageClient, tmp_path: Path) -> None:
