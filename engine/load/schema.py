@@ -149,7 +149,8 @@ def _by_kind(error: Any, options: list[Any]) -> list[Any]:
 def _exclusive(options: list[Any]) -> bool:
     """A oneOf of bare `required` branches: exactly one of these keys (an MCP server's
     `command` or `url`), explained as such rather than branch by branch."""
-    return all(isinstance(o, dict) and set(o) <= {"title", "description", "required"} and "required" in o
+    return all(isinstance(o, dict) and set(o) <= {"title", "description", "required", "errorMessage", "allOf"}
+               and "required" in o
                for o in options)
 
 

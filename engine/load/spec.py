@@ -530,16 +530,26 @@ def tools_of(action: ActionBase) -> list[str]:
     return action.tools if isinstance(action, LlmAction) else []
 
 
+_PICK_TRANSPORT = "pick one of `command` (stdio) or `url` (HTTP)"
+
+
+def _transport(key: str, other: str, title: str, description: str) -> dict[str, Any]:
+    """One branch of an MCP server's `oneOf`: it has `key` and not `other`. `errorMessage`
+    (yaml-language-server's) says in the editor what `validate` says (SOP104), where it would
+    say "Matches multiple schemas when only one must validate" or "Missing property"."""
+    return {"title": title, "description": description, "required": [key],
+            "errorMessage": f"{_PICK_TRANSPORT}: it has neither",
+            "allOf": [{"properties": {other: False}, "errorMessage": f"{_PICK_TRANSPORT}: it has both; keep one"}]}
+
+
 class McpServerSpec(_Model):
     """An MCP server (official `mcp` SDK): `command` starts a stdio server (needs
     --allow-exec), `url` reaches a streamable HTTP server (needs --allow-host for its host);
     exactly one of the two."""
 
     model_config = ConfigDict(title="MCP server", json_schema_extra={"oneOf": [
-        {"title": "`command` (stdio)", "description": "A stdio server, started with `command` (needs --allow-exec).",
-         "required": ["command"]},
-        {"title": "`url` (HTTP)", "description": "A streamable HTTP server at `url` (needs --allow-host for its host).",
-         "required": ["url"]},
+        _transport("command", "url", "`command` (stdio)", "A stdio server, started with `command` (needs --allow-exec)."),
+        _transport("url", "command", "`url` (HTTP)", "A streamable HTTP server at `url` (needs --allow-host for its host)."),
     ]})
 
     command: Annotated[list[NonEmpty] | None, Absent()] = Field(default=None, min_length=1, description=(
@@ -565,7 +575,7 @@ class McpServerSpec(_Model):
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerSpec:
         if (self.command is None) == (self.url is None):
-            raise ValueError("pick one of `command` (stdio) or `url` (HTTP)")
+            raise ValueError(_PICK_TRANSPORT)
         return self
 
 
