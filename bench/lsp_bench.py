@@ -12,6 +12,10 @@ pygls's client (the `lsp` extra), on `sops/software_company.sop.yaml`:
    to its `publishDiagnostics`, with `--debounce-ms 0`: the check itself. An editor adds
    the debounce (300 ms by default) after the last keystroke.
 3. Completion: a `textDocument/completion` request in a `watch: [...]` list, round trip.
+4. Per change of an open library: `examples/software_company_with_tests.sop.yaml` and the
+   library it includes open, the library edited (unsaved; alternately `WriteDesign`
+   renamed, which the includer's roles then name in vain, and back), from `didChange` to
+   the includer's `publishDiagnostics`: the includer checked against the unsaved library.
 
 Wall-clock milliseconds, min / median / max of the repetitions.
 
@@ -32,6 +36,8 @@ __all__ = ["main"]
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET = ROOT / "sops" / "software_company.sop.yaml"
+INCLUDER = ROOT / "examples" / "software_company_with_tests.sop.yaml"
+LIBRARY = ROOT / "examples" / "lib" / "software_company_documents.sop.yaml"
 
 
 def _server_command() -> list[str]:
@@ -142,6 +148,28 @@ async def _completion(session: _Session, uri: str, text: str) -> float:
     return elapsed
 
 
+async def _library_changes(count: int) -> tuple[list[float], list[bool]]:
+    """Seconds from each library edit to the includer's diagnostics, and whether each edit's
+    diagnostics were as expected (some for a renamed action, none for the original)."""
+    session = _Session()
+    await session.start()
+    main, library = INCLUDER.as_uri(), LIBRARY.as_uri()
+    text = LIBRARY.read_text(encoding="utf-8")
+    renamed = text.replace("\n  WriteDesign:", "\n  WriteDesig:", 1)
+    assert renamed != text, "the library defines WriteDesign"
+    try:
+        await session.timed(main, lambda: session.open(main, INCLUDER.read_text(encoding="utf-8")))
+        await session.timed(library, lambda: session.open(library, text))
+        took, right = [], []
+        for version in range(2, count + 2):
+            edited = renamed if version % 2 == 0 else text
+            took.append(await session.timed(main, lambda e=edited, v=version: session.change(library, e, v)))
+            right.append(bool(session.last[main]) == (edited is renamed))
+        return took, right
+    finally:
+        await session.stop()
+
+
 def _ms(values: list[float]) -> dict[str, float]:
     return {k: (v * 1000 if k != "n" else v) for k, v in stats(values).items()}
 
@@ -154,10 +182,15 @@ def main(size_factor: float = 1.0) -> dict[str, Any]:
     change_s, completion_s, counts = asyncio.run(_changes(text, changes))
     expected = [n for _, n in _edits(text, changes)]
     assert counts == expected, f"diagnostics per edit {counts}, expected {expected}"
+    library_s, right = asyncio.run(_library_changes(changes))
+    assert all(right), f"the includer's diagnostics did not follow the library's edits: {right}"
     res: dict[str, Any] = {"file": str(TARGET.relative_to(ROOT)), "open_ms": _ms(open_s),
-                           "change_ms": _ms(change_s), "completion_ms": _ms(completion_s)}
+                           "change_ms": _ms(change_s), "completion_ms": _ms(completion_s),
+                           "library_change_ms": _ms(library_s)}
     rows = [("first diagnostics on open (fresh server)", "open_ms"),
-            ("diagnostics per change (debounce 0)", "change_ms"), ("completion in `watch`", "completion_ms")]
+            ("diagnostics per change (debounce 0)", "change_ms"), ("completion in `watch`", "completion_ms"),
+            (f"an open library's change, to its includer's diagnostics (`{INCLUDER.relative_to(ROOT)}`)",
+             "library_change_ms")]
     lines = [f"`sopctl lsp` on `{res['file']}`, over stdio (ms, wall clock):", "",
              "| what | n | min | median | max |", "|---|---|---|---|---|"]
     for label, key in rows:
