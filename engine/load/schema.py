@@ -147,8 +147,9 @@ def _by_kind(error: Any, options: list[Any]) -> list[Any]:
 
 
 def _exclusive(options: list[Any]) -> bool:
-    """A oneOf of bare `required` branches: exactly one of these keys (an MCP server's
-    `command` or `url`), explained as such rather than branch by branch."""
+    """A oneOf of bare `required` branches (each forbidding the others' key, with the message
+    an editor shows): exactly one of these keys (an MCP server's `command` or `url`),
+    explained as such rather than branch by branch."""
     return all(isinstance(o, dict) and set(o) <= {"title", "description", "required", "errorMessage", "allOf"}
                and "required" in o
                for o in options)
