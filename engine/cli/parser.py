@@ -102,7 +102,7 @@ def _lsp(sub: Any) -> None:
                        "navigation in an editor", description="Serve the Language Server Protocol on "
                        "stdin/stdout, for an editor to start: sopctl's own diagnostics as you type and on "
                        "save, completion, hover, definitions, references, symbols and quick fixes. It never "
-                       "runs a model, a command or an MCP server. Needs the extra: pip install 'sopctl[lsp]'.")
+                       "runs a model, a command or an MCP server. Needs the `lsp` extra (in a clone: pip install -e '.[lsp]').")
     p.add_argument("--debounce-ms", type=int, default=300, metavar="MS",
                    help="check this long after the last keystroke (default 300; 0 checks at every change)")
     _add_include_flag(p)
@@ -179,7 +179,7 @@ def _batch(sub: Any) -> None:
                    help="how trajectories are compared with --golden (default in_order)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run the rows as Ray tasks: on a local cluster, or the one at ADDRESS "
-                        "(needs the extra: pip install 'sopctl[ray]')")
+                        "(needs the `ray` extra; in a clone: pip install -e '.[ray]')")
     p.add_argument("--allow-exec", action="store_true",
                    help="allow actions of kind exec to run commands in each row's workspace")
     p.add_argument("--format", choices=["text", "json", "junit"], default="text",
