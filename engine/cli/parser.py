@@ -84,7 +84,7 @@ def _schema(sub: Any) -> None:
 def _migrate(sub: Any) -> None:
     p = sub.add_parser("migrate", help="rewrite deprecated spellings in SOP files, in place",
                        description="Rewrite deprecated spellings (an exec action's `timeout_s`, "
-                       "`retries`, ...: the README's \"Deprecated spellings\") to the new ones, in "
+                       "`retries`, ...: docs/writing.md, \"Deprecated spellings\") to the new ones, in "
                        "place. Only those tokens change: comments, key order, quoting and flow "
                        "style are kept. Exit 0 done, 1 --check found changes or a file has other "
                        "errors (run validate), 2 a file cannot be read or written.")
