@@ -272,8 +272,8 @@ schema compilation, first imports, compiling the SOP) are paid. The team run exc
 imports on both sides (shown separately; sopctl's include jsonschema, which a run loads to
 check answers); sopctl's first run includes compiling the SOP (the import phase compiles a
 copy of the file, so the run's own compile is not remembered from it). sopctl keeps compiled
-SOP files, compiled templates and checked output schemas in an on-disk cache (README,
-"Performance"): the comparison gives it a folder of its own, filled by one untimed run
+SOP files, compiled templates and checked output schemas in an on-disk cache (docs/performance.md,
+"The on-disk cache"): the comparison gives it a folder of its own, filled by one untimed run
 before the repetitions, as any earlier run of the file on the machine does; so the
 first-run figures are a fresh process with that cache, and the rows "with sopctl's on-disk
 cache off" are a file's very first run (`SOPCTL_NO_CACHE=1`). CPU time is the process's

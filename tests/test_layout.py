@@ -1,5 +1,5 @@
 """The package layout is the pipeline: each layer imports only the layers before it, and no
-module imports another that imports it back (lazily or not). README, "Project layout"."""
+module imports another that imports it back (lazily or not). docs/contributing.md, "Project layout"."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def _layer(module: str) -> int:
 
 def test_every_module_belongs_to_a_layer() -> None:
     strays = [m for m in _graph() if m != "engine" and m.split(".")[1] not in LAYERS]
-    assert strays == [], "add new modules under a layer (or add the layer to LAYERS and the README)"
+    assert strays == [], "add new modules under a layer (or add the layer to LAYERS and docs/contributing.md)"
 
 
 def test_layers_import_only_the_layers_before_them() -> None:

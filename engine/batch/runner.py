@@ -299,7 +299,18 @@ def _line_of(row: Row, task: asyncio.Future[Any]) -> dict[str, Any] | None:
     error = task.exception()
     if error is None:
         return task.result()
-    return problem_line(row.number, f"internal error: {type(error).__name__}: {error}")
+    return problem_line(row.number, _launch_failure(error))
+
+
+def _launch_failure(error: BaseException) -> str:
+    """Why a launcher failed, in one line. A Ray task's failure is its own exception (Ray's
+    wrapper keeps it as `cause`): the wrapper's text opens with the task's name, pid and
+    address, and the error itself was only on the last line of a traceback after it."""
+    cause = getattr(error, "cause", None)
+    if isinstance(cause, BaseException):
+        error = cause
+    text = " ".join(str(error).split()) or "no message"
+    return f"internal error: {type(error).__name__}: {text}"
 
 
 async def run_batch(ctx: RowContext, inputs: str | Path, *, concurrency: int = 4,

@@ -103,7 +103,7 @@ CODES: dict[str, str] = {
 }
 
 
-"""Every diagnostic code, with what it means (the README's table is this one)."""
+"""Every diagnostic code, with what it means (docs/writing.md's table is this one)."""
 
 
 def strict(diagnostics: Iterable[Diagnostic]) -> tuple[Diagnostic, ...]:

@@ -28,7 +28,7 @@ Rule = Callable[[Context], Iterator[Diagnostic]]
 
 
 def rule(*codes: str) -> Callable[[Rule], Rule]:
-    """Mark a function as a rule that may emit `codes` (each documented in the README)."""
+    """Mark a function as a rule that may emit `codes` (each documented in docs/writing.md)."""
 
     def mark(func: Rule) -> Rule:
         func.codes = codes  # type: ignore[attr-defined]

@@ -24,6 +24,7 @@ from engine.batch.results import ResultsFile
 from engine.batch.rows import count_rows
 from engine.batch.runner import BatchTotals, RowContext, run_batch
 from engine.cli.options import run_options
+from engine.cli.report import printable
 from engine.compile.compiler import check_path
 from engine.check.diagnostics import format_report
 from engine.errors import UsageError
@@ -148,8 +149,8 @@ class ProgressLine:
             self._row_note(line)
 
     def _row_note(self, line: dict[str, Any]) -> None:
-        reason = line.get("where") or line.get("error") or ""
-        note = f"  row {line['row']}: {line.get('status')}" + (f": {reason.splitlines()[0]}" if reason else "")
+        reason = (line.get("where") or line.get("error") or "").strip()
+        note = printable(f"  row {line['row']}: {line.get('status')}" + (f": {reason.splitlines()[0]}" if reason else ""))
         print(("\r\x1b[K" if self.tty else "") + note, file=self.stream, flush=True)
 
     def close(self) -> None:
@@ -209,27 +210,59 @@ def format_summary(totals: BatchTotals, out: Path, wall_s: float,
     if totals.conformance_score is not None:
         text.append(f"  conformance: {totals.conformance_score:.3f} "
                     f"({totals.conformance_rows - totals.nonconforming}/{totals.conformance_rows} rows conform)")
-    problems = [_problem(line) for line in lines]
-    shown = [p for p in problems if p][:_SHOWN_PROBLEMS]
-    text += [f"  row {p}" for p in shown]
+    text += _problem_lines(lines)
     text.append(f"  results: {out / 'results.jsonl'}")
     return "\n".join(text)
 
 
+_SHOWN_ROWS = 5
+"""Row numbers listed beside one problem; the others are counted."""
+
+
+def _problem_lines(lines: Iterable[dict[str, Any]]) -> list[str]:
+    """Every row that went wrong, under its own error: rows with the same error share a line
+    (a hundred rows failing alike are one line), the first `_SHOWN_PROBLEMS` errors shown."""
+    rows_by_problem: dict[str, list[str]] = {}
+    for line in lines:
+        problem = _what_went_wrong(line)
+        if problem:
+            rows_by_problem.setdefault(problem, []).append(_row_name(line))
+    shown = []
+    for problem, rows in list(rows_by_problem.items())[:_SHOWN_PROBLEMS]:
+        named = ", ".join(rows[:_SHOWN_ROWS]) + (f" and {len(rows) - _SHOWN_ROWS} more" if len(rows) > _SHOWN_ROWS
+                                                 else "")
+        shown.append(f"  {'rows' if len(rows) > 1 else 'row'} {named}: {problem}")
+    hidden = sum(len(rows) for rows in list(rows_by_problem.values())[_SHOWN_PROBLEMS:])
+    if hidden:
+        shown.append(f"  {hidden} more rows went wrong in other ways: see results.jsonl")
+    return shown
+
+
+def _row_name(line: dict[str, Any]) -> str:
+    return f"{line['row']} ({line.get('source')})" if line.get("diverged") else str(line["row"])
+
+
 def _problem(line: dict[str, Any]) -> str:
-    """What went wrong with a row, in one line ('' when nothing did)."""
+    """What went wrong with a row, in one line, its number first ('' when nothing did)."""
+    problem = _what_went_wrong(line)
+    return f"{_row_name(line)}: {problem}" if problem else ""
+
+
+def _what_went_wrong(line: dict[str, Any]) -> str:
+    """The row's status and its error's first line, which says what failed and where (the
+    hint follows on the next), printable ('' when nothing went wrong)."""
     if line.get("diverged"):
-        return f"{line['row']} ({line.get('source')}): diverged: {line.get('where')}"
+        return printable(f"diverged: {line.get('where')}")
     failed = [c for c in line.get("checks") or [] if not c["passed"]]
     conformance = line.get("conformance") or {}
     if line.get("status") in ("idle", "max_rounds", "waiting") and not failed and conformance.get("conforms", True):
         return ""
-    reason = (line.get("error") or "").splitlines()[0] if line.get("error") else ""
+    reason = (line.get("error") or "").strip().splitlines()[0] if (line.get("error") or "").strip() else ""
     if failed:
         reason = f"expectation failed: {failed[0]['expect']}" + (f" ({failed[0]['error']})" if failed[0].get("error") else "")
     elif conformance and not conformance.get("conforms"):
         reason = f"conformance {conformance.get('score')}: {conformance.get('first_difference', '')}"
-    return f"{line['row']}: {line.get('status')}" + (f": {reason}" if reason else "")
+    return printable(f"{line.get('status')}" + (f": {reason}" if reason else ""))
 
 
 def junit_xml(lines: Callable[[], Iterable[dict[str, Any]]], suite: str) -> Iterable[str]:

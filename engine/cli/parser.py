@@ -84,7 +84,7 @@ def _schema(sub: Any) -> None:
 def _migrate(sub: Any) -> None:
     p = sub.add_parser("migrate", help="rewrite deprecated spellings in SOP files, in place",
                        description="Rewrite deprecated spellings (an exec action's `timeout_s`, "
-                       "`retries`, ...: the README's \"Deprecated spellings\") to the new ones, in "
+                       "`retries`, ...: docs/writing.md, \"Deprecated spellings\") to the new ones, in "
                        "place. Only those tokens change: comments, key order, quoting and flow "
                        "style are kept. Exit 0 done, 1 --check found changes or a file has other "
                        "errors (run validate), 2 a file cannot be read or written.")
@@ -102,7 +102,7 @@ def _lsp(sub: Any) -> None:
                        "navigation in an editor", description="Serve the Language Server Protocol on "
                        "stdin/stdout, for an editor to start: sopctl's own diagnostics as you type and on "
                        "save, completion, hover, definitions, references, symbols and quick fixes. It never "
-                       "runs a model, a command or an MCP server. Needs the extra: pip install 'sopctl[lsp]'.")
+                       "runs a model, a command or an MCP server. Needs the `lsp` extra (in a clone: pip install -e '.[lsp]').")
     p.add_argument("--debounce-ms", type=int, default=300, metavar="MS",
                    help="check this long after the last keystroke (default 300; 0 checks at every change)")
     _add_include_flag(p)
@@ -179,7 +179,7 @@ def _batch(sub: Any) -> None:
                    help="how trajectories are compared with --golden (default in_order)")
     p.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                    help="run the rows as Ray tasks: on a local cluster, or the one at ADDRESS "
-                        "(needs the extra: pip install 'sopctl[ray]')")
+                        "(needs the `ray` extra; in a clone: pip install -e '.[ray]')")
     p.add_argument("--allow-exec", action="store_true",
                    help="allow actions of kind exec to run commands in each row's workspace")
     p.add_argument("--format", choices=["text", "json", "junit"], default="text",

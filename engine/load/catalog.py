@@ -215,7 +215,7 @@ def tool_problem(spec: Sop, item: str) -> tuple[str, str] | None:
     """Why a `tools` item is unknown (message, hint), or None when it names a tool."""
     if item.split(".")[0] == SEARCH and (item in BUILTIN or item in _COMMANDS) and spec.search is None:
         return ("the search tool needs a search endpoint", "declare one at the top of the file: "
-                "`search: {url: http://HOST/search}` (see the README's search section)")
+                "`search: {url: http://HOST/search}` (see docs/tools.md)")
     if item in BUILTIN or item in _COMMANDS:
         return None
     if item.startswith(MCP_PREFIX):

@@ -57,7 +57,7 @@ MIGRATIONS: tuple[Migration, ...] = (
               "with `review: human`, `revise: auto` is a person's comments revised by the model",
               value="revise", needs=("review", "human", "means a person writes the review")),
 )
-"""Every deprecated spelling (the README's "Deprecated spellings" table is this one)."""
+"""Every deprecated spelling (docs/writing.md's "Deprecated spellings" table is this one)."""
 
 
 @dataclass(frozen=True)

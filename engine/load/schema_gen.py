@@ -4,7 +4,7 @@ The pydantic models (engine/load/spec.py) are the language; this writes what is 
 from them: `engine/load/sop.schema.json` (package data: what `sopctl schema` prints and
 what `validate` explains refusals with), its copy `schemas/sop.schema.json` (editors,
 through `# yaml-language-server: $schema=`), the key reference `docs/language.md` and the
-README's "keys at a glance" table.
+"keys at a glance" table of `docs/writing.md`.
 `--check` writes nothing and exits 1 when a committed copy differs (a test runs it).
 
 pydantic's output is shaped where editors and our diagnostics need it: no titles on
@@ -36,8 +36,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCHEMA_FILES = ("engine/load/sop.schema.json", "schemas/sop.schema.json")
 REFERENCE_FILE = "docs/language.md"
-README_FILE = "README.md"
-TARGETS = (*SCHEMA_FILES, REFERENCE_FILE, README_FILE)
+GLANCE_FILE = "docs/writing.md"
+"""The how-to page whose "keys at a glance" table (between its markers) is generated."""
+TARGETS = (*SCHEMA_FILES, REFERENCE_FILE, GLANCE_FILE)
 
 
 class SopJsonSchema(GenerateJsonSchema):
@@ -144,13 +145,13 @@ def schema_text() -> str:
 
 
 def generate(root: Path = ROOT) -> dict[str, str]:
-    """Every generated file's path (relative to the checkout) and its text; the README's is
-    its own text with the "keys at a glance" table made anew."""
+    """Every generated file's path (relative to the checkout) and its text; the how-to page's
+    is its own text with the "keys at a glance" table made anew."""
     from engine.load.reference import reference_text, with_glance  # only the generator writes the docs
 
     text, document = schema_text(), schema_document()
-    readme = with_glance((root / README_FILE).read_text(encoding="utf-8"), document)
-    return {**{path: text for path in SCHEMA_FILES}, REFERENCE_FILE: reference_text(document), README_FILE: readme}
+    page = with_glance((root / GLANCE_FILE).read_text(encoding="utf-8"), document)
+    return {**{path: text for path in SCHEMA_FILES}, REFERENCE_FILE: reference_text(document), GLANCE_FILE: page}
 
 
 def stale(root: Path = ROOT) -> list[str]:

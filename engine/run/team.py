@@ -334,6 +334,9 @@ class Team:
         idle = [role.id for role in self.roles if not role.runs]
         why = (f"{', '.join(idle)} never ran: no message reached them" if idle else
                "every role ran, but none of them wrote one")
+        leader = spec.role_at(spec.team.leader)
+        if idle and leader is not None and leader not in idle:   # MGX: only the leader's tasks wake them
+            why += f" (the team leader, {leader}, assigned no task)"
         self._emit(RunLog(round=self.rounds, level="notice", message=(
             f"the run ended with no files written, though {', '.join(writers)} can write them: {why}")))
 

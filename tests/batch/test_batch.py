@@ -102,6 +102,46 @@ def test_bad_rows_fail_with_their_reason_and_the_others_run(tmp_path: Path) -> N
     assert read_run(out / "rows/000007").inputs["count"] == 3
 
 
+def test_the_summary_shows_each_failed_rows_own_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every row that went wrong is named under its error (first line: what and where), rows
+    failing alike share one line; the progress names each as it ends."""
+    sop = tmp_path / "typed.sop.yaml"
+    sop.write_text(TYPED_SOP.replace("things about {{ inputs.idea }}", "things about {{ 10 // inputs.count }}"),
+                   encoding="utf-8")
+    rows = _jsonl(tmp_path / "rows.jsonl", {"idea": "ok"}, {"idea": "zero", "count": 0},
+                  *({"count": 2} for _ in range(7)))
+    assert _batch(str(sop), "--inputs", str(rows), "--model", "fake", "--out", str(tmp_path / "b")) == 1
+    out, err = capsys.readouterr()
+    assert f"row 2: failed: {sop}:" in out and "error[SOP501]: action Write failed" in out
+    assert "ZeroDivisionError" in out and "hint:" not in out
+    assert "rows 3, 4, 5, 6, 7 and 2 more: failed: missing required input 'idea'" in out
+    assert "  row 9: failed: missing required input 'idea'" in err
+
+
+class _RayLikeTaskError(Exception):
+    """What Ray raises for a task that failed: its text opens with the task, pid and address,
+    and the task's own exception is its `cause`."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__("\x1b[36mray::_row_task()\x1b[39m (pid=4242, ip=10.0.0.2)\n  File \"x.py\", line 1\n"
+                         f"{type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
+def test_a_row_whose_worker_failed_names_the_workers_error(tmp_path: Path) -> None:
+    """A launcher that raises (a Ray worker that cannot import sopctl) fails its row with the
+    worker's own exception, not the first line of Ray's wrapper."""
+    async def launch(row: Any, share: float | None) -> dict[str, Any] | None:
+        raise _RayLikeTaskError(ModuleNotFoundError("No module named 'engine'"))
+
+    rows = _jsonl(tmp_path / "rows.jsonl", {"idea": "a"})
+    ctx = RowContext(sop_file=str(PIPELINE), out=str(tmp_path / "b"), options=RunOptions(model="fake"))
+    totals, _ = asyncio.run(run_batch(ctx, rows, launch=launch))
+    (line,) = _lines(tmp_path / "b")
+    assert totals.failed == 1 and line["status"] == "failed"
+    assert line["error"] == "internal error: ModuleNotFoundError: No module named 'engine'"
+
+
 def test_csv_rows_an_unknown_column_fails_the_rows_that_use_it(tmp_path: Path) -> None:
     sop = tmp_path / "typed.sop.yaml"
     sop.write_text(TYPED_SOP, encoding="utf-8")

@@ -1,4 +1,4 @@
-"""The on-disk cache (README, "Performance"): compiled SOP files, compiled templates and
+"""The on-disk cache (docs/performance.md): compiled SOP files, compiled templates and
 expressions, output schemas known valid. A hit gives what compiling gives; any change of
 what an entry depends on is a miss; a corrupt, foreign or unsafe entry is ignored and
 rewritten; SOPCTL_NO_CACHE turns it off; the sandbox's bounds hold for cached code."""

@@ -78,7 +78,9 @@ def test_committed_copies_are_what_the_models_generate() -> None:
 def test_check_mode_names_the_command_and_fails_on_a_stale_copy(tmp_path: Path) -> None:
     from engine.load import schema_gen
 
-    (tmp_path / "README.md").write_text((ROOT / "README.md").read_text(encoding="utf-8"), encoding="utf-8")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "writing.md").write_text((ROOT / "docs" / "writing.md").read_text(encoding="utf-8"),
+                                                  encoding="utf-8")
     for path, text in schema_gen.generate().items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text, encoding="utf-8")

@@ -80,3 +80,27 @@ def test_roles_no_message_reached_are_named_when_nothing_was_written(tmp_path: P
     assert result.status == "idle", result.error
     assert ("the run ended with no files written, though Write can write them: Writer never ran: "
             "no message reached them") in logs(result, "notice")
+
+
+LED = """
+apiVersion: sop/v1
+name: led
+team: {leader: Mike}
+actions:
+  Assign: {prompt: "Plan {{ inputs.idea }}", tools: [team], output: text, send_to: ["<none>"]}
+  Write: {prompt: "Write {{ inputs.idea }}", tools: [editor]}
+roles:
+  Lead: {name: Mike, actions: [Assign], watch: [UserRequirement]}
+  Writer: {actions: [Write], watch: [Assign]}
+inputs:
+  idea: {required: true}
+"""
+
+
+def test_a_leader_who_assigned_no_task_is_named(tmp_path: Path) -> None:
+    """MGX's members wake only for the leader's tasks: a leader who answers the request
+    himself (a small model's quick answer) and ends leaves a team that never ran."""
+    result = run_sop(sop_text(LED), ScriptedModel([step(("end", {"answer": "done myself"}))]), tmp_path / "ws")
+    assert result.status == "idle", result.error
+    assert ("Writer never ran: no message reached them (the team leader, Lead, assigned no task)"
+            in " ".join(logs(result, "notice")))
