@@ -90,6 +90,9 @@ class ResumeOptions(ReplayOptions):
     """`--api-base`: where hosted models are reached (never recorded)."""
     price: Price | None = None
     """`--price`: for models litellm cannot price (never recorded)."""
+    max_answer_chars: int | None = None
+    """`--max-answer-chars`: the longest model answer accepted (None: 1,000,000; a longer one
+    is cut there before it is journaled, and re-asked)."""
     person: Person | None = None
     """Who answers a person's questions (None: the run waits, status `waiting`)."""
     pool: ExperiencePool | None = None
@@ -98,6 +101,9 @@ class ResumeOptions(ReplayOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_limits(self.max_rounds, self.budget_usd)
+        if self.max_answer_chars is not None and self.max_answer_chars < 1:
+            raise UsageError(f"--max-answer-chars (max_answer_chars) must be at least 1; got "
+                             f"{self.max_answer_chars}")
 
 
 @dataclass(frozen=True, kw_only=True)

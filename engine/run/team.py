@@ -150,6 +150,8 @@ class Team:
         gateway = options.gateway or Gateway(store=options.store, replay=options.replay,
                                              api_base=options.api_base)
         gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
+        if options.max_answer_chars is not None:
+            gateway.max_answer_chars = options.max_answer_chars
         gateway.reuse_identical = gateway.reuse_identical or options.reuse_identical
         gateway.emit = self._emit         # its attempts, retries and re-asks are run events
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
