@@ -345,11 +345,16 @@ def _add_allow_host_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--isolate", action="store_true",
-                   help="run exec commands under bubblewrap: / read-only, the workspace writable, "
-                        "no view of other processes, no network")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--isolate", dest="isolate", action="store_const", const=True, default=None,
+                       help="commands run under bubblewrap or the run is refused (default: under "
+                            "bubblewrap wherever it works here): / read-only, the workspace "
+                            "writable, no view of other processes, no network")
+    where.add_argument("--no-isolate", dest="isolate", action="store_const", const=False,
+                       help="commands run as you, outside any sandbox: they can read your files "
+                            "and sopctl's environment, and write anywhere you can")
     p.add_argument("--allow-network", action="store_true",
-                   help="the browser tool may reach every host; with --isolate: keep the network")
+                   help="the browser tool may reach every host; isolated commands keep the network")
 
 
 def _add_include_flag(p: argparse.ArgumentParser) -> None:

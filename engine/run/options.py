@@ -44,11 +44,13 @@ class ReplayOptions:
 
     allow_exec: bool = False
     """Let actions of kind exec, the terminal tool and stdio MCP servers run commands."""
-    isolate: bool = False
-    """Run exec commands under bubblewrap (engine/run/isolation.py)."""
+    isolate: bool | None = None
+    """Where commands run (engine/run/isolation.py). None (the default): under bubblewrap
+    wherever it works here, else as the user, with a warning; True (`--isolate`): under
+    bubblewrap or not at all (the run is refused); False (`--no-isolate`): as the user."""
     allow_network: bool = False
-    """The browser tool may reach every host; with `isolate`: keep the network (without it,
-    commands see only a private loopback)."""
+    """The browser tool may reach every host; isolated commands keep the network (without
+    it, they see only a private loopback)."""
     allow_hosts: Sequence[str] = ()
     """`--allow-host`: hosts HTTP MCP servers, the search endpoint and the browser may reach."""
     observers: Sequence[RunObserver] = ()
