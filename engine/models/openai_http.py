@@ -58,6 +58,7 @@ from engine.models.hosted import (
     litellm_module,
     _parse_retry_after,
     redact,
+    token_count,
     tool_list,
 )
 from engine.models.registry import check_real_model_allowed
@@ -323,8 +324,8 @@ class OpenAIHTTP:
         if calls and spec.tool_step >= 0:
             text = commands_text(spec, text, calls)
         usage = _object(data.get("usage"))
-        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        completion_tokens = int(usage.get("completion_tokens") or 0)
+        prompt_tokens = token_count(usage.get("prompt_tokens"))
+        completion_tokens = token_count(usage.get("completion_tokens"))
         counted = prompt_tokens == 0 and completion_tokens == 0
         if counted:   # litellm's tokenizer: imported off the event loop
             litellm = await asyncio.to_thread(litellm_module)
