@@ -215,6 +215,8 @@ def _coerce(raw: str, schema: dict[str, Any]) -> tuple[Any, str]:
         return answers.get(raw.lower(), raw), "" if raw.lower() in answers else "answer yes or no"
     try:
         return json.loads(raw), ""
+    except RecursionError:
+        return raw, "type it as JSON nested less deeply"
     except json.JSONDecodeError:
         if "array" in kinds:   # a list of strings typed as `a; b; c`
             return [part.strip() for part in raw.split(";") if part.strip()], ""

@@ -275,7 +275,7 @@ def commands_text(spec: CallSpec, content: str, calls: Any) -> str:
         raw = _field(function, "arguments") or "{}"
         try:
             args = json.loads(raw) if isinstance(raw, str) else dict(raw)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):   # nested past the decoder: re-asked too
             args = {"arguments": str(raw)}   # not JSON: the schema check tells the model
         commands.append({"command_name": names.get(name, name), "args": args})
     return json.dumps({"thought": content, "commands": commands}, ensure_ascii=False)

@@ -600,7 +600,7 @@ class ToolLoop:
             return None
         try:
             return Outcome.from_json(json.loads(stored.text))
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, RecursionError):
             return None
 
     def _record(self, call: str, outcome: Outcome) -> None:

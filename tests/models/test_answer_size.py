@@ -134,3 +134,18 @@ def test_the_python_api_takes_the_limit_and_refuses_a_bad_one() -> None:
     assert RunOptions(max_answer_chars=5000).max_answer_chars == 5000
     with pytest.raises(UsageError, match="max_answer_chars"):
         RunOptions(max_answer_chars=0)
+
+
+def test_tool_call_arguments_nested_past_the_decoder_are_re_asked(server) -> None:
+    """A model's function call whose `arguments` nest past the JSON decoder's depth: the
+    step is read with those arguments as text (the tool loop's argument check tells the
+    model), never a failed call (it was an internal RecursionError, the action failed)."""
+    from test_openai_http import tool_answer, tool_spec
+
+    deep = tool_answer()
+    deep["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = "[" * 100_000 + "]" * 100_000
+    server.replies = [(200, {}, deep)]
+    gate = Gateway(providers={SELF_HOSTED: openai_http.HostedModels(api_base=server.base)})
+    result = asyncio.run(gate.call(tool_spec(SELF_HOSTED)))
+    command = result.value["commands"][0]
+    assert command["command_name"] == "editor.write" and set(command["args"]) == {"arguments"}
