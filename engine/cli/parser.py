@@ -306,7 +306,7 @@ def _add_hosted_flags(p: argparse.ArgumentParser) -> None:
                    help="USD per million prompt and completion tokens of a model litellm "
                         "cannot price (a self-hosted one), e.g. 0.2,0.6")
     p.add_argument("--max-answer-chars", metavar="N", type=_positive_int,
-                   help="the longest model answer accepted (default 1,000,000 characters): a "
+                   help="the longest model answer accepted (default 2,000,000 characters): a "
                         "longer one is cut there before it is journaled and asked again")
 
 

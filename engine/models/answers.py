@@ -49,11 +49,12 @@ MAX_ECHO_CHARS = 6000
 """A previous answer shown back to the model in a re-ask is cut to this many characters."""
 
 
-MAX_ANSWER_CHARS = 1_000_000
+MAX_ANSWER_CHARS = 2_000_000
 """The longest answer accepted by default (`--max-answer-chars`). A longer one is cut to this
 length before it is journaled (a hostile server's 50 MB answer would otherwise grow the
 journal, the pool and every template that quotes it) and re-asked: the model is told the
-limit. No output schema needs more; a whole program file is far less."""
+limit. Room for the editor's largest write (1,000,000 bytes) in one tool step; a whole
+program file is far less."""
 
 
 _CUT_MARK = "\n[sopctl: the answer was cut here: it had {n:,} characters]"

@@ -30,7 +30,7 @@
    durability barrier (`types.durable`) waits until every answer recorded so far is on
    disk, so a power cut never loses one that anything depends on (the journal fsyncs in the
    background meanwhile, engine.journal.store).
-4. An answer longer than `max_answer_chars` (`--max-answer-chars`, 1,000,000 by default) is
+4. An answer longer than `max_answer_chars` (`--max-answer-chars`, 2,000,000 by default) is
    cut there, with a mark, before it is journaled, and re-asked with the limit named, as an
    invalid one is. The answer is parsed and validated (`engine.models.answers.read`). An invalid answer is never
    accepted: it is shown back to the model with the error, up to `spec.retries` times, then

@@ -93,7 +93,7 @@ class ResumeOptions(ReplayOptions):
     price: Price | None = None
     """`--price`: for models litellm cannot price (never recorded)."""
     max_answer_chars: int | None = None
-    """`--max-answer-chars`: the longest model answer accepted (None: 1,000,000; a longer one
+    """`--max-answer-chars`: the longest model answer accepted (None: 2,000,000; a longer one
     is cut there before it is journaled, and re-asked)."""
     person: Person | None = None
     """Who answers a person's questions (None: the run waits, status `waiting`)."""

@@ -1,4 +1,4 @@
-"""A model's answer is bounded (issue 26): past `--max-answer-chars` (1,000,000 by default)
+"""A model's answer is bounded (issue 26): past `--max-answer-chars` (2,000,000 by default)
 it is cut there before it is journaled and re-asked with the limit named; an HTTP body
 past MAX_BODY_BYTES is not read further (a located error, never a MemoryError)."""
 
@@ -83,8 +83,8 @@ def test_a_choice_over_the_limit_is_read_from_its_cut_text() -> None:
 
 
 def test_the_default_limit_is_a_million_characters() -> None:
-    assert Gateway().max_answer_chars == answers.MAX_ANSWER_CHARS == 1_000_000
-    text = "a" * 1_000_000
+    assert Gateway().max_answer_chars == answers.MAX_ANSWER_CHARS == 2_000_000
+    text = "a" * 2_000_000
     assert answers.cut_answer(text, answers.MAX_ANSWER_CHARS) is text
     assert answers.over_limit(text + "a", answers.MAX_ANSWER_CHARS) is not None
 
