@@ -10,7 +10,7 @@ from engine.batch import rows
 from engine.cli import commands
 from engine.load import catalog, includes, source, spec
 from engine.models import answers, openai_http
-from engine.run import actions, exec as exec_runner, inputs, toolloop, workspace
+from engine.run import actions, exec as exec_runner, inputs, mcp, toolloop, workspace
 from engine.run.tools import base, editor, search
 from engine.templates import render, sandbox
 
@@ -46,6 +46,9 @@ EXPECTED: dict[str, list[str]] = {
     "a `search` answer": [f"{n(search.MAX_RESPONSE_BYTES)} bytes"],
     "an MCP server's start (starting, `initialize`, listing its tools)": [
         f"{n(spec.McpServerSpec.model_fields['start_timeout_s'].default)} s"],
+    "what an MCP server offers an action": [f"{mcp.MAX_SERVER_TOOLS} tools",
+                                            f"a description {n(mcp.MAX_TOOL_DESCRIPTION_CHARS)} characters",
+                                            f"an input schema {n(mcp.MAX_TOOL_SCHEMA_CHARS)} characters"],
     "a budget": ["one call past it"],
     "a kill -9": ["the model calls in flight"],
 }
