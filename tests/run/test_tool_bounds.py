@@ -143,3 +143,35 @@ def test_a_tool_step_answer_past_the_answer_limit_is_re_asked(tmp_path: Path) ->
     assert result.status == "idle", result.error
     assert "longer than the 100,000 characters an answer may have" in model.prompts()[1]
     assert not (tmp_path / "ws" / "big.txt").exists()
+
+
+def _with_experience(tmp_path: Path, make: Any) -> Any:
+    (tmp_path / "exp").mkdir(exist_ok=True)
+    make(tmp_path / "exp" / "write.md")
+    sop = tmp_path / "w.sop.yaml"
+    sop.write_text(WRITER.replace("    max_steps: 4\n", "    max_steps: 4\n    experience: [exp/write.md]\n"))
+    return run_sop(api.load(sop), ScriptedModel([end()]), tmp_path / "ws")
+
+
+def test_more_experience_files_that_are_refused(tmp_path: Path) -> None:
+    """More of the class (issue 26): a symlink out of the folder, a hard link to an outside
+    file, one past the limit, /dev/zero, not UTF-8: each fails the action, naming the file,
+    and no model sees its text."""
+    from engine.load.catalog import MAX_EXPERIENCE_BYTES
+
+    outside = tmp_path / "private.txt"
+    outside.write_text("the user's private notes")
+    cases = {
+        "symlink out": (lambda p: p.symlink_to(outside), "leaves the SOP's folder through a symlink"),
+        "hard link": (lambda p: os.link(outside, p), "hard links"),
+        "too large": (lambda p: p.write_bytes(b"x" * (MAX_EXPERIENCE_BYTES + 1)),
+                      f"larger than {MAX_EXPERIENCE_BYTES:,} bytes"),
+        "a device": (lambda p: p.symlink_to("/dev/zero"), "symlink"),
+        "not UTF-8": (lambda p: p.write_bytes(b"caf\xe9"), "not UTF-8 text"),
+    }
+    for name, (make, words) in cases.items():
+        folder = tmp_path / name.replace(" ", "_")
+        folder.mkdir()
+        result = _with_experience(folder, make)
+        assert result.status == "failed", name
+        assert "experience file 'exp/write.md'" in result.error and words in result.error, (name, result.error)
