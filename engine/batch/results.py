@@ -182,7 +182,7 @@ class ResultsFile:
             for raw in handle:
                 try:
                     line = json.loads(raw)
-                except ValueError:        # a torn line: the batch was killed while writing it
+                except (ValueError, RecursionError):   # a torn line (a kill mid-write), or a planted one
                     line = None
                 if isinstance(line, dict) and isinstance(line.get("row"), int) and raw.endswith(b"\n"):
                     yield offset, line

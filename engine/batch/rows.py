@@ -22,6 +22,13 @@ from engine.load.files import FileRefused, open_regular
 __all__ = ["Row", "read_rows", "count_rows", "EXPECT_KEY"]
 
 EXPECT_KEY = "_expect"
+
+
+MAX_ROW_CHARS = 1_000_000
+"""The longest JSONL line read as a row (as `--input KEY=@FILE`, it goes into prompts): a
+longer one is a failed row, read no further, so one endless line cannot fill memory."""
+
+
 _SCALARS = (str, int, float, bool, type(None))
 
 
@@ -68,8 +75,15 @@ def _kind(source: Path) -> str:
 
 
 def _jsonl_rows(handle: Any) -> Iterator[Row]:
-    number = 0
-    for line_no, line in enumerate(handle, start=1):
+    number, line_no = 0, 0
+    while line := handle.readline(MAX_ROW_CHARS + 1):
+        line_no += 1
+        if len(line) > MAX_ROW_CHARS and line[-1] not in "\r\n":
+            while (rest := handle.readline(MAX_ROW_CHARS)) and rest[-1] not in "\r\n":
+                pass            # the rest of the line, skipped a bounded piece at a time
+            number += 1
+            yield Row(number, problem=f"line {line_no}: longer than {MAX_ROW_CHARS:,} characters")
+            continue
         if not line.strip():
             continue
         number += 1
@@ -81,6 +95,9 @@ def _jsonl_row(number: int, line_no: int, line: str) -> Row:
         value = json.loads(line)
     except json.JSONDecodeError as exc:
         return Row(number, problem=f"line {line_no}: not valid JSON: {exc.msg} (column {exc.colno})")
+    except RecursionError:      # the C decoder's own depth limit: never an internal error
+        return Row(number, problem=f"line {line_no}: nested too deeply to read (a row is an "
+                                   f"object of plain values)")
     if not isinstance(value, dict):
         return Row(number, problem=f"line {line_no}: a row must be a JSON object, got {type(value).__name__}")
     return _row(number, f"line {line_no}", value)

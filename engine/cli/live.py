@@ -30,7 +30,8 @@ from engine.run.events import (
     RunStarted,
 )
 
-__all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "trouble_line", "person_line", "usage_notes"]
+__all__ = ["RunStats", "PlainProgress", "LiveDisplay", "make_display", "trouble_line", "person_line", "usage_notes",
+           "printable"]
 
 
 def usage_notes(usage: Usage, *, reused: bool = True) -> list[str]:
@@ -99,6 +100,19 @@ def person_line(event: RunEvent) -> str:
     return ""
 
 
+_CONTROL = {code: f"\\x{code:02x}" for code in (*range(0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0))}
+"""Characters a terminal acts on (ESC starts a sequence that can move the cursor, retitle the
+window or rewrite what was printed; C1 0x9b is a one-byte CSI), all but tab and newline,
+each with the escape it is printed as."""
+
+
+def printable(text: str) -> str:
+    """`text` safe to print to a terminal: each control character shown as `\\xNN`. A model's
+    answer or a person's text from the journal (`show`, `show --prompts`, `runs`) is printed
+    as it reads, never acted on."""
+    return text.translate(_CONTROL)
+
+
 def trouble_line(event: RunEvent) -> str:
     """What a person should see of a retry or a re-ask, as it happens ('' for other events)."""
     if isinstance(event, ModelRetried):
@@ -121,8 +135,8 @@ class PlainProgress:
     def on_event(self, event: RunEvent) -> None:
         self.stats.fold(event)
         line = self._line(event)
-        if line:
-            print(line, file=self.stream, flush=True)
+        if line:    # a model's or a person's words in it: printed, never acted on
+            print(printable(line), file=self.stream, flush=True)
 
     def _line(self, event: RunEvent) -> str:
         if isinstance(event, RunStarted):
@@ -157,15 +171,15 @@ class LiveDisplay:
     def on_event(self, event: RunEvent) -> None:
         self.stats.fold(event)
         if isinstance(event, RunLog) and event.level in ("warning", "notice"):
-            self.logs = (self.logs + [f"{event.role}: {event.message}"])[-3:]
+            self.logs = (self.logs + [printable(f"{event.role}: {event.message}")])[-3:]
         elif trouble := trouble_line(event):
-            self.logs = (self.logs + [trouble])[-3:]
+            self.logs = (self.logs + [printable(trouble)])[-3:]
         if isinstance(event, QuestionAsked):
             self.close()               # the terminal is the person's while they answer
         elif isinstance(event, PersonTold):
             from rich.markup import escape   # here: as Console above
 
-            self.console.print(f"[bold]{escape(event.role)} -> you:[/] {escape(event.text)}",
+            self.console.print(f"[bold]{escape(event.role)} -> you:[/] {escape(printable(event.text))}",
                                highlight=False)
         if isinstance(event, (RunStarted, PersonAnswered)) and self.live is None:
             self._start()
@@ -187,6 +201,7 @@ class LiveDisplay:
             self.live = None
 
     def _render(self) -> Any:
+        from rich.markup import escape   # here: as Console above
         from rich.table import Table   # here: as Console above
 
         table = Table(title=f"sopctl {self.stats.run_id} · {self.stats.model}",
@@ -199,7 +214,7 @@ class LiveDisplay:
             table.add_row(role, f"[{style}]{state}[/]" if style else state,
                           str(self.stats.role_calls.get(role, 0)))
         for line in self.logs:
-            table.add_row("", f"[yellow]{line}[/]", "")
+            table.add_row("", f"[yellow]{escape(line)}[/]", "")   # a model's '[link=...]' is text
         return table
 
 

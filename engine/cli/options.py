@@ -30,9 +30,9 @@ def run_options(args: argparse.Namespace, observers: Sequence[RunObserver] = ())
     return RunOptions(
         model=flags.get("model"), max_rounds=flags.get("rounds"), budget_usd=flags.get("budget"),
         workspace=flags.get("workspace"), allow_exec=flags.get("allow_exec", False),
-        isolate=flags.get("isolate", False), allow_network=flags.get("allow_network", False),
+        isolate=flags.get("isolate"), allow_network=flags.get("allow_network", False),
         allow_hosts=flags.get("allow_host", ()), api_base=flags.get("api_base"),
-        price=flags.get("price"), send_to=flags.get("send_to", ()), observers=tuple(observers),
+        price=flags.get("price"), max_answer_chars=flags.get("max_answer_chars"), send_to=flags.get("send_to", ()), observers=tuple(observers),
         reuse_identical=flags.get("reuse_identical", False),
         person=_person(args) if "no_input" in flags else None,
         pool=open_pool(args) if "pool" in flags else None)

@@ -297,13 +297,27 @@ def _add_resume_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_hosted_flags(p: argparse.ArgumentParser) -> None:
-    """Where hosted models live and what an unpriced one costs: the user's, never a file's."""
+    """Where hosted models live, what an unpriced one costs and how long an answer may be:
+    the user's, never a file's."""
     p.add_argument("--api-base", metavar="URL", type=_api_base,
                    help="base URL of an OpenAI-compatible server for hosted models "
                         "(default: litellm's, e.g. $OPENAI_API_BASE)")
     p.add_argument("--price", metavar="IN,OUT", type=_price,
                    help="USD per million prompt and completion tokens of a model litellm "
                         "cannot price (a self-hosted one), e.g. 0.2,0.6")
+    p.add_argument("--max-answer-chars", metavar="N", type=_positive_int,
+                   help="the longest model answer accepted (default 2,000,000 characters): a "
+                        "longer one is cut there before it is journaled and asked again")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text.replace(",", "").replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return value
 
 
 def _api_base(text: str) -> str:
@@ -331,11 +345,16 @@ def _add_allow_host_flag(p: argparse.ArgumentParser) -> None:
 
 
 def _add_isolation_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--isolate", action="store_true",
-                   help="run exec commands under bubblewrap: / read-only, the workspace writable, "
-                        "no view of other processes, no network")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--isolate", dest="isolate", action="store_const", const=True, default=None,
+                       help="commands run under bubblewrap or the run is refused (default: under "
+                            "bubblewrap wherever it works here): / read-only, the workspace "
+                            "writable, no view of other processes, no network")
+    where.add_argument("--no-isolate", dest="isolate", action="store_const", const=False,
+                       help="commands run as you, outside any sandbox: they can read your files "
+                            "and sopctl's environment, and write anywhere you can")
     p.add_argument("--allow-network", action="store_true",
-                   help="the browser tool may reach every host; with --isolate: keep the network")
+                   help="the browser tool may reach every host; isolated commands keep the network")
 
 
 def _add_include_flag(p: argparse.ArgumentParser) -> None:

@@ -24,6 +24,7 @@ import threading
 from typing import IO, Any
 from collections.abc import Iterator
 
+from engine.cli.live import printable
 from engine.models.answers import schema_errors
 from engine.run.message import content_of
 from engine.run.people import (
@@ -146,7 +147,7 @@ class TerminalPerson:
     def _line(self, prompt: str) -> str:
         with _ctrl_c_stops_typing():   # before the prompt shows: a Ctrl-C at it must stop the read
             if prompt:
-                self.out.write(prompt)
+                self.out.write(printable(prompt))
                 self.out.flush()
             line = self.stdin.readline()
         if not line:
@@ -154,7 +155,7 @@ class TerminalPerson:
         return line.rstrip("\n")
 
     def _say(self, text: str) -> None:
-        print(text, file=self.out, flush=True)
+        print(printable(text), file=self.out, flush=True)   # a model's draft: shown, never acted on
 
 
 @contextlib.contextmanager
@@ -215,6 +216,8 @@ def _coerce(raw: str, schema: dict[str, Any]) -> tuple[Any, str]:
         return answers.get(raw.lower(), raw), "" if raw.lower() in answers else "answer yes or no"
     try:
         return json.loads(raw), ""
+    except RecursionError:
+        return raw, "type it as JSON nested less deeply"
     except json.JSONDecodeError:
         if "array" in kinds:   # a list of strings typed as `a; b; c`
             return [part.strip() for part in raw.split(";") if part.strip()], ""
@@ -253,7 +256,7 @@ def format_question(question: Question) -> str:
                   content_of(question.output, question.draft)]
     elif question.output == "json":
         lines += ["", "(answer the fields: " + ", ".join(question.fields()) + ")"]
-    return "\n".join(lines)
+    return printable("\n".join(lines))
 
 
 def answer_hint(question: Question, run_dir: str) -> str:

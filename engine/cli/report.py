@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.check.diagnostics import format_diagnostic
-from engine.cli.live import usage_notes
+from engine.cli.live import printable, usage_notes
 from engine.cli.person import answer_hint, format_question
 from engine.compile.compiler import source_lines
 from engine.errors import JournalError
@@ -26,19 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["runs_json", "result_object", "format_show", "format_runs", "summary", "print_result",
            "status_line", "format_time", "printable",
            "EXIT_CODES"]
-
-
-_CONTROL = {code: f"\\x{code:02x}" for code in (*range(0x09), *range(0x0b, 0x20), *range(0x7f, 0xa0))}
-"""Characters a terminal acts on (ESC starts a sequence that can move the cursor, retitle the
-window or rewrite what was printed; C1 0x9b is a one-byte CSI), all but tab and newline,
-each with the escape it is printed as."""
-
-
-def printable(text: str) -> str:
-    """`text` safe to print to a terminal: each control character shown as `\\xNN`. A model's
-    answer or a person's text from the journal (`show`, `show --prompts`, `runs`) is printed
-    as it reads, never acted on."""
-    return text.translate(_CONTROL)
 
 
 def runs_json(rows: list[tuple[Path, RunState | JournalError]]) -> list[dict[str, Any]]:

@@ -363,7 +363,7 @@ def _add_meta(state: RunState, meta: dict[str, str]) -> None:
     state.sop_path = meta.get("sop_path", "")
     try:
         dirs = json.loads(meta.get("include_dirs", "[]"))
-    except ValueError:
+    except (ValueError, RecursionError):   # a tampered meta row: no include folders
         dirs = []
     state.include_dirs = [str(d) for d in dirs] if isinstance(dirs, list) else []
 

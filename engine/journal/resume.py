@@ -94,12 +94,25 @@ def _open(run_dir: str | Path, *, force: bool) -> RunFolder:
         journal.check_intact()
         with naming(journal.path):
             origin = read_origin(journal, run_dir)
-        include_dirs = tuple(json.loads(journal.meta().get("include_dirs", "[]")))
+        include_dirs = _include_dirs(journal.path, journal.meta())
         compiled = _compile(origin.sop_path, include_dirs, origin if not force else None)
         return RunFolder(Path(run_dir), journal, origin, compiled)
     except BaseException:
         journal.close()
         raise
+
+
+def _include_dirs(path: Path, meta: dict[str, str]) -> tuple[str, ...]:
+    """The folders the run's includes may come from, as recorded; a damaged (or planted)
+    value is a JournalError naming the journal, never an internal error."""
+    try:
+        dirs = json.loads(meta.get("include_dirs", "[]"))
+    except (ValueError, RecursionError):
+        dirs = None
+    if not (isinstance(dirs, list) and all(isinstance(d, str) for d in dirs)):
+        raise JournalError(f"{path}: the journal is damaged: its include_dirs is not a list of folders",
+                           hint="the journal was changed by something other than sopctl")
+    return tuple(dirs)
 
 
 def _sop_path(meta: dict[str, str], last: RunStarted) -> Path:

@@ -339,8 +339,9 @@ def read_experience(sop_file: str, rel: str) -> str:
     path = (folder / rel).resolve()
     if not path.is_relative_to(folder):
         raise ValueError(f"experience file '{rel}' leaves the SOP's folder through a symlink")
-    try:           # a FIFO would hang the run, /dev/zero never end: a regular file only
-        data = read_bounded(path, MAX_EXPERIENCE_BYTES)
+    try:           # a FIFO would hang the run, /dev/zero never end: a regular file only; and
+        # one name only: a hard link planted in a shared folder would show the model an outside file
+        data = read_bounded(path, MAX_EXPERIENCE_BYTES, single_link=True)
     except FileRefused as exc:
         raise ValueError(f"cannot read experience file '{rel}': {exc.message}") from None
     try:

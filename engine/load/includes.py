@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import re
 from collections.abc import Mapping
+import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -165,6 +166,12 @@ def _resolve(merge: _Merge, source: Source, pointer: str, entry: Any, folder: Pa
     for root in roots:
         candidate = (root / entry).resolve()
         if candidate.exists() or candidate in merge.overlay:
+            if candidate.exists() and _linked_elsewhere(candidate):
+                _report(merge, source, pointer, "SOP012",
+                        f"include '{entry}' has another hard link (a name elsewhere, maybe outside "
+                        "its folder); refused",
+                        "copy the library into the SOP's folder as a file of its own")
+                return None
             if any(candidate.is_relative_to(r) for r in (root, *merge.roots)):
                 return candidate
             _report(merge, source, pointer, "SOP012",
@@ -175,6 +182,16 @@ def _resolve(merge: _Merge, source: Source, pointer: str, entry: Any, folder: Pa
     _report(merge, source, pointer, "SOP001", f"included file '{entry}' not found (searched {searched})",
             "give the library's path relative to this file, or its folder with --include-path")
     return None
+
+
+def _linked_elsewhere(path: Path) -> bool:
+    """A regular file with more than one name: a hard link planted in a shared folder would
+    let an include read (and its diagnostics quote) a file outside it."""
+    try:
+        info = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_nlink > 1
 
 
 def _refusal(entry: Any) -> str:

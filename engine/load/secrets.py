@@ -28,7 +28,7 @@ REDACTED = "[REDACTED]"
 
 _SECRET_NAME = re.compile(
     r"API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|ACCESS_KEY|PRIVATE_?KEY"
-    r"|WEBHOOK|AUTHORIZATION|CONNECTION_?STRING|SIGNING_?KEY"
+    r"|WEBHOOK|AUTHORIZATION|CONNECTION_?STRING|SIGNING_?KEY|AUTH_?KEY"
     # short words only as the last part of a name: OPENAI_KEY, GITHUB_PAT, ANTHROPIC_AUTH,
     # DB_PASS, SENTRY_DSN, but not MONKEY, COMPAT, AUTHOR or TASK; PWD and SK only after a
     # prefix (MYSQL_PWD, STRIPE_SK): PWD alone is the shell's current folder
@@ -45,7 +45,16 @@ _TOKEN_SHAPES = re.compile(
     r"|glpat-[A-Za-z0-9_-]{20,}"                                  # GitLab
     r"|(?:AKIA|ASIA)[0-9A-Z]{16}"                                 # AWS access key id
     r"|AIza[0-9A-Za-z_-]{30,}"                                    # Google
-    r"|hf_[A-Za-z0-9]{30,}|gsk_[A-Za-z0-9]{30,}|xai-[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{30,})"
+    r"|hf_[A-Za-z0-9]{30,}|gsk_[A-Za-z0-9]{30,}|xai-[A-Za-z0-9]{30,}|npm_[A-Za-z0-9]{30,}"
+    r"|eyJ[A-Za-z0-9_.=-]{30,}"                                   # a JWT (its dots in the run)
+    r"|Bearer [A-Za-z0-9._~+/=-]{20,}"                            # an Authorization header's
+    r"|ya29\.[A-Za-z0-9_-]{20,}"                                  # Google OAuth access token
+    r"|SG\.[A-Za-z0-9_.-]{40,}"                                   # SendGrid
+    r"|do[opr]_v1_[a-f0-9]{32,}"                                  # DigitalOcean
+    r"|sq0(?:atp|csp)-[A-Za-z0-9_-]{20,}|shp(?:at|ss|ca|pa)_[a-fA-F0-9]{20,}"  # Square, Shopify
+    r"|pypi-AgE[A-Za-z0-9_-]{30,})"                               # PyPI upload token
+    r"|(?<=discord\.com/api/webhooks/)[0-9A-Za-z/_-]{20,}"        # webhook path (id and token)
+    r"|(?<=discordapp\.com/api/webhooks/)[0-9A-Za-z/_-]{20,}"
     r"|(?<=hooks\.slack\.com/)(?:services|workflows|triggers)/[A-Za-z0-9/_-]{10,}"  # webhook path
     r"|-----BEGIN [A-Z ]{0,32}PRIVATE KEY-----[A-Za-z0-9+/=\s]{0,16384}")
 

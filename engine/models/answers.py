@@ -41,12 +41,38 @@ from engine.load import patterns
 if TYPE_CHECKING:
     from engine.models.types import CallSpec
 
-__all__ = ["InvalidAnswer", "first_messages", "reask_messages", "response_format", "read", "command_step",
+__all__ = ["InvalidAnswer", "MAX_ANSWER_CHARS", "cut_answer", "over_limit", "first_messages", "reask_messages", "response_format", "read", "command_step",
            "parse_json_object", "parse_markdown", "parse_xml", "field_list", "extract_code", "parse_choice", "schema_errors"]
 
 
 MAX_ECHO_CHARS = 6000
 """A previous answer shown back to the model in a re-ask is cut to this many characters."""
+
+
+MAX_ANSWER_CHARS = 2_000_000
+"""The longest answer accepted by default (`--max-answer-chars`). A longer one is cut to this
+length before it is journaled (a hostile server's 50 MB answer would otherwise grow the
+journal, the pool and every template that quotes it) and re-asked: the model is told the
+limit. Room for the editor's largest write (1,000,000 bytes) in one tool step; a whole
+program file is far less."""
+
+
+_CUT_MARK = "\n[sopctl: the answer was cut here: it had {n:,} characters]"
+
+
+def cut_answer(text: str, limit: int) -> str:
+    """`text` as journaled and handed on: itself, or past `limit` characters its first
+    `limit` and a mark. A cut answer is longer than `limit`, so `over_limit` still sees it
+    when a resume reads it back from the journal."""
+    return text if len(text) <= limit else text[:limit] + _CUT_MARK.format(n=len(text))
+
+
+def over_limit(text: str, limit: int) -> str | None:
+    """The re-ask's error for an answer longer than `limit` characters (None: within it)."""
+    if len(text) <= limit:
+        return None
+    return (f"the answer is longer than the {limit:,} characters an answer may have (it was cut "
+            "there); answer again, much shorter: only what the instructions ask for")
 
 
 _MAX_ERRORS = 5

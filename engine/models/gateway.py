@@ -30,7 +30,9 @@
    durability barrier (`types.durable`) waits until every answer recorded so far is on
    disk, so a power cut never loses one that anything depends on (the journal fsyncs in the
    background meanwhile, engine.journal.store).
-4. The answer is parsed and validated (`engine.models.answers.read`). An invalid answer is never
+4. An answer longer than `max_answer_chars` (`--max-answer-chars`, 2,000,000 by default) is
+   cut there, with a mark, before it is journaled, and re-asked with the limit named, as an
+   invalid one is. The answer is parsed and validated (`engine.models.answers.read`). An invalid answer is never
    accepted: it is shown back to the model with the error, up to `spec.retries` times, then
    `ActionFailed` names the action and the last error. `choice` answers are never invalid.
    A resume of a run whose attempts were all spent (the last answer journaled by an earlier
@@ -149,6 +151,8 @@ class Gateway:
     """How backoff waits (tests pass a recorder instead of sleeping)."""
     api_base: str | None = None
     """Where hosted models are reached (`--api-base`); never from a SOP file (see hosted)."""
+    max_answer_chars: int = answers.MAX_ANSWER_CHARS
+    """`--max-answer-chars`: a longer answer is cut there before it is journaled, and re-asked."""
     reuse_identical: bool = False
     """`--reuse-identical`: answers keyed by the bare request hash, so an identical request
     is answered once per run (default: by place and occurrence, every request asked)."""
@@ -205,11 +209,13 @@ class Gateway:
             request = ModelRequest(spec, tuple(messages), rformat, attempt)
             text, earlier = await self._answer(provider, request, result)
             result.attempts += 1
-            try:
-                result.value, result.text = answers.read(spec, text), text
-                return result
-            except answers.InvalidAnswer as exc:
-                error = str(exc)
+            error = None if spec.kind == "choice" else answers.over_limit(text, self.max_answer_chars)
+            if error is None:
+                try:
+                    result.value, result.text = answers.read(spec, text), text
+                    return result
+                except answers.InvalidAnswer as exc:
+                    error = str(exc)
             messages = answers.reask_messages(messages, text, error, spec, schema_mode)
             if attempt + 1 == attempts and earlier and self._may_ask_again(spec, messages, rformat):
                 attempts += chain
@@ -309,13 +315,14 @@ class Gateway:
                               max(float(answer.cost_usd or 0.0), 0.0), round(seconds, 3),
                               unpriced=not answer.priced, finish_reason=answer.finish_reason)
             self._count(event, result)  # before the admission slot frees: the budget sees it
+        text = answers.cut_answer(answer.text, self.max_answer_chars)   # bounded from here on
         if self.store is not None:  # recorded before it is reported or parsed: never lost
             self.store.record(key, request.spec.action, StoredAnswer(
-                answer.text, answer.prompt_tokens, answer.completion_tokens, answer.cost_usd,
+                text, answer.prompt_tokens, answer.completion_tokens, answer.cost_usd,
                 model=request.spec.model, seconds=event.seconds, exchange=request.sent()))
             self._recorded.add(key)
         self._send(event)
-        return answer.text
+        return text
 
     async def _complete(self, provider: Provider, request: ModelRequest,
                         result: CallResult) -> tuple[ModelAnswer, float]:

@@ -275,7 +275,7 @@ def commands_text(spec: CallSpec, content: str, calls: Any) -> str:
         raw = _field(function, "arguments") or "{}"
         try:
             args = json.loads(raw) if isinstance(raw, str) else dict(raw)
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):   # nested past the decoder: re-asked too
             args = {"arguments": str(raw)}   # not JSON: the schema check tells the model
         commands.append({"command_name": names.get(name, name), "args": args})
     return json.dumps({"thought": content, "commands": commands}, ensure_ascii=False)
@@ -322,8 +322,23 @@ def _key_hint(model: str) -> str:
 
 def _usage_of(response: Any) -> tuple[int, int]:
     usage = getattr(response, "usage", None)
-    return (int(getattr(usage, "prompt_tokens", 0) or 0),
-            int(getattr(usage, "completion_tokens", 0) or 0))
+    return (token_count(getattr(usage, "prompt_tokens", 0)),
+            token_count(getattr(usage, "completion_tokens", 0)))
+
+
+_MOST_TOKENS = 10**9
+"""More tokens than any one call has: a larger count from a server is not believed."""
+
+
+def token_count(value: Any) -> int:
+    """A server's token count as a count: a whole number from 0 to _MOST_TOKENS, else 0 (then,
+    both counts 0, the answer's tokens are counted here, as for an answer without `usage`).
+    A server's `"many"`, `-5` or `1e400` never fails the call nor lowers what it cost."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0
+    if not (0 <= value <= _MOST_TOKENS):    # NaN, negatives, infinities, absurd counts
+        return 0
+    return int(value)
 
 
 def _count_tokens(litellm: Any, model: str, request: ModelRequest, text: str) -> tuple[int, int]:

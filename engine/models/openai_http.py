@@ -58,6 +58,7 @@ from engine.models.hosted import (
     litellm_module,
     _parse_retry_after,
     redact,
+    token_count,
     tool_list,
 )
 from engine.models.registry import check_real_model_allowed
@@ -287,9 +288,10 @@ class OpenAIHTTP:
         timeout = spec.timeout_s or DEFAULT_TIMEOUT_S
         content = json.dumps(self.body(request), ensure_ascii=False).encode("utf-8")
         try:
-            response = await self._client().post(
-                self._url(), content=content, headers=self._headers(), timeout=timeout,
-                extensions={"trace": self._on_sent(spec.model)})
+            async with self._client().stream(
+                    "POST", self._url(), content=content, headers=self._headers(), timeout=timeout,
+                    extensions={"trace": self._on_sent(spec.model)}) as streamed:
+                response = await _bounded(httpx, streamed, where)
         except httpx.TimeoutException as exc:
             raise TransientModelError(f"{where}: Timeout: no answer within {timeout:g} s "
                                       f"({type(exc).__name__})") from None
@@ -322,8 +324,8 @@ class OpenAIHTTP:
         if calls and spec.tool_step >= 0:
             text = commands_text(spec, text, calls)
         usage = _object(data.get("usage"))
-        prompt_tokens = int(usage.get("prompt_tokens") or 0)
-        completion_tokens = int(usage.get("completion_tokens") or 0)
+        prompt_tokens = token_count(usage.get("prompt_tokens"))
+        completion_tokens = token_count(usage.get("completion_tokens"))
         counted = prompt_tokens == 0 and completion_tokens == 0
         if counted:   # litellm's tokenizer: imported off the event loop
             litellm = await asyncio.to_thread(litellm_module)
@@ -386,6 +388,30 @@ def _cost_by_litellm(model: str, data: dict[str, Any], estimate: float) -> float
 
 
 # --------------------------------------------------------------------------- errors
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+"""The most of an answer's HTTP body read. Far above any answer `--max-answer-chars` accepts
+(a character is at most 12 bytes of JSON), so it only stops a server that sends without end
+(`/dev/zero` over HTTP) from filling memory; the gateway then cuts the text itself."""
+
+
+async def _bounded(httpx: Any, streamed: httpx.Response, where: str) -> httpx.Response:
+    """The streamed response, read whole up to MAX_BODY_BYTES (LLMError past it, never a
+    MemoryError); its decoded body in a response `_checked` reads as before."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in streamed.aiter_bytes():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise LLMError(f"{where}: the server's answer is over {MAX_BODY_BYTES:,} bytes, more "
+                           "than any answer sopctl accepts; it was not read further",
+                           hint="check the server (--api-base): a chat answer is far smaller")
+        chunks.append(chunk)
+    headers = [(k, v) for k, v in streamed.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(streamed.status_code, headers=headers, content=b"".join(chunks),
+                          request=streamed.request)
+
 
 _KEY_HINT = "set OPENAI_API_KEY in the environment (API keys are read only from there)"
 

@@ -1,6 +1,13 @@
-"""`--isolate`: exec commands in a bubblewrap sandbox (Linux, off by default).
+"""Commands in a bubblewrap sandbox: by default wherever bubblewrap works, `--isolate` to
+require it, `--no-isolate` to run commands as the user (engine/run/team.py chooses).
 
-Without it a command runs as the user: it reads what the user can read, including sopctl's
+Why the default (issue 26): a command from a shared file that runs as the user reads
+sopctl's keys through `/proc/$PPID/environ` and writes anywhere the user can; the sandbox
+stops both and costs one `bwrap` start per command. Where bwrap is missing or cannot make
+namespaces (some containers), the run goes on unisolated and says so when it starts, as the
+run did before; `--isolate` refuses instead.
+
+Unsandboxed, a command runs as the user: it reads what the user can read, including sopctl's
 own environment through `/proc/$PPID/environ` (the allowlisted environment only narrows what
 it is *given*). With it, each command runs under `bwrap`:
 
@@ -12,8 +19,8 @@ it is *given*). With it, each command runs under `bwrap`:
 - no network (a private loopback only) unless `--allow-network`;
 - no capabilities, a new session (no terminal injection), and the sandbox dies with sopctl.
 
-bwrap missing, or unable to create namespaces here (some containers forbid it), refuses the
-run before it starts: isolation the user asked for is never silently dropped.
+With `--isolate`, bwrap missing, or unable to create namespaces here (some containers forbid
+it), refuses the run before it starts: isolation the user asked for is never silently dropped.
 """
 
 from __future__ import annotations
@@ -75,7 +82,7 @@ def find_sandbox(allow_network: bool) -> Sandbox:
     if found is None:
         raise RunError("--isolate needs bubblewrap (`bwrap`), which is not installed",
                        hint="install it (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install "
-                            "bubblewrap), or run without --isolate inside a container or a throwaway VM")
+                            "bubblewrap), or pass --no-isolate inside a container or a throwaway VM")
     sandbox = Sandbox(found, allow_network)
     try:
         probe = subprocess.run([found, *sandbox._options(), "--", "true"], capture_output=True,
@@ -86,5 +93,5 @@ def find_sandbox(allow_network: bool) -> Sandbox:
     if problem:
         raise RunError(f"--isolate: bubblewrap cannot create a sandbox here: {problem}",
                        hint="this machine or container forbids the namespaces bwrap needs (user "
-                            "namespaces); run without --isolate inside a container or a throwaway VM")
+                            "namespaces); pass --no-isolate inside a container or a throwaway VM")
     return sandbox

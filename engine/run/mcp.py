@@ -45,7 +45,22 @@ from engine.run.exec import child_env
 from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.tools import Outcome, Tool
 
-__all__ = ["McpServerFailed", "McpServers"]
+__all__ = ["McpServerFailed", "McpServers", "MAX_SERVER_TOOLS", "MAX_TOOL_DESCRIPTION_CHARS",
+           "MAX_TOOL_SCHEMA_CHARS"]
+
+
+MAX_SERVER_TOOLS = 100
+"""The most tools a server may offer an action: each is described in every step's prompt, so
+a server (an HTTP one is another party's) offering thousands would make each prompt huge.
+More: the run fails before any model call, with a hint to name the ones used (`tools:`)."""
+
+
+MAX_TOOL_DESCRIPTION_CHARS = 2000
+"""A tool's description as the model is shown it: longer is cut, with a mark."""
+
+
+MAX_TOOL_SCHEMA_CHARS = 20_000
+"""A tool's input schema, as JSON: a larger one fails the run's start, naming the tool."""
 
 
 _SDK_PARSE_FAILURE = "Failed to parse JSONRPC message from server"
@@ -173,11 +188,17 @@ class McpServers:
         if missing:
             raise McpServerFailed(f"MCP server {name} does not offer {', '.join(missing)}; it offers "
                                   f"{', '.join(offered) or 'no tool'}")
+        chosen = [tool for tool in listed if wanted is None or tool.name in wanted]
+        if len(chosen) > MAX_SERVER_TOOLS:
+            raise McpServerFailed(f"MCP server {name} offers {len(chosen):,} tools, more than the "
+                                  f"{MAX_SERVER_TOOLS} an action may be shown",
+                                  hint=f"list the ones the roles use in the server's `tools:` (/mcp/{name}/tools)")
         tools = []
-        for tool in listed:
-            if wanted is not None and tool.name not in wanted:
-                continue
+        for tool in chosen:
             schema = dict(tool.input_schema or {"type": "object"})
+            if len(json.dumps(schema, ensure_ascii=False, default=str)) > MAX_TOOL_SCHEMA_CHARS:
+                raise McpServerFailed(f"MCP server {name}: tool {tool.name}'s input schema is larger "
+                                      f"than {MAX_TOOL_SCHEMA_CHARS:,} characters")
             try:
                 Draft202012Validator.check_schema(schema)
             except SchemaError as exc:
@@ -188,7 +209,7 @@ class McpServers:
             # its neighbours; the rest run one at a time, in the order given
             readonly = bool(hints is not None and hints.read_only_hint)
             destructive = not readonly and (hints is None or hints.destructive_hint is not False)
-            about = (tool.description or "") + (" [may delete or overwrite]" if destructive and hints else "")
+            about = _cut(tool.description or "") + (" [may delete or overwrite]" if destructive and hints else "")
             tools.append(Tool(f"{name}.{tool.name}", about, schema, readonly=readonly, server=name))
         return tools
 
@@ -212,6 +233,12 @@ class McpServers:
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self._stack.aclose()
+
+
+def _cut(description: str) -> str:
+    if len(description) <= MAX_TOOL_DESCRIPTION_CHARS:
+        return description
+    return description[:MAX_TOOL_DESCRIPTION_CHARS] + f" [description cut at {MAX_TOOL_DESCRIPTION_CHARS:,} characters]"
 
 
 def _text(result: Any) -> str:

@@ -44,11 +44,13 @@ class ReplayOptions:
 
     allow_exec: bool = False
     """Let actions of kind exec, the terminal tool and stdio MCP servers run commands."""
-    isolate: bool = False
-    """Run exec commands under bubblewrap (engine/run/isolation.py)."""
+    isolate: bool | None = None
+    """Where commands run (engine/run/isolation.py). None (the default): under bubblewrap
+    wherever it works here, else as the user, with a warning; True (`--isolate`): under
+    bubblewrap or not at all (the run is refused); False (`--no-isolate`): as the user."""
     allow_network: bool = False
-    """The browser tool may reach every host; with `isolate`: keep the network (without it,
-    commands see only a private loopback)."""
+    """The browser tool may reach every host; isolated commands keep the network (without
+    it, they see only a private loopback)."""
     allow_hosts: Sequence[str] = ()
     """`--allow-host`: hosts HTTP MCP servers, the search endpoint and the browser may reach."""
     observers: Sequence[RunObserver] = ()
@@ -90,6 +92,9 @@ class ResumeOptions(ReplayOptions):
     """`--api-base`: where hosted models are reached (never recorded)."""
     price: Price | None = None
     """`--price`: for models litellm cannot price (never recorded)."""
+    max_answer_chars: int | None = None
+    """`--max-answer-chars`: the longest model answer accepted (None: 2,000,000; a longer one
+    is cut there before it is journaled, and re-asked)."""
     person: Person | None = None
     """Who answers a person's questions (None: the run waits, status `waiting`)."""
     pool: ExperiencePool | None = None
@@ -98,6 +103,9 @@ class ResumeOptions(ReplayOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_limits(self.max_rounds, self.budget_usd)
+        if self.max_answer_chars is not None and self.max_answer_chars < 1:
+            raise UsageError(f"--max-answer-chars (max_answer_chars) must be at least 1; got "
+                             f"{self.max_answer_chars}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -150,6 +150,8 @@ class Team:
         gateway = options.gateway or Gateway(store=options.store, replay=options.replay,
                                              api_base=options.api_base)
         gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
+        if options.max_answer_chars is not None:
+            gateway.max_answer_chars = options.max_answer_chars
         gateway.reuse_identical = gateway.reuse_identical or options.reuse_identical
         gateway.emit = self._emit         # its attempts, retries and re-asks are run events
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
@@ -165,6 +167,8 @@ class Team:
         self.rounds = 0
         self.failure: Diagnostic | None = None
         self.waiting_for: Question | None = None
+        self._unisolated = ""
+        """Why commands run outside a sandbox though none was refused (told when it starts)."""
 
     def check(self) -> None:
         """Refuse to start (before any model call, journal or file of the run): exec or a
@@ -178,17 +182,44 @@ class Team:
                            f"{', '.join(needing)}",
                            hint="read what they run first; then pass --allow-exec")
         self._check_tool_flags()
-        browsing = BROWSER_FLAGS in self.compiled.plan.flags
-        if self.options.allow_network and not (self.options.isolate or browsing):
-            raise RunError("--allow-network only applies with --isolate or to the browser tool",
-                           hint="commands already have the network unless --isolate is given")
-        if self.options.isolate:
-            self.ctx.sandbox = find_sandbox(self.options.allow_network)
+        runs_commands = self.options.allow_exec and bool(
+            needing or "--allow-exec" in (self.compiled.plan.replay_flags if self.options.replay
+                                          else self.compiled.plan.flags))
+        self._check_network_flag(runs_commands)
+        self._choose_sandbox(runs_commands)
         preflight = getattr(self.ctx.gateway, "preflight", None)
         if preflight is not None and not self.options.replay:
             for model in self.models():
                 preflight(model)
         self.workspace.create()
+
+    def _check_network_flag(self, runs_commands: bool) -> None:
+        """`--allow-network` must mean something: isolated commands or the browser."""
+        isolate = self.options.isolate
+        if not self.options.allow_network or BROWSER_FLAGS in self.compiled.plan.flags:
+            return
+        if isolate is False:
+            raise RunError("--allow-network only applies with --isolate or to the browser tool, "
+                           "not with --no-isolate",
+                           hint="with --no-isolate commands already have the network")
+        if isolate is None and not runs_commands:
+            raise RunError("--allow-network only applies with --isolate or to the browser tool: "
+                           "this run starts no command and no browser",
+                           hint="drop --allow-network")
+
+    def _choose_sandbox(self, runs_commands: bool) -> None:
+        """Where commands run: `--isolate` needs bubblewrap (refused without it); by default it
+        is used wherever it works (else commands run as the user, with a warning when the run
+        starts); `--no-isolate` never uses it. A run that starts no command probes nothing."""
+        isolate = self.options.isolate
+        if isolate:
+            self.ctx.sandbox = find_sandbox(self.options.allow_network)
+        elif isolate is None and runs_commands:
+            try:
+                self.ctx.sandbox = find_sandbox(self.options.allow_network)
+            except RunError as exc:
+                self._unisolated = exc.message.removeprefix("--isolate: ").replace(
+                    "--isolate needs", "isolation needs")
 
     def _check_tool_flags(self) -> None:
         """Tools that run commands or reach a host need the user's flag, before anything runs."""
@@ -249,6 +280,11 @@ class Team:
             raise UsageError("--isolate: Team.check finds the sandbox; call it before run")
         self._warm_up()
         self._emit(self._started())
+        if self._unisolated:
+            self._emit(RunLog(round=0, level="warning", message=(
+                f"commands run as you, outside a sandbox: {self._unisolated}; they can read your "
+                "files and sopctl's environment (its keys), and write anywhere you can "
+                "(--no-isolate says you mean it; --isolate refuses to run without a sandbox)")))
         # Anything that escapes below (KeyboardInterrupt, SystemExit) ends the run as interrupted.
         status, error = RunStatus.INTERRUPTED, "interrupted"
         try:

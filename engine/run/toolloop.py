@@ -48,12 +48,14 @@ note), so it is a request of its own.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import posixpath
 import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any
+from collections.abc import Iterable
 
 from engine.errors import ActionFailed, BudgetExceeded, JournalError, ReplayDivergence
 from engine.load.outputs import output_kind
@@ -164,6 +166,14 @@ def end_schema(ctx: RunContext, action_id: str) -> dict[str, Any]:
     else:
         field_ = {"answer": {"type": "string", "description": "your final answer"}}
     return {"type": "object", "additionalProperties": False, "required": list(field_), "properties": field_}
+
+
+def _tally(names: Iterable[str], most: int = 8) -> str:
+    """Command names with their counts, most frequent first (`editor.write ×2,980`): a list
+    of thousands of names would push the limit's own words past the step's output bound."""
+    counts = collections.Counter(names).most_common()
+    shown = [name if n == 1 else f"{name} ×{n:,}" for name, n in counts[:most]]
+    return ", ".join(shown + ([f"{len(counts) - most} more kinds"] if len(counts) > most else []))
 
 
 def step_schema(names: list[str]) -> dict[str, Any]:
@@ -491,7 +501,7 @@ class ToolLoop:
             current.outputs.append(dropped)
         if over:
             current.outputs.append(f"Not run, at most {MAX_COMMANDS} commands run per step: the other "
-                                   f"{len(over)} ({', '.join(name for name, _ in over)}); give them again "
+                                   f"{len(over):,} ({_tally(name for name, _ in over)}); give them again "
                                    "in a later step if they are still needed.")
         current.outputs = _within_step_limit(current.outputs)
         return _NOT_DONE
@@ -600,7 +610,7 @@ class ToolLoop:
             return None
         try:
             return Outcome.from_json(json.loads(stored.text))
-        except (ValueError, TypeError, AttributeError):
+        except (ValueError, TypeError, AttributeError, RecursionError):
             return None
 
     def _record(self, call: str, outcome: Outcome) -> None:

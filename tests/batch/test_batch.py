@@ -142,6 +142,25 @@ def test_a_row_whose_worker_failed_names_the_workers_error(tmp_path: Path) -> No
     assert line["error"] == "internal error: ModuleNotFoundError: No module named 'engine'"
 
 
+def test_a_hostile_row_fails_alone_never_an_internal_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line nested past the JSON decoder's own depth, and a line longer than MAX_ROW_CHARS
+    (read a bounded piece at a time, never whole): each a failed row saying why."""
+    import engine.batch.rows as rows_module
+
+    monkeypatch.setattr(rows_module, "MAX_ROW_CHARS", 5000)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("\n".join([
+        '{"idea": ' + "[" * 2400 + "]" * 2400 + "}", "[" * 2400 + "]" * 2400,
+        json.dumps({"idea": "x" * 20_000}), json.dumps({"idea": "fine"}),
+        json.dumps({"idea": "y" * 4000})]) + "\n", encoding="utf-8")
+    got = list(read_rows(rows))
+    assert [r.number for r in got] == [1, 2, 3, 4, 5]
+    assert "line 1: nested too deeply to read" in got[0].problem
+    assert "line 2: nested too deeply to read" in got[1].problem
+    assert got[2].problem == "line 3: longer than 5,000 characters"
+    assert got[3].inputs == {"idea": "fine"} and got[4].inputs == {"idea": "y" * 4000}
+
+
 def test_csv_rows_an_unknown_column_fails_the_rows_that_use_it(tmp_path: Path) -> None:
     sop = tmp_path / "typed.sop.yaml"
     sop.write_text(TYPED_SOP, encoding="utf-8")

@@ -208,3 +208,20 @@ def test_only_the_lines_of_rows_that_ran_are_fsynced(tmp_path: Path, monkeypatch
     lines = _lines(tmp_path / "b")
     assert len(lines) == 51 and lines[51]["status"] == "idle"
     assert len(synced) == 2              # the row that ran, and the compacted file
+
+
+@pytest.mark.parametrize("planted", ["[" * 100_000 + "]" * 100_000, '{"row": "one"}', "\x00\xff garbage",
+                                     '{"row": 1, "status": "idle", "dir": "../../elsewhere"}'])
+def test_a_planted_results_line_is_not_trusted(tmp_path: Path, elsewhere: Path, planted: str,
+                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """A shared batch folder's results.jsonl with a hostile line (nested past the decoder, a
+    wrong type, garbage, a row pointing outside): the rerun skips it or runs the row again,
+    never an internal error, never a write through it."""
+    out = tmp_path / "b"
+    out.mkdir()
+    (out / "results.jsonl").write_bytes(planted.encode("utf-8", "surrogateescape") + b"\n")
+    code = _batch(tmp_path, out)
+    err = capsys.readouterr().err
+    assert code in (0, 2) and "internal error" not in err and "Traceback" not in err
+    assert (elsewhere / "mine.txt").read_text(encoding="utf-8") == "the user's own file\n"
+    assert sorted(os.listdir(elsewhere)) == ["mine.txt"]

@@ -333,3 +333,24 @@ def test_a_planted_temporary_report_link_is_not_written_through(runs: dict[str, 
     (tmp_path / ".r.html.tmp").symlink_to(mine)
     assert main(["report", str(runs["debate"]), "-o", str(tmp_path / "r.html")]) == 0
     assert mine.read_text(encoding="utf-8") == "mine\n" and (tmp_path / "r.html").is_file()
+
+
+def test_more_ways_into_the_run_folders_own_files_are_refused_or_harmless(
+        runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """More of the class (issue 26): a path through `..`, a linked folder, the WAL and the
+    lock, another run's journal; a hard link to the journal is replaced, not written through."""
+    import shutil
+
+    copy, other = tmp_path / "ws", tmp_path / "other"
+    shutil.copytree(runs["debate"], copy)
+    shutil.copytree(runs["debate"], other)
+    before = {p: journal_path(p).read_bytes() for p in (copy, other)}
+    (tmp_path / "dirlink").symlink_to(copy / ".sopctl")
+    for target in (copy / ".sopctl" / ".." / ".sopctl" / "journal.sqlite-wal", copy / ".sopctl" / "writer.lock",
+                   tmp_path / "dirlink" / "journal.sqlite", journal_path(other)):
+        assert main(["report", str(copy), "-o", str(target)]) == 2, target
+        err = capsys.readouterr().err
+        assert "refused" in err and "Traceback" not in err
+    os.link(journal_path(copy), tmp_path / "hard.html")
+    assert main(["report", str(copy), "-o", str(tmp_path / "hard.html")]) == 0
+    assert {p: journal_path(p).read_bytes() for p in (copy, other)} == before

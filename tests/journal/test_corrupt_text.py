@@ -74,3 +74,37 @@ def test_runs_lists_a_damaged_journal_as_unreadable_and_the_others_as_usual(
     rows = {Path(row["dir"]).name: row for row in json.loads(capsys.readouterr().out)}
     assert rows["good"]["status"] == "idle"
     assert {rows[f"bad{i}"]["status"] for i in range(len(DAMAGE))} == {"unreadable"}
+
+
+PLANTED_META = {
+    "nested past the decoder": "[" * 100_000 + "]" * 100_000,
+    "not JSON": "[/etc",
+    "an object": '{"a": 1}',
+    "a string": '"/etc"',
+}
+
+
+@pytest.mark.parametrize("value", sorted(PLANTED_META))
+@pytest.mark.parametrize("command", [["show"], ["resume"], ["replay", "--out", "{tmp}/re"], ["runs"]])
+def test_a_planted_include_dirs_is_a_clear_error_or_ignored(recorded: Path, tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str],
+                                                            value: str, command: list[str]) -> None:
+    """The meta row resume takes include folders from, planted in a shared run folder: the
+    commands that need it refuse it naming the journal; the others read on; never an
+    internal error."""
+    sql = f"UPDATE meta SET value = '{PLANTED_META[value]}' WHERE key = 'include_dirs'"
+    run = _damaged(recorded, tmp_path / "run", sql)
+    db = sqlite3.connect(journal_path(run))
+    if not db.execute("SELECT count(*) FROM meta WHERE key = 'include_dirs'").fetchone()[0]:
+        db.execute("INSERT INTO meta (key, value) VALUES ('include_dirs', ?)", (PLANTED_META[value],))
+        db.commit()
+    db.close()
+    target = str(tmp_path) if command == ["runs"] else str(run)
+    capsys.readouterr()
+    code = main([command[0], target, *(a.format(tmp=tmp_path) for a in command[1:])])
+    err = capsys.readouterr().err
+    assert "internal error" not in err and "Traceback" not in err
+    if command[0] in ("resume", "replay"):
+        assert code == 2 and "include_dirs" in err and str(journal_path(run)) in err
+    else:
+        assert code == 0, err

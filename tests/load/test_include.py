@@ -117,6 +117,16 @@ def test_a_symlink_out_of_the_folder_is_refused(tmp_path: Path) -> None:
     assert errors(main_file, tmp_path / "elsewhere") == []  # unless the user names its folder
 
 
+def test_a_hard_link_to_a_file_elsewhere_is_refused(tmp_path: Path) -> None:
+    """As a symlink out: a second name of a file outside the folder (planted in a shared
+    folder) would have the include read it and its diagnostics quote it."""
+    write(tmp_path, "elsewhere/lib.sop.yaml", LIBRARY)
+    main_file = project(tmp_path / "sop", include="link.sop.yaml")
+    os.link(tmp_path / "elsewhere" / "lib.sop.yaml", tmp_path / "sop" / "link.sop.yaml")
+    [error] = errors(main_file)
+    assert error.code == "SOP012" and "another hard link" in error.message
+
+
 def test_include_path_names_a_folder_of_libraries(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     write(tmp_path, "shared/speaker.sop.yaml", LIBRARY)

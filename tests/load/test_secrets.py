@@ -16,6 +16,10 @@ SECRET_NAMES_TESTED = (
     "DISCORD_WEBHOOK", "SENTRY_DSN", "JWT_SIGNING_KEY", "SESSION_JWT", "SSH_PRIVATE_KEY",
     "TLS_PRIVATEKEY", "HTTP_AUTHORIZATION", "SESSION_COOKIE", "AZURE_STORAGE_CONNECTION_STRING",
     "NPM_AUTH", "TWILIO_AUTH_TOKEN", "SENDGRID_API_KEY", "datadog.api.key", "my-service-secret",
+    "TAILSCALE_AUTHKEY", "NGROK_AUTHTOKEN", "DD_APP_KEY", "CLOUDFLARE_API_TOKEN", "VAULT_TOKEN",
+    "POSTGRES_PASSWORD", "MINIO_SECRET_KEY", "RABBITMQ_DEFAULT_PASS", "DJANGO_SECRET_KEY",
+    "RAILS_MASTER_KEY", "NEW_RELIC_LICENSE_KEY", "TEAMS_WEBHOOK_URL", "TWINE_PASSWORD",
+    "AIRTABLE_PAT", "ZOOM_JWT", "ARM_CLIENT_SECRET", "OP_SERVICE_ACCOUNT_TOKEN",
 )
 """Names `is_secret_name` must catch: exec children never get them, the journal never keeps
 their values."""
@@ -52,6 +56,14 @@ TOKENS = {
     "aws key id": "AKIAIOSFODNN7EXAMPLE",
     "google": "AIzaSyAbCdEf0123456789AbCdEf0123456789",
     "hugging face": "hf_AbCdEf0123456789AbCdEf0123456789",
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "bearer header": "Bearer AbCdEf0123456789AbCdEf0123456789",
+    "google oauth": "ya29.a0AfH6SMBAbCdEf0123456789AbCdEf",
+    "sendgrid": "SG.AbCdEf0123456789AbCdEf.AbCdEf0123456789AbCdEf0123456789AbCdEf01",
+    "digitalocean": "dop_v1_0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    "square": "sq0atp-AbCdEf0123456789AbCdEf",
+    "shopify": "shpat_0123456789abcdef0123456789abcdef",
+    "pypi": "pypi-AgEIcHlwaS5vcmcCJGFiY2RlZmdoLWlqa2wtbW5vcC1xcnN0dXZ3eHl6",
 }
 
 
@@ -77,10 +89,27 @@ def test_a_pem_private_key_is_redacted() -> None:
     assert "MIIEow" not in text and "AbCdEf0123" not in text and REDACTED in text
 
 
+def test_a_discord_webhook_keeps_its_host_and_loses_its_id_and_token() -> None:
+    url = "https://discord.com/api/webhooks/123456789012345678/AbCdEf0123456789-AbCdEf0123456789"
+    text = scrub(f"post to {url} now", ())
+    assert "123456789012345678" not in text and "AbCdEf" not in text
+    assert text == f"post to https://discord.com/api/webhooks/{REDACTED} now"
+
+
+@pytest.mark.parametrize("hostile", ["eyJa-" * 20_000, "eyJ" + "a." * 40_000 + "!",
+                                     "Bearer " * 20_000, "SG." * 30_000])
+def test_the_new_token_shapes_stay_linear_on_hostile_text(hostile: str) -> None:
+    """Prefixes repeated without end: each failed try costs its prefix, a match consumes its
+    run (a quadratic shape would take minutes on these; the suite would time out)."""
+    assert len(scrub(hostile, ())) <= len(hostile)
+
+
 @pytest.mark.parametrize("ordinary", [
     "skateboard_championship_words", "task-management-system-for-teams", "pk_column_name_in_a_table",
     "sk_learn_style_identifier_name", "a risk-free skeleton with xoxo", "ghost_writer_name_here",
     "AKIA is short", "hf_small", "use https://example.com/path?q=1 and mailto:a@b.c",
+    "the Bearer of bad news", "eyJ is how base64 of {\" starts", "SG.1 is a section number",
+    "sq0 and shpat are prefixes", "dop_v1_ is a prefix",
 ])
 def test_ordinary_text_is_left_alone(ordinary: str) -> None:
     assert scrub(ordinary, ()) == ordinary

@@ -608,3 +608,37 @@ def test_without_a_store_identical_requests_are_not_held_back():
     gateway = Gateway(providers={"scripted": model}, sleep=_no_sleep)
     assert [r.value for r in _fan_out_of_identical_requests(gateway, 3)] == [VALID] * 3
     assert model.calls == 3
+
+
+def test_post_priced_calls_of_two_roles_at_once_stay_one_call_past_the_budget(tmp_path):
+    """More of the class (issue 26): two roles of one round, each a fan-out of calls priced
+    only by their answers, on one budget: still one call at a time, at most one past it."""
+    from engine.api import RunOptions, run as run_sop
+    from engine.compile.compiler import compile_text
+
+    text = """
+apiVersion: sop/v1
+name: two_fanouts
+inputs:
+  idea: {type: str, required: true}
+team: {max_rounds: 2}
+actions:
+  A:
+    for_each: "{{ range(6) | list }}"
+    as: n
+    prompt: "A {{ n }}"
+    send_to: ["<none>"]
+  B:
+    for_each: "{{ range(6) | list }}"
+    as: n
+    prompt: "B {{ n }}"
+    send_to: ["<none>"]
+roles:
+  Ra: {actions: [A], watch: [UserRequirement]}
+  Rb: {actions: [B], watch: [UserRequirement]}
+"""
+    with use_model(_PricedAfter(lambda s, a: "done")) as model:
+        result = run_sop(compile_text(text), {"idea": "x"}, RunOptions(budget_usd=2.5, workspace=tmp_path / "ws"),
+                         journal=False)
+    assert result.status == "budget"
+    assert result.usage.cost_usd <= 2.5 + 1.0 + 1e-9 and model.max_in_flight == 1

@@ -217,7 +217,8 @@ def _escapee_script(tmp_path: Path) -> str:
 @linux_only
 def test_a_setsid_child_and_its_own_child_do_not_outlive_the_action(tmp_path: Path) -> None:
     compiled = _exec_sop(json.dumps(["python", _escapee_script(tmp_path)]))
-    result = run_sop(compiled, ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True)
+    result = run_sop(compiled, ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True,
+                     isolate=False)   # the reaper of unisolated commands (pids are the host's)
     out = result.messages[-1].out
     assert out["exit_code"] == 0, out["stderr"]
     pids = [int(p) for p in out["stdout"].split()]
@@ -227,7 +228,8 @@ def test_a_setsid_child_and_its_own_child_do_not_outlive_the_action(tmp_path: Pa
 @linux_only
 def test_a_timed_out_command_leaves_no_setsid_child_and_keeps_its_output(tmp_path: Path) -> None:
     compiled = _exec_sop(json.dumps(["python", _escapee_script(tmp_path), "linger"]), timeout=2)
-    result = run_sop(compiled, ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True)
+    result = run_sop(compiled, ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True,
+                     isolate=False)
     out = result.messages[-1].out
     assert out["exit_code"] == 124 and "timeout" in out["stderr"]
     pids = [int(p) for p in out["stdout"].split()]  # the pipes closed: nothing was lost
@@ -248,7 +250,7 @@ def test_a_cancelled_run_leaves_no_setsid_child(tmp_path: Path) -> None:
     compiled = _exec_sop(json.dumps(["python", str(script), "linger"]))
 
     async def cancel_mid_command() -> None:
-        task = asyncio.ensure_future(api.run_async(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "ws", allow_exec=True), journal=False))
+        task = asyncio.ensure_future(api.run_async(compiled, {"idea": "x"}, api.RunOptions(model="fake", workspace=tmp_path / "ws", allow_exec=True, isolate=False), journal=False))
         while not (pid_file.exists() and pid_file.read_text().strip()) and not task.done():
             await asyncio.sleep(0.05)
         task.cancel()
@@ -276,7 +278,7 @@ def test_ctrl_c_to_sopctl_leaves_no_setsid_child(tmp_path: Path) -> None:
                                              f"open({str(pid_file)!r}, 'w').write(child.stdout.readline())"))
     (tmp_path / "cmd.sop.yaml").write_text(_exec_source(json.dumps(["python", str(script), "linger"])))
     sopctl = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(tmp_path / "cmd.sop.yaml"),
-                               "--idea", "x", "--model", "fake", "--allow-exec", "--out", str(tmp_path / "ws")],
+                               "--idea", "x", "--model", "fake", "--allow-exec", "--no-isolate", "--out", str(tmp_path / "ws")],
                               cwd=ROOT, env=sopctl_env({"PYTHONPATH": str(ROOT)}),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -336,9 +338,11 @@ json.dump({
 workspace, and connects to a port the test listens on (on the host's loopback)."""
 
 
-def _snoop(tmp_path: Path, *flags: str) -> tuple[dict[str, Any], Path]:
-    """`sopctl run --allow-exec --isolate FLAGS` as a real process with the secrets in *its*
-    environment (what /proc/$PPID/environ shows), running SNOOP."""
+def _snoop(tmp_path: Path, *flags: str, where: tuple[str, ...] = ("--isolate",),
+           path: str | None = None) -> tuple[dict[str, Any], Path, str]:
+    """`sopctl run --allow-exec --isolate FLAGS` (`where`: the isolation flags, none for the
+    default) as a real process with the secrets in *its* environment (what
+    /proc/$PPID/environ shows), running SNOOP; its report, the outside file, its stderr."""
     import socket
     import subprocess
     import sys
@@ -356,16 +360,16 @@ def _snoop(tmp_path: Path, *flags: str) -> tuple[dict[str, Any], Path]:
         (tmp_path / "snoop.sop.yaml").write_text(_exec_source(command))
         done = subprocess.run(
             [sys.executable, "-m", "engine.cli", "run", str(tmp_path / "snoop.sop.yaml"), "--idea", "x",
-             "--model", "fake", "--allow-exec", "--isolate", *flags, "--out", str(workspace)],
-            cwd=ROOT, env=sopctl_env({**SECRETS, "PYTHONPATH": str(ROOT)}), capture_output=True,
-            text=True, timeout=120)
+             "--model", "fake", "--allow-exec", *where, *flags, "--out", str(workspace)],
+            cwd=ROOT, env=sopctl_env({**SECRETS, "PYTHONPATH": str(ROOT), **({"PATH": path} if path else {})}),
+            capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
-    return json.loads((workspace / "report.json").read_text()), outside
+    return json.loads((workspace / "report.json").read_text()), outside, done.stderr
 
 
 @needs_bwrap
 def test_isolate_hides_the_parent_and_confines_writes_and_network(tmp_path: Path) -> None:
-    seen, outside = _snoop(tmp_path)
+    seen, outside, _ = _snoop(tmp_path)
     assert seen["environs"]  # it could read its own, so it would have read sopctl's
     assert not any(value in "".join(seen["environs"]) for value in SECRETS.values())
     assert seen["visible"] <= 3  # bwrap's init and the command: no other process is visible
@@ -377,8 +381,58 @@ def test_isolate_hides_the_parent_and_confines_writes_and_network(tmp_path: Path
 
 @needs_bwrap
 def test_isolate_with_allow_network_keeps_the_network(tmp_path: Path) -> None:
-    seen, _ = _snoop(tmp_path, "--allow-network")
+    seen, _, _ = _snoop(tmp_path, "--allow-network")
     assert seen["network"] == "ok" and seen["root_write"] != "ok"
+
+
+@needs_bwrap
+def test_commands_are_isolated_by_default_where_bubblewrap_works(tmp_path: Path) -> None:
+    """No flag: the same sandbox as --isolate (issue 26), and no warning."""
+    seen, outside, err = _snoop(tmp_path, where=())
+    assert seen["environs"] and not any(v in "".join(seen["environs"]) for v in SECRETS.values())
+    assert seen["visible"] <= 3 and seen["root_write"] != "ok" and seen["network"] != "ok"
+    assert seen["journal_write"] != "ok" and not outside.exists()
+    assert "outside a sandbox" not in err
+
+
+@needs_bwrap
+def test_allow_network_keeps_the_network_of_commands_isolated_by_default(tmp_path: Path) -> None:
+    seen, _, _ = _snoop(tmp_path, "--allow-network", where=())
+    assert seen["network"] == "ok" and seen["root_write"] != "ok"
+
+
+@needs_bwrap
+def test_no_isolate_runs_commands_as_the_user(tmp_path: Path) -> None:
+    """--no-isolate is the old way, with what the docs say it costs: sopctl's environment
+    (its keys) is readable through /proc, and a write outside the workspace lands."""
+    seen, outside, err = _snoop(tmp_path, "--no-isolate", where=())
+    assert any(v in "".join(seen["environs"]) for v in SECRETS.values())
+    assert outside.read_text() == "escaped" and "outside a sandbox" not in err
+
+
+def test_without_bubblewrap_commands_run_as_the_user_with_a_warning(tmp_path: Path) -> None:
+    """No flag and no bwrap on PATH: the run goes on unisolated, and says so, naming the fix."""
+    # (`python` in a command is this interpreter, found without PATH)
+    seen, outside, err = _snoop(tmp_path, where=(), path=str(tmp_path / "empty"))
+    assert "commands run as you, outside a sandbox: isolation needs bubblewrap" in err
+    assert "--no-isolate" in err and "Traceback" not in err
+    assert outside.read_text() == "escaped"
+
+
+def test_a_run_that_starts_no_command_never_looks_for_bubblewrap(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.run.team as team
+
+    def no_probe(allow_network: bool) -> Any:
+        raise AssertionError("probed bwrap for a run that runs no command")
+
+    monkeypatch.setattr(team, "find_sandbox", no_probe)
+    text = _exec_source(PRINT_ENV).replace("kind: exec, command: " + PRINT_ENV + ", command_timeout_s: 30, ",
+                                           "prompt: hi, ")
+    assert run_sop(sop_text(text), ScriptedModel(default_answer), tmp_path / "ws").status == "idle"
+    result = run_sop(_exec_sop(PRINT_ENV), ScriptedModel(default_answer), tmp_path / "ws2",
+                     allow_exec=True, isolate=False)
+    assert result.status == "idle"
 
 
 @needs_bwrap
@@ -423,10 +477,13 @@ def test_isolate_without_bwrap_refuses_before_the_run(tmp_path: Path, monkeypatc
     assert not (tmp_path / "ws").exists()
 
 
-def test_allow_network_without_isolate_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("options", [dict(allow_exec=True, isolate=False),   # --no-isolate
+                                     dict(allow_exec=False)])                # no command runs
+def test_allow_network_where_no_command_is_isolated_is_refused(tmp_path: Path, options: dict) -> None:
     from engine.errors import RunError
 
     with pytest.raises(RunError, match="--allow-network only applies with --isolate"):
-        run_sop(_exec_sop(PRINT_ENV), ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True,
-                allow_network=True)
+        run_sop(_exec_sop(PRINT_ENV) if options["allow_exec"] else sop_text(_exec_source(PRINT_ENV).replace(
+            "kind: exec, command: " + PRINT_ENV + ", command_timeout_s: 30, ", "prompt: hi, ")),
+            ScriptedModel(default_answer), tmp_path / "ws", allow_network=True, **options)
     assert not (tmp_path / "ws").exists()

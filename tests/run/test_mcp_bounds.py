@@ -116,3 +116,46 @@ roles:
                                                                        allow_exec=True))
     assert result.status == "failed" and result.llm_calls == 0
     assert "MCP server mute did not start and answer within 1 s (start_timeout_s)" in result.error
+
+
+BLOATED = TESTS / "mcp_servers" / "bloated_server.py"
+
+
+def _bloated_sop(count: int, tools: str = "") -> str:
+    return f"""
+apiVersion: sop/v1
+name: mcp_bloat
+inputs:
+  idea: {{required: true}}
+mcp:
+  big:
+    command: [python, {BLOATED}, "{count}"]{tools}
+actions:
+  Use:
+    prompt: "Use it for {{{{ inputs.idea }}}}"
+    tools: [mcp.big]
+roles:
+  User: {{actions: [Use], watch: [UserRequirement]}}
+"""
+
+
+def test_a_server_offering_too_many_tools_fails_the_start_naming_the_fix(tmp_path: Path) -> None:
+    """Every offered tool is described in every prompt: 150 would make each step huge."""
+    from engine.run.mcp import MAX_SERVER_TOOLS
+
+    result = run_sop(compile_text(_bloated_sop(150)), ScriptedModel([]), tmp_path / "ws", allow_exec=True)
+    assert result.status == "failed" and result.llm_calls == 0
+    assert f"MCP server big offers 151 tools, more than the {MAX_SERVER_TOOLS} an action may be shown" in result.error
+
+
+def test_a_huge_tool_description_is_cut_in_the_prompt(tmp_path: Path) -> None:
+    from engine.run.mcp import MAX_TOOL_DESCRIPTION_CHARS
+
+    model = ScriptedModel([{"thought": "t", "commands": [{"command_name": "big.wordy", "args": {"text": "hi"}}]},
+                           {"thought": "t", "commands": [{"command_name": "end", "args": {"answer": "done"}}]}])
+    result = run_sop(compile_text(_bloated_sop(3)), model, tmp_path / "ws",
+                     allow_exec=True)
+    assert result.status == "idle", result.error
+    first = "\n".join(m["content"] for m in model.requests[0].messages)
+    assert f"[description cut at {MAX_TOOL_DESCRIPTION_CHARS:,} characters]" in first
+    assert len(first) < 30_000 and "wordy: hi" in model.prompts()[1]

@@ -86,7 +86,7 @@ def test_a_huge_write_is_not_journaled_again_in_its_event(tmp_path: Path) -> Non
     from engine.journal.store import Journal
     from engine.run.tools.base import MAX_OUTPUT_CHARS
 
-    content = "y" * 3_000_000                                  # past the editor's write limit
+    content = "y" * 1_500_000                # past the editor's write limit, within an answer's
     model = ScriptedModel([step(("editor.write", {"path": "big.txt", "content": content})), end()])
     result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
     assert result.status == "idle", result.error
@@ -116,3 +116,62 @@ search:
     assert ("SOP223", "warning", "/search/headers/X-API-Key",
             "header X-API-Key sends the user's secret SEARCH_API_KEY to search.example.org") in found
     assert not [f for f in found if "X-Trace" in f[2]]
+
+
+def test_thousands_of_commands_in_one_step_run_at_most_max_commands(tmp_path: Path) -> None:
+    """3,000 writes in one step (as the 3,000 plan appends that ran past 180 s): MAX_COMMANDS
+    run, the others are named as not run, in one short output, and the next prompt stays small."""
+    from engine.run.toolloop import MAX_COMMANDS, MAX_STEP_OUTPUT_CHARS
+
+    writes = [("editor.write", {"path": f"f{i}.txt", "content": "x"}) for i in range(3000)]
+    model = ScriptedModel([step(*writes), end()])
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    written = sorted(p.name for p in (tmp_path / "ws").iterdir() if p.suffix == ".txt")
+    assert len(written) == MAX_COMMANDS
+    later = model.prompts()[1]
+    assert f"at most {MAX_COMMANDS} commands run per step" in later
+    assert len(later) < 3 * MAX_STEP_OUTPUT_CHARS
+
+
+def test_a_tool_step_answer_past_the_answer_limit_is_re_asked(tmp_path: Path) -> None:
+    """A 3 MB step (one huge write) is past --max-answer-chars here: cut, journaled cut, and
+    re-asked with the limit named; the run goes on."""
+    huge = step(("editor.write", {"path": "big.txt", "content": "z" * 3_000_000}))
+    model = ScriptedModel([huge, end("small")])
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws", max_answer_chars=100_000)
+    assert result.status == "idle", result.error
+    assert "longer than the 100,000 characters an answer may have" in model.prompts()[1]
+    assert not (tmp_path / "ws" / "big.txt").exists()
+
+
+def _with_experience(tmp_path: Path, make: Any) -> Any:
+    (tmp_path / "exp").mkdir(exist_ok=True)
+    make(tmp_path / "exp" / "write.md")
+    sop = tmp_path / "w.sop.yaml"
+    sop.write_text(WRITER.replace("    max_steps: 4\n", "    max_steps: 4\n    experience: [exp/write.md]\n"))
+    return run_sop(api.load(sop), ScriptedModel([end()]), tmp_path / "ws")
+
+
+def test_more_experience_files_that_are_refused(tmp_path: Path) -> None:
+    """More of the class (issue 26): a symlink out of the folder, a hard link to an outside
+    file, one past the limit, /dev/zero, not UTF-8: each fails the action, naming the file,
+    and no model sees its text."""
+    from engine.load.catalog import MAX_EXPERIENCE_BYTES
+
+    outside = tmp_path / "private.txt"
+    outside.write_text("the user's private notes")
+    cases = {
+        "symlink out": (lambda p: p.symlink_to(outside), "leaves the SOP's folder through a symlink"),
+        "hard link": (lambda p: os.link(outside, p), "hard links"),
+        "too large": (lambda p: p.write_bytes(b"x" * (MAX_EXPERIENCE_BYTES + 1)),
+                      f"larger than {MAX_EXPERIENCE_BYTES:,} bytes"),
+        "a device": (lambda p: p.symlink_to("/dev/zero"), "symlink"),
+        "not UTF-8": (lambda p: p.write_bytes(b"caf\xe9"), "not UTF-8 text"),
+    }
+    for name, (make, words) in cases.items():
+        folder = tmp_path / name.replace(" ", "_")
+        folder.mkdir()
+        result = _with_experience(folder, make)
+        assert result.status == "failed", name
+        assert "experience file 'exp/write.md'" in result.error and words in result.error, (name, result.error)

@@ -72,7 +72,7 @@ async def _get(spec: SearchSpec, params: dict[str, str]) -> Any:
         raise ToolError(f"the search endpoint answered HTTP {response.status_code}: {body[:200]!r}")
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):   # nested past the decoder's depth: not JSON to us
         raise ToolError(f"the search endpoint's answer is not JSON: {body[:200]!r}") from None
 
 
