@@ -22,13 +22,15 @@ __all__ = ["RULES"]
 
 @rule("SOP301")
 def bounded_loops(ctx: Context) -> Iterator[Diagnostic]:
-    """Every loop of activations must pass an action with `max_runs`."""
+    """Every loop of activations must pass an action with `max_runs`, unless the file's own
+    `team.max_rounds` bounds the run (graph.bounding_rounds)."""
     for cycle in unbounded_cycles(ctx.graph):
         actions = [n.split(":", 1)[1] for n in cycle.nodes if n.startswith("action:")]
         related = tuple(Related(message=f"action '{a}' is on the loop", pointer=f"/actions/{a}")
                         for a in actions[1:])
         yield error("SOP301", f"/actions/{actions[0]}", f"unbounded cycle: {cycle.label}",
-                    f"add `max_runs: N` to an action on the loop (e.g. {actions[0]})", related=related)
+                    f"add `max_runs: N` to an action on the loop (e.g. {actions[0]}), or bound the whole run "
+                    "with `team.max_rounds: N`", related=related)
 
 
 @rule("SOP302")

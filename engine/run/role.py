@@ -316,6 +316,8 @@ class Role:
                                       self._round, note, key)
         sent = [self._team_message(action_id, content, target) for content, target in result.messages]
         message = self._make_message(action_id, result.content, result.out)
+        if self.ctx.shared is not None:
+            self.ctx.shared.apply(self.id, result.shared)
         if self._direct:   # the reply to a direct chat is the user's (shown, journaled)
             reply_to_human(self.ctx, role=self.id, action=action_id, round_=self._round, text=message.content)
         for each in [*sent, message]:
@@ -325,7 +327,7 @@ class Role:
             round=self._round, role=self.id, action=action_id, key=key,
             messages=[m.to_json() for m in [*sent, message]],
             artifacts=[{"path": f.path, "sha256": f.sha256} for f in result.artifacts],
-            state=self.state.snapshot() if self.state.tools else {}))
+            state=self.state.snapshot() if self.state.tools else {}, shared=result.shared))
         return message
 
     def _make_message(self, action_id: str, content: str, out: Any) -> Message:
@@ -355,6 +357,8 @@ class Role:
         messages = [Message.from_json(m) for m in record.messages]
         if record.state:   # the plan and working memory the action left (rolestate.py)
             self.state.restore(record.state)
+        if record.shared and self.ctx.shared is not None:   # the state its `set` changed (state.py)
+            self.ctx.shared.apply(self.id, record.shared)
         self._team_sent.update(m.id for m in messages[:-1])
         for message in messages:
             self.memory.add(message)
