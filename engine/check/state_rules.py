@@ -94,7 +94,10 @@ def _tool_problems(spec: Sop, aid: str, action: ToolAction) -> Iterator[Diagnost
     item = action.tool
     problem = tool_problem(spec, item)
     if problem is not None:
-        yield error("SOP225", f"{here}/tool", *problem)
+        message, hint = problem
+        commands = [c.name for cmds in BUILTIN.values() for c in cmds if not c.name.startswith(LOOP_ONLY)]
+        guess = did_you_mean(item, commands) if message.startswith("unknown tool") else ""
+        yield error("SOP225", f"{here}/tool", message, guess or hint)
         return
     if item in BUILTIN:
         names = ", ".join(c.name for c in BUILTIN[item])
