@@ -365,8 +365,9 @@ def _for_each_items(action_id: str, action: ActionBase, variables: dict[str, Any
         value = list(itertools.islice(value, MAX_FOR_EACH_ITEMS + 1))
     where = join_pointer("/actions", action_id, "for_each")
     if not isinstance(value, list):
-        raise ActionFailed(action_id, f"for_each must give a list or a mapping, got {type(value).__name__}",
-                           hint="point it at a list, e.g. msgs.X[-1].out['Task list']",
+        raise ActionFailed(action_id, f"for_each must give a list, got {type(value).__name__}",
+                           hint="point it at a list (or a mapping: one {key, value} item per entry), e.g. "
+                                "msgs.X[-1].out['Task list']",
                            code="SOP504", pointer=where)
     value = [list(v) if isinstance(v, tuple) else v for v in value]
     if len(value) > MAX_FOR_EACH_ITEMS:
