@@ -58,6 +58,8 @@ def consumed(ctx: Context) -> Iterator[Diagnostic]:
             continue
         if action.kind == "reply":      # its output is a message to the person: that is its use
             continue
+        if action.set_:                 # it changes the shared state: that is its use (docs/state.md)
+            continue
         if read is None or aid in read or any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
             continue
         if any(_ends_turn(ctx.spec, rid, aid) for rid in ran_by[aid]):

@@ -67,7 +67,7 @@ def test_state_goes_round_the_cycles_and_ends_the_run(tmp_path: Path) -> None:
 
     def model(spec: CallSpec, attempt: int) -> str:
         prompts.append(spec.prompt)
-        return '{"Line": "line %d", "Mood": "calm"}' % len(prompts)
+        return f"{{\"Line\": \"line {len(prompts)}\", \"Mood\": \"calm\"}}"
     result = _run(_sop(tmp_path, DAYS), tmp_path / "ws", ScriptedModel(model))
     assert result.status == "idle", result.error
     dawns = [m.content for m in result.messages if m.cause_by == "Dawn"]
@@ -288,3 +288,26 @@ roles:
     result = _run(_sop(tmp_path, text), tmp_path / "ws", ScriptedModel(model), ScriptedPerson([{"Topic": "rain"}]))
     assert result.status == "idle", result.error
     assert asked == ["Write a poem about rain."]
+
+
+def test_the_werewolf_example_plays_its_rules_to_a_winner(tmp_path: Path) -> None:
+    """Scripted players: the wolves kill Ann, then Fay; the village exiles Ben, then Eve."""
+    from run_helpers import ROOT
+
+    def model(spec: CallSpec, attempt: int) -> str:
+        day = 1 if "day 1" in spec.prompt.lower() or "night 1" in spec.prompt.lower() else 2
+        if spec.action == "WolfKill":
+            return '{"Target": "%s", "Reason": "r"}' % ("Ann" if day == 1 else "Fay")
+        if spec.action == "SeerCheck":
+            return '{"Target": "Ben"}'
+        if spec.action == "Vote":
+            return '{"Target": "%s", "Reason": "r"}' % ("Ben" if day == 1 else "Eve")
+        return '{"Speech": "I suspect someone."}'
+    result = _run(ROOT / "examples" / "werewolf.sop.yaml", tmp_path / "ws", ScriptedModel(model))
+    assert result.status == "idle", result.error
+    assert result.state["winner"] == "villagers" and result.state["fallen"] == ["Ann", "Ben", "Fay", "Eve"]
+    assert result.state["checked"] == {"Ben": "werewolf"}
+    last = result.messages[-1]
+    assert last.cause_by == "GameOver" and "the villagers found every werewolf" in last.content
+    assert any(m.cause_by == "Night" and "The village exiled Ben, who was a werewolf" in m.content
+               for m in result.messages)
