@@ -52,6 +52,8 @@ IDEAS = {
     "data_analysis": "Which weekday has the most bike rentals, and why?",
     "code_review": "add an average() helper",
     "tutorial_assistant": "Python's asyncio for beginners",
+    "searcher": "how do small models keep quality when quantized?",
+    "debate_verdict": "Cities should ban cars from their centres",
 }
 DEFAULT_IDEA = "a command-line 2048 game"
 
