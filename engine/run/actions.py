@@ -37,6 +37,7 @@ from engine.load.spec import (
     PromptedAction,
     ReplyAction,
     ToolAction,
+    USER_REQUIREMENT,
     output_of,
 )
 from engine.models.answers import prepare_validator
@@ -209,6 +210,7 @@ def context_section(compiled: CompiledSop, action: AnsweredAction, memory: Memor
         role = compiled.spec.roles[role_id]
         window = action.memory_window or role.memory_window
         picked = visible_messages(picked, window, action.recall or role.recall, query)
+    picked = [m for m in picked if m.content or m.cause_by != USER_REQUIREMENT]   # a run started without an idea
     if not picked:
         return ""
     blocks = [f"### {m.cause_by} from {role_label(compiled, m.sent_from)}\n{m.content}" for m in picked]

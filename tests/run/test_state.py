@@ -16,7 +16,10 @@ from engine.errors import RunError
 from engine.journal.store import Journal
 from engine.models.types import CallSpec
 from engine.run.people import PersonAnswer
+from engine.run.events import RunLog
 from engine.testing import ScriptedModel, ScriptedPerson, use_model
+
+from run_helpers import ROOT
 
 DAYS = """\
 apiVersion: sop/v1
@@ -285,15 +288,19 @@ roles:
     def model(spec: CallSpec, attempt: int) -> str:
         asked.append(spec.prompt)
         return "a poem"
-    result = _run(_sop(tmp_path, text), tmp_path / "ws", ScriptedModel(model), ScriptedPerson([{"Topic": "rain"}]))
+    questions: list[str] = []
+
+    def person(question: Any) -> Any:
+        questions.append(question.prompt)
+        return {"Topic": "rain"}
+    result = _run(_sop(tmp_path, text), tmp_path / "ws", ScriptedModel(model), ScriptedPerson(person))
     assert result.status == "idle", result.error
+    assert questions == ["What should the poem be about?"]   # no empty idea shown as its context
     assert asked == ["Write a poem about rain."]
 
 
 def test_the_werewolf_example_plays_its_rules_to_a_winner(tmp_path: Path) -> None:
     """Scripted players: the wolves kill Ann, then Fay; the village exiles Ben, then Eve."""
-    from run_helpers import ROOT
-
     def model(spec: CallSpec, attempt: int) -> str:
         day = 1 if "day 1" in spec.prompt.lower() or "night 1" in spec.prompt.lower() else 2
         if spec.action == "WolfKill":
@@ -311,3 +318,22 @@ def test_the_werewolf_example_plays_its_rules_to_a_winner(tmp_path: Path) -> Non
     assert last.cause_by == "GameOver" and "the villagers found every werewolf" in last.content
     assert any(m.cause_by == "Night" and "The village exiled Ben, who was a werewolf" in m.content
                for m in result.messages)
+
+
+class _Logs:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def on_event(self, event: Any) -> None:
+        if isinstance(event, RunLog):
+            self.lines.append(event.message)
+
+
+def test_a_fake_plan_and_act_run_warns_of_no_unknown_dependency(tmp_path: Path) -> None:
+    """Issue 25's bug: every fake plan_and_act run warned of an unknown dependent task (the
+    fake model invented the ids; it leaves a list of ids empty now)."""
+    logs = _Logs()
+    result = api.run(api.load(ROOT / "examples" / "data_analysis.sop.yaml"), {"idea": "which weekday?"},
+                     api.RunOptions(workspace=tmp_path / "ws", model="fake", observers=[logs]))
+    assert result.status == "idle", result.error
+    assert not [line for line in logs.lines if "depends on unknown task" in line]
