@@ -337,3 +337,31 @@ def test_a_fake_plan_and_act_run_warns_of_no_unknown_dependency(tmp_path: Path) 
                      api.RunOptions(workspace=tmp_path / "ws", model="fake", observers=[logs]))
     assert result.status == "idle", result.error
     assert not [line for line in logs.lines if "depends on unknown task" in line]
+
+
+def test_content_can_publish_an_execs_stdout(tmp_path: Path) -> None:
+    text = """\
+apiVersion: sop/v1
+name: stdout
+actions:
+  Run:
+    kind: exec
+    command: [python, -c, "print('hello from exec')"]
+    content: "{{ out.stdout }}"
+roles:
+  Runner: {watch: [UserRequirement], actions: [Run]}
+"""
+    result = _run(_sop(tmp_path, text), tmp_path / "ws", allow_exec=True)
+    assert result.status == "idle", result.error
+    assert result.messages[-1].content == "hello from exec" and result.messages[-1].out["exit_code"] == 0
+
+
+def test_validate_names_what_a_tool_action_needs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from engine.cli.commands import main as sopctl   # the CLI, only for this test
+
+    assert sopctl(["validate", str(ROOT / "examples" / "searcher.sop.yaml")]) == 0
+    assert "needs --allow-exec: mcp server notes" in capsys.readouterr().out
+    text = TOOLS.replace("tool: editor.write\n    args: {path: \"notes/{{ inputs.idea }}.md\", content: \"# {{ inputs.idea }}\"}",
+                         "tool: terminal.run\n    args: {command: \"echo hi\"}")
+    assert sopctl(["validate", str(_sop(tmp_path, text))]) == 0
+    assert "needs --allow-exec: terminal (Save)" in capsys.readouterr().out
