@@ -365,3 +365,40 @@ def test_validate_names_what_a_tool_action_needs(tmp_path: Path, capsys: pytest.
                          "tool: terminal.run\n    args: {command: \"echo hi\"}")
     assert sopctl(["validate", str(_sop(tmp_path, text))]) == 0
     assert "needs --allow-exec: terminal (Save)" in capsys.readouterr().out
+
+
+def test_a_plan_and_act_roles_templates_read_its_plan_and_each_tasks_status(tmp_path: Path) -> None:
+    text = """\
+apiVersion: sop/v1
+name: planned
+actions:
+  Plan:
+    prompt: Plan it.
+    output:
+      tasks:
+        type: list
+        children:
+          task_id: {type: str}
+          dependent_task_ids: {type: "list[str]"}
+          instruction: {type: str}
+  Do:
+    context: none
+    prompt: "Task {{ plan.current.task_id }}; finished: {{ plan.tasks | selectattr('is_finished') | map(attribute='task_id') | join(',') }}"
+roles:
+  Worker:
+    watch: [UserRequirement]
+    react_mode: plan_and_act
+    planner: {action: Plan, task_action: Do}
+    actions: [Plan, Do]
+"""
+    prompts: list[str] = []
+
+    def model(spec: CallSpec, attempt: int) -> str:
+        if spec.action == "Plan":
+            return ('{"tasks": [{"task_id": "1", "dependent_task_ids": [], "instruction": "a"}, '
+                    '{"task_id": "2", "dependent_task_ids": ["1"], "instruction": "b"}]}')
+        prompts.append(spec.prompt)
+        return "done"
+    result = _run(_sop(tmp_path, text), tmp_path / "ws", ScriptedModel(model))
+    assert result.status == "idle", result.error
+    assert prompts == ["Task 1; finished:", "Task 2; finished: 1"]
