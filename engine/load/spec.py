@@ -377,7 +377,7 @@ class PromptedAction(ActionBase):
 
     prompt: str = Field(default="", description=(
         "The instruction to the model (or the person): a sandboxed jinja2 template. Variables: inputs, role, "
-        "msgs, news, run, plan; item/index (or the `as` name) under for_each; task in a plan's task action."))
+        "msgs, news, run, plan, state; item/index (or the `as` name) under for_each; task in a plan's task action."))
 
 
 class AnsweredAction(PromptedAction):
