@@ -15,7 +15,7 @@ import threading
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 
 from jinja2 import Undefined
 
@@ -363,7 +363,7 @@ def _for_each_items(action_id: str, action: ActionBase, variables: dict[str, Any
     value = _evaluate(action_id, "for_each", action.for_each or "", variables)
     if isinstance(value, Mapping):
         value = [{"key": k, "value": v} for k, v in value.items()]
-    elif isinstance(value, (tuple, Iterator)):
+    elif isinstance(value, Iterable) and not isinstance(value, (str, bytes, list)):   # pairs, .items()
         value = list(itertools.islice(value, MAX_FOR_EACH_ITEMS + 1))
     where = join_pointer("/actions", action_id, "for_each")
     if not isinstance(value, list):

@@ -160,6 +160,11 @@ roles:
 """
     result = _run(_sop(tmp_path, text), tmp_path / "ws")
     assert result.messages[-1].content == "Ann is the wolf\n\nBob is the seer"
+    pairs = text.replace('for_each: "state.roles"', 'for_each: "state.roles.items()"').replace(
+        "{{ item.key }} is the {{ item.value }}", "{{ item[0] }}: {{ item[1] }}")
+    result = _run(_sop(tmp_path, pairs, "p.sop.yaml"), tmp_path / "ws2")   # pairs (tuples) become lists
+    assert result.status == "idle", result.error
+    assert result.messages[-1].content == "Ann: wolf\n\nBob: seer"
 
 
 TOOLS = """\
