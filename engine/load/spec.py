@@ -335,7 +335,8 @@ class ActionBase(_Model):
         "Files written into the workspace when the action succeeds."))
     for_each: str | None = Field(default=None, description=(
         "A template giving a list: the action runs once per element (concurrently), with the element as `item` "
-        "(or the `as` name) and its position as `index`."))
+        "(or the `as` name) and its position as `index`. A mapping gives one `{key, value}` item per entry; pairs "
+        "(`.items()`, zip's) are lists, so `item[0]` reads them."))
     when: str | None = Field(default=None, description=(
         "A condition, as a jinja expression with the prompt's variables (e.g. "
         "\"{{ msgs.RunTests[-1].out.exit_code != 0 }}\"): the action runs only when it is true; otherwise it is "
