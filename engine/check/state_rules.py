@@ -30,9 +30,14 @@ a file's direct call has no loop for them (it publishes with `content`, asks wit
 
 @rule("SOP411", "SOP412")
 def state_changes(ctx: Context) -> Iterator[Diagnostic]:
-    """Every `set` names a declared state variable; a value whose type can be seen (a
-    constant, another state variable) is of the variable's type."""
+    """Every `set` names a declared state variable; a default, and a value whose type can be
+    seen (a constant, another state variable), is of the variable's type."""
     spec = ctx.spec
+    for name, var in spec.state.items():
+        if var.default is not None and not state_value_fits(var.type, var.default):
+            yield error("SOP412", f"/state/{name}/default", f"the default of state.{name} is not of its type "
+                        f"{var.type}: {var.default!r}", f"give a value of type {var.type}, or leave the default out "
+                        f"(the type's empty value)")
     for aid, action in spec.actions.items():
         for name, source in action.set_.items():
             where = f"/actions/{aid}/set/{name}"

@@ -551,12 +551,6 @@ class StateVar(_Model):
         "The value at the start of a run (default: the type's empty value: \"\", 0, 0.0, false, [], {})."))
     description: str = Field(default="", description="What the variable means (documentation).")
 
-    @model_validator(mode="after")
-    def _default_fits(self) -> StateVar:
-        if self.default is not None and not state_value_fits(self.type, self.default):
-            raise ValueError(f"the default {self.default!r} is not of type {self.type}")
-        return self
-
     def initial(self) -> Any:
         """The value at the start of a run."""
         return EMPTY_STATE[self.type]() if self.default is None else self.default
