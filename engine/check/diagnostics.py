@@ -78,8 +78,9 @@ CODES: dict[str, str] = {
     "SOP222": "`tools` on an action that has `review: human`, or that a person's role runs; `team` with no one to address, `quick_think` without `output: text` (warning: `max_steps`, `experience`, `quick_think`, `tool_top_k` or `working_memory` without `tools`)",
     "SOP223": "an MCP server named like a built-in toolset (warning: `env` or `headers` that do not apply to its transport, or `env` or a header (MCP or `search`) naming a secret)",
     "SOP224": "an `experience` path that is absolute, a URL, or leaves the SOP's folder (..)",
+    "SOP225": "a `kind: tool` action's `tool` is unknown, a whole toolset or MCP server, or a tool loop's own command (plan, team, human); or its `args` name an argument the command does not take, or lack a required one",
     # the watch graph (engine/check/watch.py)
-    "SOP301": "a cycle of activations on which no action declares `max_runs`",
+    "SOP301": "a cycle of activations on which no action declares `max_runs` (and the file sets no `team.max_rounds`)",
     "SOP302": "warning: a role no message can ever reach",
     "SOP303": "warning: an action whose output is neither kept by a role, read later, nor written as an artifact",
     "SOP304": "warning: a role watches an action whose `send_to` never delivers to it",
@@ -94,6 +95,8 @@ CODES: dict[str, str] = {
     "SOP408": "warning: `msgs.X` or `context: [X]` read messages that never reach the reading role",
     "SOP409": "a template reads `role.vars.X` that a role running its action does not declare",
     "SOP410": "`for_each` over a message's text (`.content`, or `.out` of a text or code output): never a list",
+    "SOP411": "`state.X` or `set: {X: ...}` names a state variable the file does not declare under `state:`",
+    "SOP412": "a state variable's `default`, or a `set` value (a constant, or another state variable), that is not of the variable's type",
     # run time (engine/run/): a failed run names the place in the file that failed
     "SOP501": "a template failed while running (prompt, command item, artifact path or content)",
     "SOP502": "the workspace refused an artifact (outside it, through a symlink, into `.sopctl/`, a folder, a name over 255 bytes) or could not write it",

@@ -50,10 +50,12 @@ class Cycle:
     bounds: tuple[tuple[str, int], ...]
     led_by: str = ""
     """The `team.leader`'s action on the loop, which ends it by sending no task (see `build`)."""
+    rounds: int = 0
+    """The file's own `team.max_rounds`, which bounds every loop (0: the file sets none)."""
 
     @property
     def bounded(self) -> bool:
-        return bool(self.bounds or self.led_by)
+        return bool(self.bounds or self.led_by or self.rounds)
 
     @property
     def label(self) -> str:
@@ -108,7 +110,7 @@ def build(spec: Sop) -> Any:
     """The watch graph of a spec whose references are all valid (a frozen networkx DiGraph)."""
     import networkx as nx  # ~0.3 s to import: paid only by a file whose checks reach its graph
 
-    graph = nx.DiGraph(name=spec.name)
+    graph = nx.DiGraph(name=spec.name, max_rounds=bounding_rounds(spec))
     ran_by = runners(spec)
     order = {rid: i for i, rid in enumerate(spec.roles)}
     graph.add_node(action_node(USER_REQUIREMENT), kind="action", id=USER_REQUIREMENT,
@@ -135,6 +137,13 @@ def build(spec: Sop) -> Any:
             if reach and (watched or addressed):
                 graph.add_edge(action_node(aid), role_node(rid), kind="watch" if watched else "send_to")
     return nx.freeze(graph)
+
+
+def bounding_rounds(spec: Sop) -> int:
+    """`team.max_rounds` when the file writes it: a game or a debate that goes round until
+    its rounds are spent (MetaGPT's n_round) is bounded by them, and needs no `max_runs`. The
+    default (12) bounds no loop: a file that never said how long it runs gets SOP301."""
+    return spec.team.max_rounds if "max_rounds" in spec.team.model_fields_set else 0
 
 
 def _leader_actions(spec: Sop) -> set[str]:
@@ -169,6 +178,8 @@ def unbounded_cycles(graph: nx.DiGraph) -> list[Cycle]:
     """One named cycle per group of loops that no `max_runs` bounds."""
     import networkx as nx  # ~0.3 s to import: paid only by a file whose checks reach its graph
 
+    if graph.graph.get("max_rounds"):   # the file's team.max_rounds bounds every loop
+        return []
     free = graph.subgraph(n for n, d in graph.nodes(data=True) if not (d.get("max_runs") or d.get("leads")))
     found = []
     for component in nx.strongly_connected_components(free):
@@ -195,7 +206,8 @@ def cycles(graph: nx.DiGraph, limit: int = 50) -> list[Cycle]:
         bounds = tuple((graph.nodes[n]["id"], graph.nodes[n]["max_runs"])
                        for n in loop if graph.nodes[n].get("max_runs"))
         led_by = next((graph.nodes[n]["id"] for n in loop if graph.nodes[n].get("leads")), "")
-        result.append(Cycle(nodes=_rotate(list(loop)), bounds=bounds, led_by=led_by))
+        result.append(Cycle(nodes=_rotate(list(loop)), bounds=bounds, led_by=led_by,
+                            rounds=graph.graph.get("max_rounds", 0)))
     return sorted(result, key=lambda c: c.nodes)
 
 
@@ -223,6 +235,8 @@ def bound_text(cycle: Cycle) -> str:
     bounds = [f"{aid} max_runs={n}" for aid, n in cycle.bounds]
     if cycle.led_by:
         bounds.append(f"{cycle.led_by} (team.leader) ends it")
+    if cycle.rounds and not bounds:
+        bounds.append(f"team.max_rounds={cycle.rounds}")
     return "loop, " + ", ".join(bounds)
 
 

@@ -12,6 +12,7 @@ from engine.check import (
     node_rules,
     person_rules,
     references,
+    state_rules,
     template_rules,
     tool_rules,
     watch,
@@ -22,7 +23,8 @@ __all__ = ["PHASES", "registered_codes"]
 
 PHASES: tuple[tuple[str, tuple[Rule, ...]], ...] = (
     ("references", (*references.RULES, *template_rules.REFERENCE_RULES, *person_rules.RULES,
-                    *node_rules.RULES, *memory_rules.RULES, *tool_rules.RULES)),
+                    *node_rules.RULES, *memory_rules.RULES, *tool_rules.RULES,
+                    *state_rules.RULES)),
     ("graph", watch.RULES),
     ("templates", template_rules.RULES),
 )

@@ -26,11 +26,13 @@ from engine.load.spec import (
     USER_REQUIREMENT,
     ActionSpec,
     AnsweredAction,
+    ComputeAction,
     ExecAction,
     LlmAction,
     OutputNode,
     PromptedAction,
     Sop,
+    ToolAction,
     in_engine_dir,
     is_template,
     output_of,
@@ -41,9 +43,9 @@ from engine.templates.code import expression_text
 __all__ = ["BASE_VARIABLES", "JOIN_VARIABLES", "RULES", "REFERENCE_RULES", "read_by_templates"]
 
 
-BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run", "plan"})
+BASE_VARIABLES = frozenset({"inputs", "role", "msgs", "news", "run", "plan", "state"})
 """Names every template may read (contract §3; `plan`: the role's `plan` tool, kept across
-activations, empty for a role without it)."""
+activations, empty for a role without it; `state`: the file's shared state)."""
 
 
 VARIABLE_FIELDS: dict[str, frozenset[str]] = {
@@ -55,8 +57,9 @@ VARIABLE_FIELDS: dict[str, frozenset[str]] = {
 """The fields of the mapping variables, as `run.actions.template_variables` builds them."""
 
 
-MESSAGE_FIELDS = frozenset({"content", "out", "sent_from", "cause_by", "round"})
-"""The fields of a message in `news[i]` and `msgs.X[i]` (`run.message.Message.template_view`)."""
+MESSAGE_FIELDS = frozenset({"content", "out", "sent_from", "cause_by", "round", "sent_from_name",
+                            "sent_from_profile", "send_to"})
+"""The fields of a message in `news[i]` and `msgs.X[i]` (`run.actions.message_view`)."""
 
 
 JOIN_VARIABLES = frozenset({"outs", "contents"})
@@ -114,6 +117,24 @@ def _templates(spec: Sop) -> Iterator[_Template]:
         for i, address in enumerate(action.send_to):
             if is_template(address):  # resolved per role from `role` alone, so checked exactly
                 yield _Template(aid, f"{here}/send_to/{i}", address, frozenset({"role"}))
+        yield from _shaping_templates(aid, action, frozenset(base), frozenset(per_item))
+
+
+def _shaping_templates(aid: str, action: ActionSpec, base: frozenset[str],
+                       per_item: frozenset[str]) -> Iterator[_Template]:
+    """The templates that shape what an action publishes and changes (docs/state.md): its
+    `content` (with `out`, except a compute action's, which makes the output), its `set`
+    expressions (with `out`, the items' list under for_each) and a tool action's `args`."""
+    here = f"/actions/{aid}"
+    if action.content is not None:
+        out = frozenset() if isinstance(action, ComputeAction) else frozenset({"out"})
+        yield _Template(aid, here + "/content", action.content, base | per_item | out)
+    for name, source in action.set_.items():
+        yield _Template(aid, f"{here}/set/{name}", _as_expression(source), base | {"out"})
+    if isinstance(action, ToolAction):
+        for name, value in action.args.items():
+            if isinstance(value, str):
+                yield _Template(aid, f"{here}/args/{name}", value, base | per_item)
 
 
 @dataclass
@@ -216,7 +237,7 @@ def template_syntax(ctx: Context) -> Iterator[Diagnostic]:
     for template, found in _parsed(ctx):
         if isinstance(found, Exception):
             line = _template_line(str(found))
-            expression = template.pointer.endswith(("/for_each", "/when"))
+            expression = template.pointer.endswith(("/for_each", "/when")) or "/set/" in template.pointer
             hint = ("for_each and when are one expression (what {{ }} holds), not a template: no {% %} "
                     "blocks; e.g. \"msgs.Outline[-1].out['Sections']\"") if expression else \
                 "check the {{ }} and {% %} pairs"
@@ -272,7 +293,7 @@ def for_each_lists(ctx: Context) -> Iterator[Diagnostic]:
                         f"key, e.g. msgs.{producer}[-1].out['Items']", line=whole[0][2])
 
 
-@rule("SOP402", "SOP403", "SOP404", "SOP407", "SOP408")
+@rule("SOP402", "SOP403", "SOP404", "SOP407", "SOP408", "SOP411")
 def template_references(ctx: Context) -> Iterator[Diagnostic]:
     """`inputs.X`, `msgs.X` and `out['Key']` must name declared inputs, actions and keys;
     `role.X`, `run.X` and a message's `.X` the fields those variables have."""
@@ -350,8 +371,20 @@ def _message_field(pointer: str, what: str, field_name: Any) -> Iterator[Diagnos
                     did_you_mean(field_name, fields) or f"a message's fields: {', '.join(fields)}")
 
 
+def _state_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
+    """`state.X` names a variable the file declares under `state:`."""
+    name = path[0] if path else None
+    if isinstance(name, str) and name not in _DICT_METHODS and name not in ctx.spec.state:
+        known = list(ctx.spec.state)
+        yield error("SOP411", template.pointer, f"undeclared state variable '{name}'",
+                    did_you_mean(name, known) or f"declare it under `state:` (declared: {', '.join(known) or 'none'})")
+
+
 def _out_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Diagnostic]:
-    if template.pointer.split("/")[3] != "artifacts":
+    place = template.pointer.split("/")[3]
+    if place == "set" and ctx.spec.actions[template.action].for_each:   # `out` is the items' list there
+        return
+    if place not in ("artifacts", "content", "set"):
         return
     yield from _key_rule(ctx.spec, template, template.action, ctx.spec.actions[template.action], path)
 
@@ -514,7 +547,7 @@ _ReferenceRule = Callable[[Context, _Template, list[Any]], Iterator[Diagnostic]]
 
 
 _REFERENCE_RULES: dict[str, _ReferenceRule] = {
-    "inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule, "news": _news_rule,
+    "inputs": _inputs_rule, "msgs": _msgs_rule, "out": _out_rule, "news": _news_rule, "state": _state_rule,
     **{name: partial(_fields_rule, name) for name in VARIABLE_FIELDS},
 }
 

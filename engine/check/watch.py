@@ -22,13 +22,15 @@ __all__ = ["RULES"]
 
 @rule("SOP301")
 def bounded_loops(ctx: Context) -> Iterator[Diagnostic]:
-    """Every loop of activations must pass an action with `max_runs`."""
+    """Every loop of activations must pass an action with `max_runs`, unless the file's own
+    `team.max_rounds` bounds the run (graph.bounding_rounds)."""
     for cycle in unbounded_cycles(ctx.graph):
         actions = [n.split(":", 1)[1] for n in cycle.nodes if n.startswith("action:")]
         related = tuple(Related(message=f"action '{a}' is on the loop", pointer=f"/actions/{a}")
                         for a in actions[1:])
         yield error("SOP301", f"/actions/{actions[0]}", f"unbounded cycle: {cycle.label}",
-                    f"add `max_runs: N` to an action on the loop (e.g. {actions[0]})", related=related)
+                    f"add `max_runs: N` to an action on the loop (e.g. {actions[0]}), or bound the whole run "
+                    "with `team.max_rounds: N`", related=related)
 
 
 @rule("SOP302")
@@ -55,6 +57,8 @@ def consumed(ctx: Context) -> Iterator[Diagnostic]:
         if not ran_by[aid] or writes or graph.out_degree(action_node(aid)):
             continue
         if action.kind == "reply":      # its output is a message to the person: that is its use
+            continue
+        if action.set_:                 # it changes the shared state: that is its use (docs/state.md)
             continue
         if read is None or aid in read or any(_read_later(ctx.spec, rid, aid) for rid in ran_by[aid]):
             continue

@@ -22,7 +22,16 @@ from engine.load.catalog import (
     read_experience,
     team_targets,
 )
-from engine.load.spec import ExecAction, LLMSpec, LlmAction, PromptedAction, Sop, tools_of
+from engine.load.spec import (
+    ActionSpec,
+    ExecAction,
+    LLMSpec,
+    LlmAction,
+    PromptedAction,
+    Sop,
+    ToolAction,
+    tools_of,
+)
 from engine.templates.code import expression_text
 from engine.templates.sandbox import TemplateFailure
 
@@ -101,7 +110,7 @@ def build_plan(spec: Sop, file: str) -> RunPlan:
     """The RunPlan of a checked spec; `file` (the SOP's path) locates its experience files."""
     run_by = runners(spec)
     tools = {aid: _tool_plan(spec, action, file) for aid, action in spec.actions.items()
-             if isinstance(action, LlmAction) and action.tools}
+             if tools_of(action)}
     return RunPlan(
         exec_actions=tuple(aid for aid, rids in run_by.items() if rids and spec.actions[aid].kind == "exec"),
         flags=_frozen_flags(flags_needed(spec)),
@@ -115,7 +124,7 @@ def build_plan(spec: Sop, file: str) -> RunPlan:
         templates=_templates(spec),
         llm=_llm_settings(spec),
         expressions=tuple(dict.fromkeys(expression_text(e) for a in spec.actions.values()
-                                        for e in (a.for_each, a.when) if e)),
+                                        for e in (a.for_each, a.when, *a.set_.values()) if e)),
     )
 
 
@@ -127,7 +136,8 @@ def _templates(spec: Sop) -> tuple[str, ...]:
         command = action.command if isinstance(action, ExecAction) else []
         prompt = action.prompt if isinstance(action, PromptedAction) else ""
         system = (action.system or "") if isinstance(action, LlmAction) else ""
-        found += [prompt, system, *joined, *command,
+        args = [v for v in action.args.values() if isinstance(v, str)] if isinstance(action, ToolAction) else []
+        found += [prompt, system, *joined, *command, action.content or "", *args,
                   *(text for a in action.artifacts for text in (a.path, a.content))]
     return tuple(dict.fromkeys(text for text in found if "{" in text or "\r" in text))
 
@@ -161,11 +171,12 @@ def _servers(spec: Sop) -> dict[str, frozenset[str] | None]:
     return used
 
 
-def _tool_plan(spec: Sop, action: LlmAction, file: str) -> ToolPlan:
-    commands, servers = expand_tools(spec, action.tools)
+def _tool_plan(spec: Sop, action: ActionSpec, file: str) -> ToolPlan:
+    commands, servers = expand_tools(spec, tools_of(action))
     named = {server: None if tools is None else tuple(tools) for server, tools in servers.items()}
+    experience = action.experience if isinstance(action, LlmAction) else []
     return ToolPlan(commands=tuple(commands), servers=named,
-                    experience=tuple(_experience(file, rel) for rel in action.experience))
+                    experience=tuple(_experience(file, rel) for rel in experience))
 
 
 def _experience(file: str, rel: str) -> Experience:

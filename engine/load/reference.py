@@ -144,7 +144,7 @@ def glance_table(document: dict[str, Any]) -> str:
     lines = ["| where | keys |", "|---|---|"]
     for where, node, left_out in rows:
         keys = [_glance_key(key, prop, defs, node) for key, prop in node["properties"].items() if key not in left_out]
-        lines.append(f"| {where} | {', '.join(keys)} |")
+        lines.append(f"| {where} | {', '.join(keys) or '(only the keys of every kind)'} |")
     return "\n".join(lines) + "\n"
 
 

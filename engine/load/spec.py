@@ -19,7 +19,7 @@ __all__ = ["ACTION_ID", "ROLE_ID", "USER_REQUIREMENT", "SPECIAL_ADDRESSES", "Inp
            "TeamSpec", "OutputNode", "ReviseSpec", "RecallSpec", "CodeOutput", "Output", "ArtifactSpec", "ActionSpec",
            "JoinSpec", "McpServerSpec", "SearchSpec", "PlannerSpec", "RoleSpec", "Sop", "ENGINE_DIR", "in_engine_dir", "is_template",
            "VAR_NAME", "Absent", "Branch", "enum_docs", "LlmAction", "ExecAction", "AskAction",
-           "ReplyAction", "ActionBase", "PromptedAction", "AnsweredAction", "action_kind", "output_of", "tools_of",
+           "ReplyAction", "ComputeAction", "ToolAction", "StateVar", "state_value_fits", "EMPTY_STATE", "ActionBase", "PromptedAction", "AnsweredAction", "action_kind", "output_of", "tools_of",
            "retries_of", "DEFAULT_RETRIES"]
 
 
@@ -296,13 +296,16 @@ KIND_DOCS = enum_docs(
     llm="One LLM call filling the output (the default when `kind` is absent); with `tools`, a tool loop.",
     exec="Run `command` in the workspace (needs --allow-exec).",
     ask="Ask a person the rendered `prompt`, answered against `output`.",
-    reply="Send the rendered `prompt` to the person as a message (shown live, journaled; no answer).")
+    reply="Send the rendered `prompt` to the person as a message (shown live, journaled; no answer).",
+    compute="Publish the rendered `content` (and apply `set`) without a model or a person.",
+    tool="Call one built-in or MCP `tool` with templated `args`, gated and journaled like a tool loop's call.")
 
 
 KIND_DESCRIPTION = (
     "`llm` (default): one LLM call; `exec`: run `command` in the workspace (needs --allow-exec); `ask`: ask a "
     "person the rendered `prompt`, answered against `output`; `reply`: send the rendered `prompt` to the person "
-    "as a message (shown live, journaled; no answer). Each kind has its own keys.")
+    "as a message (shown live, journaled; no answer); `compute`: publish the rendered `content` without a model; "
+    "`tool`: call one `tool` with templated `args`. Each kind has its own keys.")
 
 
 DEFAULT_RETRIES = 2
@@ -332,7 +335,8 @@ class ActionBase(_Model):
         "Files written into the workspace when the action succeeds."))
     for_each: str | None = Field(default=None, description=(
         "A template giving a list: the action runs once per element (concurrently), with the element as `item` "
-        "(or the `as` name) and its position as `index`."))
+        "(or the `as` name) and its position as `index`. A mapping gives one `{key, value}` item per entry; pairs "
+        "(`.items()`, zip's) are lists, so `item[0]` reads them."))
     when: str | None = Field(default=None, description=(
         "A condition, as a jinja expression with the prompt's variables (e.g. "
         "\"{{ msgs.RunTests[-1].out.exit_code != 0 }}\"): the action runs only when it is true; otherwise it is "
@@ -346,6 +350,16 @@ class ActionBase(_Model):
     max_runs: int | None = Field(default=None, ge=1, description=(
         "Most times this action may run in one run, counted per role (two roles that share it may each run it "
         "N times): declares a loop through it bounded."))
+    content: str | None = Field(default=None, description=(
+        "The published message's text, as a template rendered after the action acted: its variables plus `out` "
+        "(e.g. \"{{ out.RESPONSE }}\" publishes one field of the output tree, \"{{ out.stdout }}\" an exec's "
+        "stdout). Default: the whole output (JSON for a tree). `out` stays the whole output. Under for_each, "
+        "per item."))
+    set_: dict[VarName, NonEmpty] = Field(default_factory=dict, alias="set", description=(
+        "Shared state to change after the action acted: variable (declared under the file's `state`) -> a jinja "
+        "expression (braces optional) with the templates' variables plus `out` (a list under for_each), e.g. "
+        "`day: \"state.day + 1\"`. Every expression reads the state as it was before; the values must fit the "
+        "variables' types. The role sees them at once, the others from the next round."))
     publish: Literal["last", "each"] = Field(default="last", json_schema_extra=enum_docs(
         last="Only the activation's last message is published (default, as MetaGPT).",
         each="Every message this action makes is published."), description=(
@@ -364,7 +378,7 @@ class PromptedAction(ActionBase):
 
     prompt: str = Field(default="", description=(
         "The instruction to the model (or the person): a sandboxed jinja2 template. Variables: inputs, role, "
-        "msgs, news, run, plan; item/index (or the `as` name) under for_each; task in a plan's task action."))
+        "msgs, news, run, plan, state; item/index (or the `as` name) under for_each; task in a plan's task action."))
 
 
 class AnsweredAction(PromptedAction):
@@ -487,6 +501,73 @@ class ReplyAction(PromptedAction):
         "`reply`: send the rendered `prompt` to the person as a message (shown live, journaled; no answer)."))
 
 
+class ComputeAction(ActionBase):
+    """`kind: compute`: a message computed from templates, without a model or a person
+    (MetaGPT's code that publishes a verdict, a summary, a moderator's announcement); with
+    `set`, a step of the shared state. Its `out` is the rendered `content`."""
+
+    model_config = ConfigDict(title="Action (kind compute)")
+
+    kind: Literal["compute"] = Field(description=(
+        "`compute`: publish the rendered `content` (and apply `set`) without a model or a person."))
+
+
+class ToolAction(ActionBase):
+    """`kind: tool`: one call of a built-in command or an MCP server's tool, made by the file
+    (MetaGPT's code calling search, browse, OCR) with templated arguments: no model chooses
+    them. Gated (--allow-exec, --allow-host, --allow-network), journaled and reused on resume
+    and replay exactly as the same call in a tool loop. Its `out` is the result (parsed when
+    it is JSON), its message the result's text."""
+
+    model_config = ConfigDict(title="Action (kind tool)")
+
+    kind: Literal["tool"] = Field(description=(
+        "`tool`: call one built-in or MCP `tool` with templated `args`, gated and journaled like a tool loop's "
+        "call."))
+    tool: NonEmpty = Field(description=(
+        "The command to call: a built-in command (e.g. `search.query`, `editor.read`, `terminal.run`, "
+        "`browser.goto`) or `mcp.<server>.<tool>` for a server declared under `mcp`."))
+    args: dict[NonEmpty, Any] = Field(default_factory=dict, description=(
+        "The command's arguments: each string is a template (the prompt's variables), rendered, and parsed as "
+        "JSON when the command's schema wants a number, boolean, list or object; other values are passed as "
+        "written."))
+    on_error: Literal["fail", "continue"] = Field(default="fail", json_schema_extra=enum_docs(**{
+        "fail": "A failed call fails the action (default).",
+        "continue": "The error text is the output, and the run goes on."}), description=(
+        "What a failed call does: `fail` (default) fails the action, as a failed exec step does; `continue` makes "
+        "the error text its output (`out` is then `{error: TEXT}`) and the run goes on."))
+
+
+class StateVar(_Model):
+    """One variable of the file's shared state (MetaGPT's Environment state: a game's day,
+    who is alive, the attempts so far): typed, with a default, set by actions' `set`,
+    read by every template and `when` as `state.NAME`, journaled and restored on resume."""
+
+    model_config = ConfigDict(title="State variable")
+
+    type: Literal["str", "int", "float", "bool", "list", "dict"] = Field(default="str", description=(
+        "The value's type (default str): every `set` must give a value of it (an int is a float too)."))
+    default: Any = Field(default=None, description=(
+        "The value at the start of a run (default: the type's empty value: \"\", 0, 0.0, false, [], {})."))
+    description: str = Field(default="", description="What the variable means (documentation).")
+
+    def initial(self) -> Any:
+        """The value at the start of a run."""
+        return EMPTY_STATE[self.type]() if self.default is None else self.default
+
+
+EMPTY_STATE: dict[str, Any] = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}
+
+
+def state_value_fits(type_: str, value: Any) -> bool:
+    """Whether a value is of a state variable's type (bool is not an int; an int is a float)."""
+    if type_ == "float":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if type_ == "int":
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, EMPTY_STATE[type_])
+
+
 def action_kind(value: Any) -> str | None:
     """The union's discriminator: an action's `kind`, `llm` when the key is absent."""
     if isinstance(value, dict):
@@ -505,7 +586,8 @@ class _ActionDoc:
                 "description": KIND_DESCRIPTION, **KIND_DOCS}
         return {"title": "Action", "description": (
                     "What a role can do: an LLM call (`kind: llm`, the default), a command (`exec`), a question to a "
-                    "person (`ask`) or a message to the person (`reply`); each kind has its own keys."),
+                    "person (`ask`), a message to the person (`reply`), a computed message (`compute`) or one "
+                    "tool call (`tool`); each kind has its own keys."),
                 "type": "object", "properties": {"kind": kind}, "oneOf": branches["oneOf"],
                 "dependentSchemas": {"join": {"required": ["for_each"], "properties": {"for_each": {
                     "type": "string", "description": "`join` needs `for_each`: it joins the items' outputs."}}}}}
@@ -513,10 +595,12 @@ class _ActionDoc:
 
 ActionSpec = Annotated[
     Annotated[LlmAction, Tag("llm")] | Annotated[ExecAction, Tag("exec")]
-    | Annotated[AskAction, Tag("ask")] | Annotated[ReplyAction, Tag("reply")],
+    | Annotated[AskAction, Tag("ask")] | Annotated[ReplyAction, Tag("reply")]
+    | Annotated[ComputeAction, Tag("compute")] | Annotated[ToolAction, Tag("tool")],
     Discriminator(action_kind), _ActionDoc(),
 ]
-"""An action of any kind; narrow it with `isinstance` (LlmAction, ExecAction, AskAction, ReplyAction)."""
+"""An action of any kind; narrow it with `isinstance` (LlmAction, ExecAction, AskAction, ReplyAction,
+ComputeAction, ToolAction)."""
 
 
 def output_of(action: ActionBase) -> Output:
@@ -526,7 +610,10 @@ def output_of(action: ActionBase) -> Output:
 
 
 def tools_of(action: ActionBase) -> list[str]:
-    """The tools an action's model may call (only kind llm has `tools`)."""
+    """The tools an action calls: a model's in a loop (kind llm's `tools`), or the file's own
+    call (kind tool's `tool`), so that the flags, servers and extras they need are the same."""
+    if isinstance(action, ToolAction):
+        return [action.tool]
     return action.tools if isinstance(action, LlmAction) else []
 
 
@@ -726,6 +813,9 @@ class Sop(_Model):
             "MCP servers, by name ([a-z][a-z0-9_]*), that actions name in `tools` as `mcp.<name>`."))
     search: Annotated[SearchSpec | None, Absent()] = Field(default=None, description=(
         "The search endpoint of the `search` tool (`search.query`): an HTTP GET answered with JSON results."))
+    state: dict[VarName, StateVar] = Field(default_factory=dict, description=(
+        "Shared state (MetaGPT's Environment state), by name: typed variables that actions change with `set` and "
+        "every template and `when` reads as `state.NAME`; journaled, so a resume and a replay restore it."))
 
     def role_name(self, role_id: str) -> str:
         return self.roles[role_id].name or role_id

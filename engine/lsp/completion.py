@@ -199,8 +199,8 @@ def _template(expression: str, where: tuple[str, ...], data: dict[str, Any]) -> 
         yield from _output_keys(data, aid, _SUBSCRIPT.findall(match.group(1)))
     elif re.search(r"(?<![\w.])msgs\s*\.\s*\w*$", expression):
         yield from _actions(data, idea=True)
-    elif re.search(r"(?<![\w.])inputs\s*\.\s*\w*$", expression):
-        for name, spec in _section(data, "inputs").items():
+    elif (match := re.search(r"(?<![\w.])(inputs|state)\s*\.\s*\w*$", expression)) is not None:
+        for name, spec in _section(data, match.group(1)).items():   # declared inputs, state variables
             doc = spec.get("description", "") if isinstance(spec, dict) else ""
             yield name, types.CompletionItemKind.Variable, doc
     elif re.search(r"(?<![\w.])role\s*\.\s*vars\s*\.\s*\w*$", expression):
@@ -224,6 +224,7 @@ _VARIABLE_DOCS = {
     "run": "id, round", "plan": "the role's plan: status, tasks, current", "out": "the action's parsed output",
     "outs": "the items' outputs", "contents": "the items' texts", "task": "the task of a plan",
     "index": "the item's position under for_each",
+    "state": "the file's shared state, by variable (`state:`)",
 }
 
 
@@ -239,8 +240,8 @@ def _variables(where: tuple[str, ...], data: dict[str, Any]) -> list[str]:
     found = set(BASE_VARIABLES)
     if action.get("for_each") and field not in ("for_each", "when", "join"):
         found |= {str(action.get("as", "item")), "index"}
-    if field == "artifacts":
-        found.add("out")
+    if field in ("artifacts", "set") or (field == "content" and action.get("kind") != "compute"):
+        found.add("out")   # a compute action's content makes its output
     if field == "join":
         found |= JOIN_VARIABLES
     if where[1] in _task_actions(data):

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import threading
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 
 from jinja2 import Undefined
 
@@ -29,10 +30,14 @@ from engine.load.spec import (
     ActionBase,
     AnsweredAction,
     CodeOutput,
+    ComputeAction,
     ExecAction,
     JoinSpec,
     LlmAction,
+    PromptedAction,
     ReplyAction,
+    ToolAction,
+    USER_REQUIREMENT,
     output_of,
 )
 from engine.models.answers import prepare_validator
@@ -58,6 +63,7 @@ from engine.run.people import (
     tell_person,
 )
 from engine.run.sessions import Sessions
+from engine.run.state import SharedState, checked_value
 from engine.run.workspace import Workspace, WorkspaceError, WrittenFile
 
 if TYPE_CHECKING:   # rolestate imports the toolsets, which import this module
@@ -66,7 +72,7 @@ if TYPE_CHECKING:   # rolestate imports the toolsets, which import this module
 __all__ = ["MAX_FOR_EACH_ITEMS", "RunContext", "ToolEffects", "ActionResult", "role_prefix", "role_label", "context_section",
            "template_variables", "execute_action", "action_applies", "gather_or_cancel",
            "call_gateway", "used_actions", "ask_human", "can_ask_human", "reply_to_human", "at_place",
-           "NoOutput"]
+           "NoOutput", "message_view"]
 
 
 MAX_FOR_EACH_ITEMS = 1000
@@ -123,6 +129,10 @@ class RunContext:
     """The run's browser, one page per role, started at the first browser command (tools/browser.py)."""
     role_states: dict[str, RoleState] = field(default_factory=dict)
     """Each role's plan and working memory across activations (engine/run/rolestate.py)."""
+    shared: SharedState | None = None
+    """The file's `state:` (engine/run/state.py; the Team makes it); None: no state declared."""
+    direct_tool: Callable[..., Awaitable[tuple[Any, str]]] | None = None
+    """Runs a `kind: tool` action's call (engine/run/direct_tools.py; the Team plugs it in)."""
 
 
 @dataclass
@@ -153,6 +163,8 @@ class ActionResult:
     artifacts: list[WrittenFile] = field(default_factory=list)
     messages: list[tuple[str, str]] = field(default_factory=list)
     """Sent with the `team` tool: (content, role id), published before the action's message."""
+    shared: dict[str, Any] = field(default_factory=dict)
+    """The action's `set`: state variable -> its new value (checked), applied after it acted."""
 
 
 def used_actions(compiled: CompiledSop) -> set[str]:
@@ -198,6 +210,7 @@ def context_section(compiled: CompiledSop, action: AnsweredAction, memory: Memor
         role = compiled.spec.roles[role_id]
         window = action.memory_window or role.memory_window
         picked = visible_messages(picked, window, action.recall or role.recall, query)
+    picked = [m for m in picked if m.content or m.cause_by != USER_REQUIREMENT]   # a run started without an idea
     if not picked:
         return ""
     blocks = [f"### {m.cause_by} from {role_label(compiled, m.sent_from)}\n{m.content}" for m in picked]
@@ -211,16 +224,28 @@ def template_variables(ctx: RunContext, role_id: str, memory: Memory, news: Sequ
     msgs: dict[str, list[dict[str, Any]]] = {aid: [] for aid in spec.actions}
     msgs.setdefault("UserRequirement", [])
     for message in memory.get():
-        msgs.setdefault(message.cause_by, []).append(message.template_view())
+        msgs.setdefault(message.cause_by, []).append(message_view(ctx.compiled, message))
     state = ctx.role_states.get(role_id)
     return {
         "inputs": dict(ctx.inputs),
         "role": spec.role_view(role_id),
         "msgs": msgs,
-        "news": [m.template_view() for m in news],
+        "news": [message_view(ctx.compiled, m) for m in news],
         "run": {"id": ctx.run_id, "round": round_},
         "plan": plan_view(state.plan.tasks if state is not None else []),
+        "state": ctx.shared.view(role_id) if ctx.shared is not None else {},
     }
+
+
+def message_view(compiled: CompiledSop, message: Message) -> dict[str, Any]:
+    """A message as templates read it: its own fields, and who sent it by name and profile
+    (MetaGPT's `sent_from` is the sender's name; ours is the id, so both are given)."""
+    spec = compiled.spec
+    sender = spec.role_at(message.sent_from)
+    name = spec.role_name(sender) if sender is not None else message.sent_from
+    profile = spec.roles[sender].profile if sender is not None else ""
+    return {**message.template_view(), "sent_from_name": name, "sent_from_profile": profile,
+            "send_to": sorted(message.send_to)}
 
 
 async def gather_or_cancel(coros: Sequence[Awaitable[Any]]) -> list[Any]:
@@ -249,7 +274,8 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
                                            key, effects)
         written = [] if effects.unfinished else _write_artifacts(action_id, action, ctx.workspace,
                                                                  {**variables, "out": out})
-        return ActionResult(content, out, effects.files + written, effects.messages)
+        return ActionResult(content, out, effects.files + written, effects.messages,
+                            _shared_changes(ctx, action_id, action, {**variables, "out": out}))
     items = _for_each_items(action_id, action, variables)
     if not items:
         ctx.emit(RunLog(round=round_, level="warning", role=role_id, action=action_id,
@@ -278,10 +304,29 @@ async def execute_action(ctx: RunContext, role_id: str, action_id: str, memory: 
                                   {**variables, action.as_: item, "index": index, "out": out})
     outs = [o for o, _ in results]
     files = effects.files + files
+    shared = _shared_changes(ctx, action_id, action, {**variables, "out": outs})
     if action.join is None:
-        return ActionResult("\n\n".join(c for _, c in results), outs, files, effects.messages)
+        return ActionResult("\n\n".join(c for _, c in results), outs, files, effects.messages, shared)
     content, joined = _join(ctx, action_id, action.join, variables, outs, [c for _, c in results])
-    return ActionResult(content, outs, files + joined, effects.messages)
+    return ActionResult(content, outs, files + joined, effects.messages, shared)
+
+
+def _shared_changes(ctx: RunContext, action_id: str, action: ActionBase,
+                    variables: dict[str, Any]) -> dict[str, Any]:
+    """The action's `set`: each expression evaluated against the state before the action (so
+    their order does not matter), each value checked against its variable's type."""
+    return {name: checked_value(ctx.compiled.spec, action_id, name,
+                                _evaluate(action_id, f"set/{name}", source, variables))
+            for name, source in action.set_.items()}
+
+
+def _message_content(action_id: str, action: ActionBase, variables: dict[str, Any], out: Any,
+                     content: str) -> str:
+    """The message's text: the action's `content` template rendered with `out`, else `content`."""
+    if action.content is None:
+        return content
+    where = join_pointer("/actions", action_id, "content")
+    return _render(action_id, action.content, {**variables, "out": out}, where, "content").strip()
 
 
 def _join(ctx: RunContext, action_id: str, join: JoinSpec, variables: dict[str, Any], outs: list[Any],
@@ -312,15 +357,21 @@ def _render(action_id: str, source: str, variables: dict[str, Any], pointer: str
 
 
 def _for_each_items(action_id: str, action: ActionBase, variables: dict[str, Any]) -> list[Any]:
-    """Evaluate the `for_each` expression in the sandbox; the value must be a list."""
+    """Evaluate the `for_each` expression in the sandbox; the value must be a list, or pairs:
+    a mapping gives one `{key, value}` item per entry (in order), and the pairs `zip` or
+    `enumerate` make (tuples, an iterator) are lists, so `item[0]` reads them."""
     value = _evaluate(action_id, "for_each", action.for_each or "", variables)
-    if isinstance(value, tuple):
-        value = list(value)
+    if isinstance(value, Mapping):
+        value = [{"key": k, "value": v} for k, v in value.items()]
+    elif isinstance(value, Iterable) and not isinstance(value, (str, bytes, list)):   # pairs, .items()
+        value = list(itertools.islice(value, MAX_FOR_EACH_ITEMS + 1))
     where = join_pointer("/actions", action_id, "for_each")
     if not isinstance(value, list):
         raise ActionFailed(action_id, f"for_each must give a list, got {type(value).__name__}",
-                           hint="point it at a list, e.g. msgs.X[-1].out['Task list']",
+                           hint="point it at a list (or a mapping: one {key, value} item per entry), e.g. "
+                                "msgs.X[-1].out['Task list']",
                            code="SOP504", pointer=where)
+    value = [list(v) if isinstance(v, tuple) else v for v in value]
     if len(value) > MAX_FOR_EACH_ITEMS:
         raise ActionFailed(action_id, f"for_each gave {len(value)} items; the limit is {MAX_FOR_EACH_ITEMS}",
                            code="SOP504", pointer=where)
@@ -353,12 +404,31 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
                     variables: dict[str, Any], round_: int, note: str, key: str,
                     effects: ToolEffects) -> tuple[Any, str]:
     action = ctx.compiled.spec.actions[action_id]
+    if isinstance(action, ComputeAction):   # no model, no person: the content is the output
+        text = _message_content(action_id, action, variables, None, "")
+        return text, text
+    out, content = await _acted(ctx, role_id, action_id, memory, variables, round_, note, key, effects)
+    if effects.unfinished:   # a tool loop without output: its message says why
+        return out, content
+    return out, _message_content(action_id, action, variables, out, content)
+
+
+async def _acted(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
+                 variables: dict[str, Any], round_: int, note: str, key: str,
+                 effects: ToolEffects) -> tuple[Any, str]:
+    """The action's output and its default message text (the whole output)."""
+    action = ctx.compiled.spec.actions[action_id]
+    if isinstance(action, ToolAction):
+        if ctx.direct_tool is None:  # the Team always plugs it in
+            raise ActionFailed(action_id, "tool actions need the run's tool caller")
+        return await ctx.direct_tool(ctx, role_id, action_id, variables, round_, key, effects)
     if isinstance(action, ExecAction):
         await durable(ctx.gateway.store)   # the answers it acts on are on disk first
         out = await run_command(action_id, action, variables, workspace=ctx.workspace,
                                 allow_exec=ctx.allow_exec, sandbox=ctx.sandbox)
         return out, exec_content(out)
     here = join_pointer("/actions", action_id)
+    assert isinstance(action, PromptedAction)   # exec, tool and compute are handled above
     prompt = _render(action_id, action.prompt, variables, f"{here}/prompt", "prompt")
     if isinstance(action, ReplyAction):   # MetaGPT's reply_to_human: a message, no answer
         text = prompt.strip()

@@ -120,6 +120,9 @@ class ActionCompleted(Event):
     state: dict[str, Any] = field(default_factory=dict)
     """A tool-using role's plan and working memory after the action (engine/run/rolestate.py):
     a resume that reuses the action restores them from here; empty for other roles."""
+    shared: dict[str, Any] = field(default_factory=dict)
+    """The shared state the action's `set` changed (variable -> value, engine/run/state.py):
+    a resume that reuses the action applies them again; empty when it sets none."""
 
 
 @dataclass(frozen=True)

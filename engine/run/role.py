@@ -31,7 +31,7 @@ from engine.run.actions import (
 from engine.run.events import ActionCompleted, ActionStarted, CompletedActions, RunLog
 from engine.run.memory import Memory
 from engine.run.message import ALL, HUMAN, Message, message_id, resolve_send_to
-from engine.run.plans import PlanError, order_plan
+from engine.run.plans import PlanError, order_plan, plan_view
 from engine.run.rolestate import RoleState
 
 __all__ = ["Role", "choice_prompt", "parse_choice", "order_plan", "PlanError"]
@@ -72,6 +72,8 @@ class Role:
         """Ids of messages sent with the `team` tool: always published (not only the last)."""
         self.state = ctx.role_states[role_id] = RoleState.for_role(spec, role_id)
         """Its plan and working memory across activations (tool loops), and a person's stop."""
+        self._planned: dict[str, Any] | None = None
+        """plan_and_act: its plan as templates read it (`plan.status`, `plan.tasks`, `plan.current`)."""
 
     # -- observe --------------------------------------------------------------------------
     def deliver(self, message: Message) -> None:
@@ -223,6 +225,7 @@ class Role:
             tid = str(task["task_id"])
             if done.get(tid) == str(task.get("instruction", "")):
                 continue  # finished before the plan was updated, and unchanged in it
+            self._planned = plan_view([_plan_entry(t, done) for t in tasks])
             error = await self._run_task(planner, task, news, made)
             if error:
                 return task, error
@@ -302,7 +305,10 @@ class Role:
         if not self._runs_left(action_id):
             self._log("info", f"{action_id} reached max_runs; skipped", action_id)
             return None
-        variables = {**template_variables(self.ctx, self.id, self.memory, news, self._round), **(extra or {})}
+        variables = template_variables(self.ctx, self.id, self.memory, news, self._round)
+        if self._planned is not None:   # plan_and_act: the plan being run, with each task's status
+            variables["plan"] = self._planned
+        variables.update(extra or {})
         if not action_applies(action_id, self.ctx.compiled.spec.actions[action_id], variables):
             self._log("info", f"{action_id} skipped: its `when` condition is false", action_id)
             return None
@@ -316,6 +322,8 @@ class Role:
                                       self._round, note, key)
         sent = [self._team_message(action_id, content, target) for content, target in result.messages]
         message = self._make_message(action_id, result.content, result.out)
+        if self.ctx.shared is not None:
+            self.ctx.shared.apply(self.id, result.shared)
         if self._direct:   # the reply to a direct chat is the user's (shown, journaled)
             reply_to_human(self.ctx, role=self.id, action=action_id, round_=self._round, text=message.content)
         for each in [*sent, message]:
@@ -325,7 +333,7 @@ class Role:
             round=self._round, role=self.id, action=action_id, key=key,
             messages=[m.to_json() for m in [*sent, message]],
             artifacts=[{"path": f.path, "sha256": f.sha256} for f in result.artifacts],
-            state=self.state.snapshot() if self.state.tools else {}))
+            state=self.state.snapshot() if self.state.tools else {}, shared=result.shared))
         return message
 
     def _make_message(self, action_id: str, content: str, out: Any) -> Message:
@@ -355,6 +363,8 @@ class Role:
         messages = [Message.from_json(m) for m in record.messages]
         if record.state:   # the plan and working memory the action left (rolestate.py)
             self.state.restore(record.state)
+        if record.shared and self.ctx.shared is not None:   # the state its `set` changed (state.py)
+            self.ctx.shared.apply(self.id, record.shared)
         self._team_sent.update(m.id for m in messages[:-1])
         for message in messages:
             self.memory.add(message)
@@ -402,6 +412,15 @@ def parse_choice(value: Any, text: str, n_choices: int) -> int:
         match = re.search(r"-?\d+", text or "")
         value = int(match.group()) if match else -1
     return value if 0 <= value < n_choices else -1
+
+
+def _plan_entry(task: dict[str, Any], done: dict[str, str]) -> dict[str, Any]:
+    """A plan_and_act task as `plan.tasks` shows it (the `plan` tool's shape): finished when it
+    ran and its instruction is unchanged."""
+    tid = str(task["task_id"])
+    return {**task, "task_id": tid, "instruction": str(task.get("instruction", "")),
+            "dependent_task_ids": [str(d) for d in task.get("dependent_task_ids") or []],
+            "is_finished": done.get(tid) == str(task.get("instruction", "")), "assignee": ""}
 
 
 def _types_note(planner: PlannerSpec) -> str:

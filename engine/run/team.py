@@ -46,6 +46,8 @@ from engine.run.options import RunOptions
 from engine.run.message import Message, user_requirement
 from engine.run.people import NoPerson, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
+from engine.run.state import SharedState
+from engine.run.direct_tools import run_direct_tool
 from engine.run.toolloop import run_tool_loop
 from engine.run.tools.browser import browser_problem
 from engine.run.workspace import Workspace
@@ -74,6 +76,8 @@ class RunResult:
     """Where a failed run failed in the SOP file (`file:line:col`), when the failure names a place."""
     waiting_for: Question | None = None
     """Status `waiting`: the question a person must answer (`sopctl answer`) before a resume."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """The shared state (the file's `state:`) at the run's end; empty when it declares none."""
 
     @property
     def history(self) -> list[dict[str, Any]]:
@@ -113,6 +117,8 @@ class RunResult:
             data["error"] = self.error
         if self.waiting_for is not None:
             data["waiting_for"] = waiting_summary(self.waiting_for.to_json())
+        if self.state:
+            data["state"] = self.state
         return data
 
 
@@ -160,7 +166,9 @@ class Team:
                               allow_exec=options.allow_exec,
                               person=options.person or NoPerson(), pool=options.pool,
                               tool_loop=run_tool_loop, allow_hosts=tuple(options.allow_hosts),
-                              allow_network=options.allow_network)
+                              allow_network=options.allow_network,
+                              shared=SharedState(compiled.spec) if compiled.spec.state else None,
+                              direct_tool=run_direct_tool)
         self.roles = [Role(rid, self.ctx) for rid in compiled.spec.roles]
         self.env = Environment(self.roles, self._emit, public_chat=compiled.spec.team.public_chat)
         self.idea_to = idea_addresses(compiled, options.send_to)
@@ -270,7 +278,7 @@ class Team:
         found = {resolve_llm(self.compiled, rid, aid, self.options.model)["model"]
                  for rid, role in spec.roles.items()
                  for aid in role.runnable_actions()
-                 if not (role.human or spec.actions[aid].kind in ("ask", "reply"))}  # a person's
+                 if not (role.human or spec.actions[aid].kind in ("ask", "reply", "compute", "tool"))}  # no model
         return sorted(found)
 
     async def run(self) -> RunResult:
@@ -352,6 +360,8 @@ class Team:
                 if not task.cancelled() and task.exception() is None:
                     for message in task.result():
                         self.env.publish(message)
+            if self.ctx.shared is not None:   # the round's state changes, in file order, as its messages
+                self.ctx.shared.commit(r.id for r in self.roles)
         failure = next((t.exception() for t in tasks if not t.cancelled() and t.exception()), None)
         if failure is not None:
             raise failure
@@ -405,4 +415,5 @@ class Team:
                          usage=self.ctx.gateway.usage, workspace=str(self.workspace.root),
                          artifacts=sorted(self._artifacts),
                          messages=list(self.env.history), error=error, diagnostic=self.failure,
-                         waiting_for=self.waiting_for)
+                         waiting_for=self.waiting_for,
+                         state=dict(self.ctx.shared.values) if self.ctx.shared is not None else {})

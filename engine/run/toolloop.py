@@ -85,7 +85,8 @@ from engine.run.tools.base import MAX_OUTPUT_CHARS
 from engine.run.tools.human import says_stop
 from engine.run.workspace import WrittenFile, sha256_text
 
-__all__ = ["TOOL", "MAX_OUTPUT_CHARS", "MAX_COMMANDS", "loop_tools", "run_tool_loop", "step_schema"]
+__all__ = ["TOOL", "MAX_OUTPUT_CHARS", "MAX_COMMANDS", "loop_tools", "run_tool_loop", "step_schema",
+           "journaled_call", "call_key", "shown_args", "action_tools"]
 
 
 TOOL = "tool"
@@ -134,6 +135,14 @@ _LOOP_STATE = ("plan.", "team.", "human.ask")
 
 def loop_tools(ctx: RunContext, role_id: str, action_id: str) -> dict[str, Tool]:
     """Every command the action offers, by name, `end` last."""
+    tools = action_tools(ctx, role_id, action_id)
+    tools[END] = Tool(END, "Finish: the args are your final answer, the action's output.",
+                      end_schema(ctx, action_id), journaled=False)
+    return tools
+
+
+def action_tools(ctx: RunContext, role_id: str, action_id: str) -> dict[str, Tool]:
+    """Every command the action's `tools` (or a `kind: tool` action's `tool`) names, by name."""
     plan = ctx.compiled.plan
     expanded = plan.tools[action_id]
     tools: dict[str, Tool] = {}
@@ -150,8 +159,6 @@ def loop_tools(ctx: RunContext, role_id: str, action_id: str) -> dict[str, Tool]
         for tool in ctx.mcp.tools(server) if ctx.mcp is not None else ():
             if named is None or tool.name[len(server) + 1:] in named:
                 tools[tool.name] = tool
-    tools[END] = Tool(END, "Finish: the args are your final answer, the action's output.",
-                      end_schema(ctx, action_id), journaled=False)
     return tools
 
 
@@ -560,64 +567,25 @@ class ToolLoop:
     # -- one command ----------------------------------------------------------------------
     async def _call(self, step: int, index: int, name: str, args: dict[str, Any]) -> Outcome:
         started = time.monotonic()
-        call = _call_key(self.key, step, index, name, args)
+        call = call_key(self.key, step, index, name, args)
         tool = self.tools.get(name)
         reused = False
         if tool is None:
             outcome = Outcome(f"command {name} not found; the commands are: {', '.join(self.tools)}", True)
         elif errors := answers.schema_errors(args, tool.args):
             outcome = Outcome("the arguments do not match the command's schema: " + "; ".join(errors), True)
-        elif tool.journaled and (stored := self._stored(call)) is not None:
-            outcome, reused = stored, True
-            self._reconcile(outcome)
-            self.builtins.restore(name, outcome)
         else:
-            if tool.journaled and self.ctx.gateway.replay:
-                raise ReplayDivergence(
-                    f"replay diverged at action {self.action_id} (role {self.role_id}): the result of "
-                    f"{name} (step {step}) is not in the journal",
-                    hint="the SOP, its inputs or the engine changed since the run was recorded")
-            if tool.journaled:   # it acts outside: the answers that asked for it are on disk first
-                await durable(self.ctx.gateway.store)
-            outcome = _capped(await self._execute(tool, args, call))
-            if tool.journaled:
-                self._record(call, outcome)
-            self._keep_files(outcome)
+            outcome, reused = await journaled_call(self.ctx, self.builtins, self.role_id, self.action_id, tool,
+                                                   args, call, f"step {step}")
+            if reused:
+                self._reconcile(outcome)
+            else:
+                self._keep_files(outcome)
         self.ctx.emit(ToolCalled(round=self.round, role=self.role_id, action=self.action_id, step=step,
-                                 tool=name, args=_shown_args(args), output=outcome.output, call=call,
+                                 tool=name, args=shown_args(args), output=outcome.output, call=call,
                                  error=outcome.error, reused=reused,
                                  seconds=round(time.monotonic() - started, 3)))
         return outcome
-
-    async def _execute(self, tool: Tool, args: dict[str, Any], call: str) -> Outcome:
-        try:
-            if tool.server is not None:
-                return await self.ctx.mcp.call(tool, args)
-            return await self.builtins.run(tool.name, args, call)
-        except ToolError as exc:
-            return Outcome(str(exc), error=True)
-        except _FATAL:
-            raise
-        except asyncio.TimeoutError:
-            return Outcome(f"{tool.name} timed out", error=True)
-        except Exception as exc:  # noqa: BLE001 - any failure of a tool is the model's to read
-            return Outcome(f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}", error=True)
-
-    def _stored(self, call: str) -> Outcome | None:
-        store = self.ctx.gateway.store
-        stored = store.lookup(call) if store is not None else None
-        if stored is None:
-            return None
-        try:
-            return Outcome.from_json(json.loads(stored.text))
-        except (ValueError, TypeError, AttributeError, RecursionError):
-            return None
-
-    def _record(self, call: str, outcome: Outcome) -> None:
-        store = self.ctx.gateway.store
-        if store is not None:   # journaled before the model sees it (or anything uses it)
-            store.record(call, self.action_id, StoredAnswer(json.dumps(outcome.to_json(), ensure_ascii=False),
-                                                            0, 0, 0.0, model=TOOL))
 
     def _reconcile(self, outcome: Outcome) -> None:
         """A journaled editor write: the file is written back if it is missing or changed."""
@@ -629,11 +597,66 @@ class ToolLoop:
                                for path, content in outcome.files.items()]
 
 
+async def journaled_call(ctx: RunContext, builtins: Builtins, role_id: str, action_id: str, tool: Tool,
+                         args: dict[str, Any], call: str, where: str) -> tuple[Outcome, bool]:
+    """One command's outcome, and whether it came from the journal: a command that acts
+    outside (journaled) is reused on resume, taken from the journal on replay (a missing one
+    is a divergence), and journaled before anything uses it. A tool loop's step and a `kind:
+    tool` action (engine/run/direct_tools.py) both call tools through here."""
+    if tool.journaled and (stored := _stored(ctx, call)) is not None:
+        builtins.restore(tool.name, stored)
+        return stored, True
+    if tool.journaled and ctx.gateway.replay:
+        raise ReplayDivergence(
+            f"replay diverged at action {action_id} (role {role_id}): the result of "
+            f"{tool.name} ({where}) is not in the journal",
+            hint="the SOP, its inputs or the engine changed since the run was recorded")
+    if tool.journaled:   # it acts outside: the answers that asked for it are on disk first
+        await durable(ctx.gateway.store)
+    outcome = _capped(await _execute(ctx, builtins, tool, args, call))
+    if tool.journaled:
+        _record(ctx, action_id, call, outcome)
+    return outcome, False
+
+
+async def _execute(ctx: RunContext, builtins: Builtins, tool: Tool, args: dict[str, Any], call: str) -> Outcome:
+    try:
+        if tool.server is not None:
+            return await ctx.mcp.call(tool, args)
+        return await builtins.run(tool.name, args, call)
+    except ToolError as exc:
+        return Outcome(str(exc), error=True)
+    except _FATAL:
+        raise
+    except asyncio.TimeoutError:
+        return Outcome(f"{tool.name} timed out", error=True)
+    except Exception as exc:  # noqa: BLE001 - any failure of a tool is the model's to read
+        return Outcome(f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}", error=True)
+
+
+def _stored(ctx: RunContext, call: str) -> Outcome | None:
+    store = ctx.gateway.store
+    stored = store.lookup(call) if store is not None else None
+    if stored is None:
+        return None
+    try:
+        return Outcome.from_json(json.loads(stored.text))
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        return None
+
+
+def _record(ctx: RunContext, action_id: str, call: str, outcome: Outcome) -> None:
+    store = ctx.gateway.store
+    if store is not None:   # journaled before the model sees it (or anything uses it)
+        store.record(call, action_id, StoredAnswer(json.dumps(outcome.to_json(), ensure_ascii=False),
+                                                   0, 0, 0.0, model=TOOL))
+
+
 def _words(text: str) -> list[str]:
     return re.findall(r"[a-z0-9]+", text.lower().replace("_", " "))
 
 
-def _call_key(action_key: str, step: int, index: int, name: str, args: dict[str, Any]) -> str:
+def call_key(action_key: str, step: int, index: int, name: str, args: dict[str, Any]) -> str:
     return sha256_text(json.dumps([TOOL, action_key, step, index, name, args], sort_keys=True,
                                   ensure_ascii=False, default=str))
 
@@ -665,7 +688,7 @@ def _within_step_limit(outputs: list[str]) -> list[str]:
     return kept
 
 
-def _shown_args(args: dict[str, Any]) -> dict[str, Any]:
+def shown_args(args: dict[str, Any]) -> dict[str, Any]:
     """A command's arguments as its ToolCalled event keeps them: a long text (a whole file
     given to editor.write) cut at MAX_OUTPUT_CHARS, so the journal does not hold the answer's
     text a second time; the answer itself, in full, is in the answers table."""

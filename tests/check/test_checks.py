@@ -126,8 +126,8 @@ def test_the_last_output_of_a_run_is_its_result() -> None:
     ("role.nmae", "role has no field 'nmae'", "did you mean 'name'?"),
     ("run.rnd", "run has no field 'rnd'", "did you mean 'round'?"),
     ("news[-1].contnet", "a message (news[...]) has no field 'contnet'", "did you mean 'content'?"),
-    ("msgs.A[0].sender", "a message (msgs.A[...]) has no field 'sender'",
-     "a message's fields: cause_by, content, out, round, sent_from"),
+    ("msgs.A[0].author", "a message (msgs.A[...]) has no field 'author'",
+     "a message's fields: cause_by, content, out, round, send_to, sent_from, sent_from_name, sent_from_profile"),
 ])
 def test_fields_of_role_run_and_messages_are_checked(expression: str, message: str, hint: str) -> None:
     (diag,) = check_text(_sop(f'  A: {{prompt: "{{{{ {expression} }}}}", {ART}}}\n')).diagnostics
@@ -231,7 +231,7 @@ def test_the_checker_knows_the_fields_a_run_gives_its_templates() -> None:
     from engine.run.message import user_requirement
 
     run = SimpleNamespace(compiled=compile_text(_sop(f"  A: {{prompt: x, {ART}}}\n")), inputs={}, run_id="r",
-                          role_states={})
+                          role_states={}, shared=None)
     variables = template_variables(run, "R", Memory(), [user_requirement("idea")], 1)  # type: ignore[arg-type]
     for name, fields in VARIABLE_FIELDS.items():
         assert set(variables[name]) - {"vars"} == fields - {"vars"}  # role.vars: from role variables

@@ -330,7 +330,7 @@ async def test_key_completion_follows_the_actions_kind(client: LanguageClient, t
     labels = await _labels(client, uri, _at(text, "kind: exec\n    ", 15))
     assert "command" in labels and "kind" not in labels and "system" not in labels
     kinds = await _labels(client, uri, _at(text, "kind: exec", 6))
-    assert kinds == ["llm", "exec", "ask", "reply"]
+    assert kinds == ["llm", "exec", "ask", "reply", "compute", "tool"]
     types_ = await _labels(client, uri, _at(text, "Title: {type: ", 14))
     assert "list[str]" in types_ and "str" in types_
 

@@ -145,7 +145,9 @@ def test_the_team_leader_is_checked_with_did_you_mean() -> None:
 
 def test_a_loop_through_the_leader_is_bounded_by_it_and_without_one_it_is_not() -> None:
     assert check_text_here(TEAM).diagnostics == ()
-    codes = [d.code for d in check_text_here(TEAM.replace("  leader: Mike\n", "")).diagnostics]
+    leaderless = TEAM.replace("  leader: Mike\n", "")
+    assert check_text_here(leaderless).diagnostics == ()   # the file's own team.max_rounds bounds it
+    codes = [d.code for d in check_text_here(leaderless.replace("  max_rounds: 24\n", "")).diagnostics]
     assert codes == ["SOP301"]
 
 

@@ -52,6 +52,9 @@ IDEAS = {
     "data_analysis": "Which weekday has the most bike rentals, and why?",
     "code_review": "add an average() helper",
     "tutorial_assistant": "Python's asyncio for beginners",
+    "searcher": "how do small models keep quality when quantized?",
+    "debate_verdict": "Cities should ban cars from their centres",
+    "write_novel": "Harry Potter in The Lord of the Rings",
 }
 DEFAULT_IDEA = "a command-line 2048 game"
 
