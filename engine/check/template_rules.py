@@ -450,7 +450,7 @@ def _address_problem(ctx: Context, known: dict[str, None], item: str, pointer: s
 
 
 def _key_rule(spec: Sop, template: _Template, aid: str, action: ActionSpec, keys: list[Any]) -> Iterator[Diagnostic]:
-    tree: Any = _EXEC_OUT if isinstance(action, ExecAction) else output_of(action)
+    tree: Any = _EXEC_OUT if isinstance(action, ExecAction) and action.output is None else output_of(action)
     if not isinstance(tree, dict) or not keys:
         return
     missing = _missing_key(tree, keys)

@@ -41,7 +41,7 @@ from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec, Price, durable
 from engine.run.events import RunEvent, RunLog
 from engine.run.experience import ExperiencePool, pooled_call
-from engine.run.exec import exec_content, run_command
+from engine.run.exec import exec_content, run_command, stdout_answer
 from engine.run.isolation import Sandbox
 from engine.run.longterm import visible_messages
 from engine.run.memory import Memory
@@ -341,8 +341,12 @@ async def _run_once(ctx: RunContext, role_id: str, action_id: str, memory: Memor
     if isinstance(action, ExecAction):
         await durable(ctx.gateway.store)   # the answers it acts on are on disk first
         out = await run_command(action_id, action, variables, workspace=ctx.workspace,
-                                allow_exec=ctx.allow_exec, sandbox=ctx.sandbox)
-        return out, exec_content(out)
+                                allow_exec=ctx.allow_exec, sandbox=ctx.sandbox, sop_file=ctx.compiled.file)
+        schema = ctx.compiled.output_schemas.get(action_id)
+        if schema is None:
+            return out, exec_content(out)
+        value = stdout_answer(action_id, out, schema)   # `output:` the stdout's JSON, validated
+        return value, content_of("json", value)
     here = join_pointer("/actions", action_id)
     prompt = _render(action_id, action.prompt, variables, f"{here}/prompt", "prompt")
     if isinstance(action, ReplyAction):   # MetaGPT's reply_to_human: a message, no answer

@@ -45,6 +45,7 @@ from engine.run.isolation import find_sandbox
 from engine.run.mcp import McpServers
 from engine.run.options import RunOptions
 from engine.run.message import Message, user_requirement
+from engine.run.input_files import copy_input_files
 from engine.run.prompts import with_role_fields
 from engine.run.people import NoPerson, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
@@ -250,6 +251,8 @@ class Team:
         The team is checked already (`check`): this starts it."""
         if self.options.isolate and self.ctx.sandbox is None:   # never run unisolated by mistake
             raise UsageError("--isolate: Team.check finds the sandbox; call it before run")
+        self.inputs = copy_input_files(self.compiled, self.inputs, self.workspace)
+        self.ctx.inputs = self.inputs
         self._warm_up()
         self._emit(self._started())
         # Anything that escapes below (KeyboardInterrupt, SystemExit) ends the run as interrupted.
