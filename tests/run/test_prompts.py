@@ -191,3 +191,25 @@ def test_exec_stdout_that_misses_the_tree_fails_located(tmp_path: Path) -> None:
     result = run_sop(compile_path(path), ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True)
     assert result.status == "failed"
     assert "SOP505" in result.error and "stdout is not the JSON object" in result.error
+
+
+# --- an output node's example ---------------------------------------------------------------
+
+def test_an_example_is_in_the_schema_and_shown_to_hosted_models_only() -> None:
+    from engine.load.outputs import output_schema
+    from engine.load.spec import OutputNode
+    from engine.models.answers import first_messages, response_format
+    from engine.models.types import CallSpec
+
+    schema = output_schema({"Files": OutputNode(type="list[str]", instruction="the files", example=["main.py"]),
+                            "examples": OutputNode(instruction="a key named examples")})
+    assert schema is not None and schema["properties"]["Files"]["examples"] == [["main.py"]]
+
+    def prompt(model: str) -> str:
+        spec = CallSpec(action="A", role="R", system="", prompt="p", kind="json", model=model, schema=schema)
+        return first_messages(spec, schema_mode=False)[-1]["content"]
+
+    assert '- "Files" (list of string): the files. Example: ["main.py"]' in prompt("openai/gpt-4o")
+    assert "Example:" not in prompt("local") and '"examples":{"type":"string"}' in prompt("local")
+    spec = CallSpec(action="A", role="R", system="", prompt="p", kind="json", model="openai/x", schema=schema)
+    assert "examples" not in response_format(spec)["json_schema"]["schema"]["properties"]["Files"]
