@@ -94,6 +94,7 @@ CODES: dict[str, str] = {
     "SOP408": "warning: `msgs.X` or `context: [X]` read messages that never reach the reading role",
     "SOP409": "a template reads `role.vars.X` that a role running its action does not declare",
     "SOP410": "`for_each` over a message's text (`.content`, or `.out` of a text or code output): never a list",
+    "SOP411": "warning: a role is woken by a message its one action never shows (not in its `context`, not read as `news` or `msgs.X`)",
     # run time (engine/run/): a failed run names the place in the file that failed
     "SOP501": "a template failed while running (prompt, command item, artifact path or content)",
     "SOP502": "the workspace refused an artifact (outside it, through a symlink, into `.sopctl/`, a folder, a name over 255 bytes) or could not write it",

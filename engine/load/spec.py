@@ -669,7 +669,8 @@ class RoleSpec(_Model):
         "The role's constraints; part of every prompt's prefix. A template, as profile."))
     desc: str = Field(default="", description=(
         "MetaGPT's Role.desc: when not empty, the whole prefix (the system prompt of the role's calls) instead of "
-        "the one made from profile, name, goal, constraints and team.env_desc. A template, as profile."))
+        "the one made from profile, name, goal, constraints and team.env_desc. A template, as profile, that may "
+        "also read role.profile, role.goal and role.constraints (rendered)."))
     vars: dict[VarName, Annotated[str | int | float | bool, Field(description="A string, number or boolean.")]] = Field(
         default_factory=dict, description=(
             "Values this role gives its actions' templates as `role.vars.NAME`, and `send_to` templates such as "
@@ -766,5 +767,5 @@ class Sop(_Model):
     def role_view(self, role_id: str) -> dict[str, Any]:
         """What templates see as `role` in an action this role runs."""
         role = self.roles[role_id]
-        return {"id": role_id, "name": self.role_name(role_id), "profile": role.profile,
-                "vars": dict(role.vars)}
+        return {"id": role_id, "name": self.role_name(role_id), "profile": role.profile, "goal": role.goal,
+                "constraints": role.constraints, "vars": dict(role.vars)}

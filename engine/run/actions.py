@@ -48,7 +48,7 @@ from engine.run.memory import Memory
 from engine.run.message import Message, content_of
 from engine.run.node import merge_parts, part_prompt, revise_output, split_schema
 from engine.run.plans import plan_view
-from engine.run.prompts import role_prefix, system_prompt
+from engine.run.prompts import role_label, role_prefix, system_prompt
 from engine.run.people import (
     NoPerson,
     Person,
@@ -159,17 +159,6 @@ class ActionResult:
 def used_actions(compiled: CompiledSop) -> set[str]:
     """Every action some role can run: its `actions` and its planner's."""
     return {aid for role in compiled.spec.roles.values() for aid in role.runnable_actions()}
-
-
-def role_label(compiled: CompiledSop, role_id: str) -> str:
-    """How prompts name a role (given by id or name): `Alice (Product Manager)`, as MetaGPT
-    names a speaker by name and profile (never by the file's id); the sender of the idea
-    stays `Human`, and `<all>` and `<none>` stay as they are."""
-    spec = compiled.spec
-    role_id = spec.role_at(role_id) or role_id
-    if role_id not in spec.roles:
-        return role_id
-    return f"{spec.role_name(role_id)} ({spec.roles[role_id].profile or role_id})"
 
 
 def context_section(compiled: CompiledSop, action: AnsweredAction, memory: Memory,

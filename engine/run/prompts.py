@@ -1,10 +1,10 @@
-"""What a role's calls say about the role: its prefix (MetaGPT's `_get_prefix`, in MetaGPT's
-words), an action's own system prompt over it, and the role fields that are templates
-(profile, goal, constraints, desc, human), rendered once when a run starts.
+"""What a role's calls say about the role: its prefix (MetaGPT's `_get_prefix`), an action's
+own system prompt over it, and the role fields that are templates (profile, goal,
+constraints, desc, human), rendered once when a run starts.
 
-MetaGPT builds the prefix as "You are a {profile}, named {name}, your goal is {goal}. the
-constraint is {constraints}. You are in {env.desc} with roles(...)."; a non-empty `desc`
-replaces it, and an action's `system_msgs` replace it for that call (`role_prefix: false`).
+MetaGPT builds the prefix from profile, name, goal, constraints and the environment; a
+non-empty `desc` replaces it (here too), and an action's `system_msgs` replace it for that
+call (here `role_prefix: false`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from engine.templates.filters import reading_beside
 from engine.templates.render import render_template
 from engine.templates.sandbox import TemplateFailure
 
-__all__ = ["ROLE_TEMPLATE_FIELDS", "role_prefix", "system_prompt", "with_role_fields", "role_field_variables"]
+__all__ = ["ROLE_TEMPLATE_FIELDS", "role_prefix", "role_label", "system_prompt", "with_role_fields", "role_field_variables"]
 
 
 ROLE_TEMPLATE_FIELDS = ("profile", "goal", "constraints", "desc")
@@ -27,24 +27,41 @@ ROLE_TEMPLATE_FIELDS = ("profile", "goal", "constraints", "desc")
 
 
 def role_prefix(compiled: CompiledSop, role_id: str) -> str:
-    """The system prompt of every call of a role: its `desc` when given, else MetaGPT's
-    PREFIX_TEMPLATE and CONSTRAINT_TEMPLATE, then the environment's description with the
-    other roles' names (only when `team.env_desc` is set, as MetaGPT: a run without it, or a
-    role alone, is told of no team)."""
+    """The system prompt of every call of a role: its `desc` when given (MetaGPT's), else
+    sopctl's wording of MetaGPT's PREFIX_TEMPLATE, CONSTRAINT_TEMPLATE and environment line:
+    the teammates are named with their profiles, as the context sections name senders, even
+    without `team.env_desc`; a role alone is told of no team. (The embedded local model's runs
+    are tuned to this wording: MetaGPT's exact words, "You are a {profile}, named {name}, your
+    goal is {goal}. the constraint is {constraints}. You are in {env_desc} with roles(...)",
+    are a `desc` away: desc reads role.profile, role.goal and role.constraints.)"""
     spec = compiled.spec
     role = spec.roles[role_id]
     if role.desc.strip():
         return role.desc.strip()
     name = spec.role_name(role_id)
-    first = f"You are a {role.profile or role_id}, named {name}"
-    parts = [f"{first}, your goal is {role.goal.strip()}." if role.goal.strip() else f"{first}."]
-    if role.constraints.strip():
-        parts.append(f"the constraint is {role.constraints.strip()}.")
-    env_desc = spec.team.env_desc.strip()
-    if env_desc:
-        others = [spec.role_name(r) for r in spec.roles if r != role_id]
-        parts.append(f"You are in {env_desc} with roles({', '.join(others)})." if others else f"You are in {env_desc}.")
+    others = [role_label(compiled, r) for r in spec.roles if r != role_id]
+    parts = [f"You are {name}, the {role.profile or role_id}" + (" of a team." if others else ".")]
+    if role.goal:
+        parts.append(f"Your goal: {role.goal}.")
+    if role.constraints:
+        parts.append(f"Keep to these constraints: {role.constraints}.")
+    where = spec.team.env_desc
+    if others:
+        parts.append(f"You work in {where or 'a team'} with {', '.join(others)}.")
+    elif where:
+        parts.append(f"You work in {where}.")
     return " ".join(parts)
+
+
+def role_label(compiled: CompiledSop, role_id: str) -> str:
+    """How prompts name a role (given by id or name): `Alice (Product Manager)`, as MetaGPT
+    names a speaker by name and profile (never by the file's id); the sender of the idea
+    stays `Human`, and `<all>` and `<none>` stay as they are."""
+    spec = compiled.spec
+    role_id = spec.role_at(role_id) or role_id
+    if role_id not in spec.roles:
+        return role_id
+    return f"{spec.role_name(role_id)} ({spec.roles[role_id].profile or role_id})"
 
 
 def system_prompt(compiled: CompiledSop, role_id: str, own: str | None, keep_prefix: bool) -> str:
@@ -58,8 +75,9 @@ def system_prompt(compiled: CompiledSop, role_id: str, own: str | None, keep_pre
 
 
 def role_field_variables(compiled: CompiledSop, role_id: str, inputs: dict[str, Any], run_id: str) -> dict[str, Any]:
-    """What a role field's template reads: the inputs, the role's id, name and vars, the run's id
-    (so that `shuffle` and `choice` give the run's own, journaled, order)."""
+    """What a role field's template reads: the inputs, the role's id, name and vars (and, in
+    `desc`, its rendered profile, goal and constraints), the run's id (so that `shuffle` and
+    `choice` give the run's own order)."""
     spec = compiled.spec
     role = spec.roles[role_id]
     return {"inputs": dict(inputs), "role": {"id": role_id, "name": spec.role_name(role_id), "vars": dict(role.vars)},
@@ -86,14 +104,14 @@ def with_role_fields(compiled: CompiledSop, inputs: dict[str, Any], run_id: str)
 def _rendered_fields(compiled: CompiledSop, rid: str, role: RoleSpec, inputs: dict[str, Any],
                      run_id: str) -> dict[str, Any]:
     update: dict[str, Any] = {}
-    variables: dict[str, Any] | None = None
-    for name in (*ROLE_TEMPLATE_FIELDS, "human"):
+    variables = role_field_variables(compiled, rid, inputs, run_id)
+    for name in (*ROLE_TEMPLATE_FIELDS, "human"):   # desc after the others: it may read them
         value = getattr(role, name)
-        if not isinstance(value, str) or not is_template(value):
-            continue
-        variables = variables or role_field_variables(compiled, rid, inputs, run_id)
-        text = _render(rid, name, value, variables).strip()
-        update[name] = _as_bool(rid, text) if name == "human" else text
+        if isinstance(value, str) and is_template(value):
+            text = _render(rid, name, value, variables).strip()
+            update[name] = _as_bool(rid, text) if name == "human" else text
+        if name in ("profile", "goal", "constraints"):
+            variables["role"][name] = update.get(name, value)
     return update
 
 

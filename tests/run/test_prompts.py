@@ -13,7 +13,7 @@ from run_helpers import default_answer, run_sop, sop_text
 
 from engine.compile.compiler import compile_path
 from engine.models.registry import choose_model
-from engine.run.prompts import role_prefix
+from engine.run.prompts import role_prefix, with_role_fields
 from engine.templates.filters import reading_beside
 from engine.templates.render import render_template
 from engine.templates.sandbox import TemplateFailure
@@ -41,18 +41,34 @@ actions:
 """
 
 
-def test_the_prefix_is_metagpts_and_one_role_is_told_of_no_team(tmp_path: Path) -> None:
+def test_a_role_alone_is_told_of_no_team(tmp_path: Path) -> None:
     model = ScriptedModel(default_answer)
     run_sop(sop_text(TEACHER.replace("team:\n  env_desc: \"{{ 'a classroom' }}\"\n", "")), model, tmp_path,
             idea="verbs", inputs={"language": "English"})
     assert model.requests[0].spec.system == (
-        "You are a English Teacher, named Lily, your goal is teach English. the constraint is answer in English.")
+        "You are Lily, the English Teacher. Your goal: teach English. Keep to these constraints: answer in English.")
 
 
-def test_env_desc_names_the_other_roles_as_metagpt_does() -> None:
+def test_env_desc_and_the_teammates_are_named() -> None:
     compiled = sop_text(TEACHER.replace("\"{{ 'a classroom' }}\"", "a classroom").replace(
         "actions:\n  Teach:", "  Pupil:\n    watch: [Teach]\n    actions: [Learn]\nactions:\n  Learn:\n    prompt: x\n  Teach:"))
-    assert role_prefix(compiled, "Pupil") == "You are a Pupil, named Pupil. You are in a classroom with roles(Lily)."
+    compiled = with_role_fields(compiled, {"language": "Chinese"}, "r1")   # as a run starts
+    assert role_prefix(compiled, "Pupil") == (
+        "You are Pupil, the Pupil of a team. You work in a classroom with Lily (Chinese Teacher).")
+    assert role_prefix(sop_text(TEACHER.replace("\"{{ 'a classroom' }}\"", "a classroom")), "Teacher").endswith(
+        "You work in a classroom.")
+
+
+METAGPT_DESC = ("You are a {{ role.profile }}, named {{ role.name }}, your goal is {{ role.goal }}. "
+                "the constraint is {{ role.constraints }}. ")
+
+
+def test_desc_gives_metagpts_own_words(tmp_path: Path) -> None:
+    text = TEACHER.replace("    name: Lily\n", f"    name: Lily\n    desc: \"{METAGPT_DESC}\"\n")
+    model = ScriptedModel(default_answer)
+    run_sop(sop_text(text), model, tmp_path, idea="verbs")
+    assert model.requests[0].spec.system == (
+        "You are a Chinese Teacher, named Lily, your goal is teach Chinese. the constraint is answer in Chinese.")
 
 
 def test_desc_replaces_the_prefix_and_role_prefix_false_drops_it(tmp_path: Path) -> None:
