@@ -52,6 +52,8 @@ IDEAS = {
     "data_analysis": "Which weekday has the most bike rentals, and why?",
     "code_review": "add an average() helper",
     "tutorial_assistant": "Python's asyncio for beginners",
+    "teacher": "Lesson 1: Hello! I am Lily. What is your name?",
+    "data_interpreter_tool": "Just call the magic function with arg1 'A' and arg2 2. Tell me the result.",
 }
 DEFAULT_IDEA = "a command-line 2048 game"
 
