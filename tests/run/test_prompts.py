@@ -13,6 +13,7 @@ from run_helpers import default_answer, run_sop, sop_text
 
 from engine.compile.compiler import compile_path
 from engine.models.registry import choose_model
+from engine.run.people import Question
 from engine.run.prompts import role_prefix, with_role_fields
 from engine.templates.filters import reading_beside
 from engine.templates.render import render_template
@@ -229,3 +230,51 @@ def test_an_example_is_in_the_schema_and_shown_to_hosted_models_only() -> None:
     assert "Example:" not in prompt("local") and '"examples":{"type":"string"}' in prompt("local")
     spec = CallSpec(action="A", role="R", system="", prompt="p", kind="json", model="openai/x", schema=schema)
     assert "examples" not in response_format(spec)["json_schema"]["schema"]["properties"]["Files"]
+
+
+def _bwrap_works() -> bool:
+    from engine.errors import RunError
+    from engine.run.isolation import find_sandbox
+
+    try:
+        find_sandbox(allow_network=False)
+    except RunError:
+        return False
+    return True
+
+
+WRITER_TOOL = """
+import json, os
+try:
+    open("written.txt", "w").write("x")
+    wrote = "yes"
+except OSError:
+    wrote = "no"
+print(json.dumps({"Total": 0, "Name": wrote}))
+"""
+
+
+@pytest.mark.skipif(not _bwrap_works(), reason="bwrap missing or cannot create namespaces here")
+def test_workdir_sop_is_read_only_under_isolate(tmp_path: Path) -> None:
+    path = _exec_sop(tmp_path, WRITER_TOOL)
+    result = run_sop(compile_path(path), ScriptedModel(default_answer), tmp_path / "ws", allow_exec=True,
+                     isolate=True)
+    assert result.status == "idle", result.error
+    assert next(m for m in result.messages if m.cause_by == "Read").out["Name"] == "no"
+    assert not (path.parent / "written.txt").exists()
+
+
+def test_a_templated_human_that_gives_true_asks_the_person(tmp_path: Path) -> None:
+    from engine.testing import ScriptedPerson
+
+    text = TEACHER.replace("  language:", "  interactive: {type: bool, default: true}\n  language:")
+    text = text.replace("    name: Lily\n", "    name: Lily\n    human: \"{{ inputs.interactive }}\"\n")
+    asked: list[str] = []
+
+    def person(question: Question) -> str:
+        asked.append(question.prompt)
+        return "a lesson"
+
+    model = ScriptedModel(default_answer)
+    result = run_sop(sop_text(text), model, tmp_path, idea="verbs", person=ScriptedPerson(person))
+    assert result.status == "idle" and model.requests == [] and asked and "Teach verbs" in asked[0]
