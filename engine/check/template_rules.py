@@ -373,7 +373,9 @@ def _msgs_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[D
         known = [USER_REQUIREMENT, *spec.actions]
         yield error("SOP407", template.pointer, f"msgs.{source}: no action '{source}'", did_you_mean(source, known))
         return
-    yield from _never_delivered(ctx, template.action, source, template.pointer, f"msgs.{source}")
+    found = _analysed(template.source)
+    guarded = isinstance(found, _Analysis) and any(n == "msgs" and p == [source] for n, p, _ in found.chains)
+    yield from _never_delivered(ctx, template.action, source, template.pointer, f"msgs.{source}", guarded)
     if len(path) > 2 and not isinstance(path[1], str):
         yield from _message_field(template.pointer, f"msgs.{source}[...]", path[2])
     if source == USER_REQUIREMENT or len(path) < 4 or path[2] != "out" or isinstance(path[1], str):
@@ -416,11 +418,15 @@ def _out_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Di
     yield from _key_rule(ctx.spec, template, template.action, ctx.spec.actions[template.action], path)
 
 
-def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what: str) -> Iterator[Diagnostic]:
+def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what: str,
+                     guarded: bool = True) -> Iterator[Diagnostic]:
     """Warn for each role running `reader` that can never remember a message of `source`.
 
     A role remembers every message delivered to it (watched or not) and its own; so
-    `msgs.X` or `context: [X]` stays empty for a role that X's `send_to` never reaches."""
+    `msgs.X` or `context: [X]` stays empty for a role that X's `send_to` never reaches. An
+    action shared by roles of which some receive X is meant to read nothing for the others
+    when its template tests `msgs.X` first (`guarded`), and a context shows them nothing:
+    then no warning (an unguarded `msgs.X[-1]` would fail for them)."""
     ran_by = _runners(ctx)
     idea = source == USER_REQUIREMENT
     if not idea and (source not in ctx.spec.actions or not ran_by.get(source)):
@@ -429,12 +435,16 @@ def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what:
     readers = ran_by.get(reader, [])
     lacking = [rid for rid in readers if rid not in ran_by.get(source, ())
                and not delivered(send, rid, ctx.spec.role_name(rid), False)[0]]
-    if len(lacking) < len(readers):
-        return   # a shared action: the roles that receive it read it, the others are meant to read nothing
+    shared = len(lacking) < len(readers)
+    if shared and guarded:
+        return   # the roles that receive it read it, the others are meant to read nothing
     for rid in lacking:
         field = "team.send_to" if idea else f"{source}'s send_to"
+        hint = f"add '{rid}' or <all> to {field}"
+        if shared:
+            hint += f", or test it first: {{{{ msgs.{source}[-1].content if msgs.{source} else '' }}}}"
         yield warning("SOP408", pointer, f"{what} is always empty for role '{rid}': '{source}' is "
-                      f"sent only to {', '.join(send)}", f"add '{rid}' or <all> to {field}")
+                      f"sent only to {', '.join(send)}", hint)
 
 
 @rule("SOP408")
