@@ -238,7 +238,7 @@ class Team:
             role.completed = journal
 
     def models(self) -> list[str]:
-        """Every model this run may call, resolved (`--model` > env > action > role > file)."""
+        """Every model this run may call, resolved (registry.choose_model: action > `--model` > env > role > file)."""
         spec = self.compiled.spec
         found = {resolve_llm(self.compiled, rid, aid, self.options.model)["model"]
                  for rid, role in spec.roles.items()
