@@ -322,7 +322,7 @@ def builtin_ids(ctx: Context) -> Iterator[Diagnostic]:
 @rule("SOP213")
 def input_defaults(ctx: Context) -> Iterator[Diagnostic]:
     """An input's default must have the input's type."""
-    kinds = {"str": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
+    kinds = {"str": (str,), "file": (str,), "int": (int,), "float": (int, float), "bool": (bool,)}
     for name, spec in ctx.spec.inputs.items():
         default = spec.default
         if default is None:

@@ -49,7 +49,7 @@ activations, empty for a role without it; `state`: the file's shared state)."""
 
 
 VARIABLE_FIELDS: dict[str, frozenset[str]] = {
-    "role": frozenset({"id", "name", "profile",
+    "role": frozenset({"id", "name", "profile", "goal", "constraints",
                        "vars"}),  # role variables: a mapping; its keys are checked per role
     "run": frozenset({"id", "round"}),
     "plan": frozenset({"status", "tasks", "current"}),
@@ -118,6 +118,7 @@ def _templates(spec: Sop) -> Iterator[_Template]:
             if is_template(address):  # resolved per role from `role` alone, so checked exactly
                 yield _Template(aid, f"{here}/send_to/{i}", address, frozenset({"role"}))
         yield from _shaping_templates(aid, action, frozenset(base), frozenset(per_item))
+    yield from _role_templates(spec)
 
 
 def _shaping_templates(aid: str, action: ActionSpec, base: frozenset[str],
@@ -135,6 +136,20 @@ def _shaping_templates(aid: str, action: ActionSpec, base: frozenset[str],
         for name, value in action.args.items():
             if isinstance(value, str):
                 yield _Template(aid, f"{here}/args/{name}", value, base | per_item)
+
+
+ROLE_FIELD_VARIABLES = frozenset({"inputs", "role", "run"})
+"""What a role's templated fields read (engine.run.prompts.role_field_variables)."""
+
+
+def _role_templates(spec: Sop) -> Iterator[_Template]:
+    """A role's profile, goal, constraints, desc and human, when they are templates: rendered
+    once when the run starts, from the inputs, the role's id, name and vars, and the run's id."""
+    for rid, role in spec.roles.items():
+        for name in ("profile", "goal", "constraints", "desc", "human"):
+            value = getattr(role, name)
+            if isinstance(value, str) and is_template(value):
+                yield _Template("", f"/roles/{rid}/{name}", value, ROLE_FIELD_VARIABLES)
 
 
 @dataclass
@@ -308,6 +323,51 @@ def template_references(ctx: Context) -> Iterator[Diagnostic]:
                 yield replace(diag, line=line)
 
 
+@rule("SOP403")
+def for_each_item_keys(ctx: Context) -> Iterator[Diagnostic]:
+    """`item.X` (or the `as` name) names a key of the list's elements, when `for_each` walks
+    a list of objects of an output tree (`msgs.Plan[-1].out['Tasks']`): a misspelt key would
+    fail only at run time, after paid calls."""
+    parsed = _parsed(ctx)
+    for template, found in parsed:
+        if isinstance(found, Exception) or not template.pointer.endswith("/for_each"):
+            continue
+        action = ctx.spec.actions[template.action]
+        element = _element_tree(ctx.spec, found)
+        if element is None:
+            continue
+        for other, seen in parsed:
+            if other.action != template.action or isinstance(seen, Exception) or other.pointer == template.pointer \
+                    or action.as_ not in other.allowed:
+                continue
+            for name, path, line in seen.chains:
+                if name != action.as_ or name in seen.stores or not path:
+                    continue
+                missing = _missing_key(element, path)
+                if missing:
+                    key, level, _ = missing
+                    yield error("SOP403", other.pointer, f"a for_each item ({action.as_}) has no key '{key}'",
+                                did_you_mean(key, list(level)) or f"its keys: {', '.join(level)}", line=line)
+
+
+def _element_tree(spec: Sop, found: _Analysis) -> dict[str, Any] | None:
+    """The keys of the elements a `for_each` of one `msgs.X[i].out[...]` chain walks, when
+    that names a list of objects of X's output tree (None otherwise: not ours to judge)."""
+    if len(found.chains) != 1 or found.filters:
+        return None
+    name, path, _ = found.chains[0]
+    if name != "msgs" or len(path) < 4 or path[2] != "out" or not isinstance(path[0], str):
+        return None
+    producer = spec.actions.get(path[0])
+    tree = output_of(producer) if producer is not None and not producer.for_each else None
+    level: Any = tree if isinstance(tree, dict) else None
+    for key in path[3:]:
+        if not isinstance(level, dict) or not isinstance(key, str) or key not in level:
+            return None
+        level = _step(level[key])
+    return level[0] if isinstance(level, tuple) else None
+
+
 def _constant(arg: Any) -> Any:
     if isinstance(arg, nodes.Const) and isinstance(arg.value, (str, int)):
         return arg.value
@@ -334,7 +394,9 @@ def _msgs_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[D
         known = [USER_REQUIREMENT, *spec.actions]
         yield error("SOP407", template.pointer, f"msgs.{source}: no action '{source}'", did_you_mean(source, known))
         return
-    yield from _never_delivered(ctx, template.action, source, template.pointer, f"msgs.{source}")
+    found = _analysed(template.source)
+    guarded = isinstance(found, _Analysis) and any(n == "msgs" and p == [source] for n, p, _ in found.chains)
+    yield from _never_delivered(ctx, template.action, source, template.pointer, f"msgs.{source}", guarded)
     if len(path) > 2 and not isinstance(path[1], str):
         yield from _message_field(template.pointer, f"msgs.{source}[...]", path[2])
     if source == USER_REQUIREMENT or len(path) < 4 or path[2] != "out" or isinstance(path[1], str):
@@ -389,22 +451,33 @@ def _out_rule(ctx: Context, template: _Template, path: list[Any]) -> Iterator[Di
     yield from _key_rule(ctx.spec, template, template.action, ctx.spec.actions[template.action], path)
 
 
-def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what: str) -> Iterator[Diagnostic]:
+def _never_delivered(ctx: Context, reader: str, source: str, pointer: str, what: str,
+                     guarded: bool = True) -> Iterator[Diagnostic]:
     """Warn for each role running `reader` that can never remember a message of `source`.
 
     A role remembers every message delivered to it (watched or not) and its own; so
-    `msgs.X` or `context: [X]` stays empty for a role that X's `send_to` never reaches."""
+    `msgs.X` or `context: [X]` stays empty for a role that X's `send_to` never reaches. An
+    action shared by roles of which some receive X is meant to read nothing for the others
+    when its template tests `msgs.X` first (`guarded`), and a context shows them nothing:
+    then no warning (an unguarded `msgs.X[-1]` would fail for them)."""
     ran_by = _runners(ctx)
     idea = source == USER_REQUIREMENT
     if not idea and (source not in ctx.spec.actions or not ran_by.get(source)):
         return
     send = list(ctx.spec.team.send_to) if idea else send_targets(ctx.spec, source)
-    for rid in ran_by.get(reader, []):
-        runs_it = rid in ran_by.get(source, ())
-        if not runs_it and not delivered(send, rid, ctx.spec.role_name(rid), runs_it)[0]:
-            field = "team.send_to" if idea else f"{source}'s send_to"
-            yield warning("SOP408", pointer, f"{what} is always empty for role '{rid}': '{source}' is "
-                          f"sent only to {', '.join(send)}", f"add '{rid}' or <all> to {field}")
+    readers = ran_by.get(reader, [])
+    lacking = [rid for rid in readers if rid not in ran_by.get(source, ())
+               and not delivered(send, rid, ctx.spec.role_name(rid), False)[0]]
+    shared = len(lacking) < len(readers)
+    if shared and guarded:
+        return   # the roles that receive it read it, the others are meant to read nothing
+    for rid in lacking:
+        field = "team.send_to" if idea else f"{source}'s send_to"
+        hint = f"add '{rid}' or <all> to {field}"
+        if shared:
+            hint += f", or test it first: {{{{ msgs.{source}[-1].content if msgs.{source} else '' }}}}"
+        yield warning("SOP408", pointer, f"{what} is always empty for role '{rid}': '{source}' is "
+                      f"sent only to {', '.join(send)}", hint)
 
 
 @rule("SOP408")
@@ -414,6 +487,42 @@ def context_reachable(ctx: Context) -> Iterator[Diagnostic]:
         if isinstance(action, AnsweredAction) and isinstance(action.context, list):
             for i, source in enumerate(action.context):
                 yield from _never_delivered(ctx, aid, source, f"/actions/{aid}/context/{i}", f"context {source}")
+
+
+@rule("SOP413")
+def wakers_shown(ctx: Context) -> Iterator[Diagnostic]:
+    """A role's one action shows the message that woke it: a role woken by X whose action's
+    `context` leaves X out and whose templates read neither `news` nor `msgs.X` runs without
+    seeing why it woke (often with an empty context)."""
+    reads: dict[str, list[_Analysis]] = {}
+    for template, found in _parsed(ctx):
+        if not isinstance(found, Exception):
+            reads.setdefault(template.action, []).append(found)
+    for rid, role in ctx.spec.roles.items():
+        if role.react_mode == "plan_and_act" or len(role.actions) > 1:
+            continue   # the model, the plan or `when` picks the step: not ours to judge
+        aid = role.actions[0]
+        action = ctx.spec.actions[aid]
+        if not isinstance(action, AnsweredAction) or action.context == "all":
+            continue
+        shown = set(action.context) if isinstance(action.context, list) else set()
+        for source in role.watch:
+            if source in shown or source in role.runnable_actions() or _reads_message(reads.get(aid, []), source):
+                continue   # its own loop (by_order's next step) is not what woke it first
+            yield warning("SOP413", f"/actions/{aid}/context", f"role '{rid}' is woken by {source}, which "
+                          f"'{aid}' never shows: its context leaves it out and its templates read neither news "
+                          f"nor msgs.{source}", f"add {source} to the context of '{aid}', or read it in the prompt "
+                          f"(news, msgs.{source})")
+
+
+def _reads_message(analyses: list[_Analysis], source: str) -> bool:
+    """Whether the templates read `source`'s messages (the idea also as `inputs.idea`)."""
+    for found in analyses:
+        if "news" in found.free or "msgs" in found.whole or (source == USER_REQUIREMENT and "inputs" in found.free):
+            return True
+        if any(name == "news" or (name == "msgs" and path and path[0] in (source, None)) for name, path, _ in found.chains):
+            return True
+    return False
 
 
 def _runners(ctx: Context) -> dict[str, list[str]]:
@@ -483,7 +592,7 @@ def _address_problem(ctx: Context, known: dict[str, None], item: str, pointer: s
 
 
 def _key_rule(spec: Sop, template: _Template, aid: str, action: ActionSpec, keys: list[Any]) -> Iterator[Diagnostic]:
-    tree: Any = _EXEC_OUT if isinstance(action, ExecAction) else output_of(action)
+    tree: Any = _EXEC_OUT if isinstance(action, ExecAction) and action.output is None else output_of(action)
     if not isinstance(tree, dict) or not keys:
         return
     missing = _missing_key(tree, keys)
@@ -561,15 +670,20 @@ def artifact_paths(ctx: Context) -> Iterator[Diagnostic]:
     never into ENGINE_DIR (an artifact there would replace the run's journal or lock)."""
     for aid, action in ctx.spec.actions.items():
         for i, artifact in enumerate(action.artifacts):
-            yield from _path_rule(f"/actions/{aid}/artifacts/{i}/path", artifact.path)
+            yield from _path_rule(f"/actions/{aid}/artifacts/{i}/path", artifact.path, "artifact path")
         if action.join is not None and action.join.path is not None:
-            yield from _path_rule(f"/actions/{aid}/join/path", action.join.path)
+            yield from _path_rule(f"/actions/{aid}/join/path", action.join.path, "join path")
 
 
-def _path_rule(pointer: str, path: str) -> Iterator[Diagnostic]:
-    problem = _path_problem(path)
+_TAG = re.compile(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", re.DOTALL)
+
+
+def _path_rule(pointer: str, path: str, what: str) -> Iterator[Diagnostic]:
+    """The path's own text, its tags aside: what a tag gives is checked when it is rendered,
+    and a backslash inside one (`'{{ out.split("\\n") | first }}'`) is the template's, not the path's."""
+    problem = _path_problem(_TAG.sub("x", path))
     if problem:
-        yield error("SOP405", pointer, f"artifact path '{path}' {problem}",
+        yield error("SOP405", pointer, f"{what} '{path}' {problem}",
                     "write a relative path inside the workspace, such as docs/prd.md")
 
 
@@ -590,7 +704,8 @@ def _path_problem(path: str) -> str:
     return ""
 
 
-RULES = (template_syntax, template_variables, template_references, for_each_lists, context_reachable, artifact_paths)
+RULES = (template_syntax, template_variables, template_references, for_each_lists, for_each_item_keys,
+         context_reachable, wakers_shown, artifact_paths)
 """This phase's rules, in the order they run."""
 
 

@@ -81,6 +81,8 @@ def node_schema(node: OutputNode) -> dict[str, Any]:
             schema = with_pattern(schema, node.pattern)
     if node.instruction:
         schema = {**schema, "description": node.instruction}
+    if node.example is not None:   # JSON Schema's annotation; the prompt shows it to hosted models only
+        schema = {**schema, "examples": [node.example]}
     return schema
 
 

@@ -164,7 +164,8 @@ def _glance_inner(prop: dict[str, Any], defs: dict[str, Any]) -> str:
         return " \\| ".join(f"`{v}`" for v in prop["enum"] if v is not None)
     for union in ("anyOf", "oneOf"):
         if union in prop:
-            return " \\| ".join(b.get("title", "") for b in prop[union])
+            titles = [b["title"] for b in prop[union] if b.get("title")]
+            return " \\| ".join(titles)   # untitled branches (a bool or a template) say nothing here
     target = prop.get("items") if prop.get("type") == "array" else prop.get("additionalProperties", prop)
     model = _target(target, defs) if isinstance(target, dict) else {}
     return ", ".join(f"`{k}`" for k in model.get("properties", {}))

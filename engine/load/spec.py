@@ -110,7 +110,12 @@ class InputSpec(_Model):
 
     model_config = ConfigDict(title="Input")
 
-    type: Literal["str", "int", "float", "bool"] = Field(default="str", description="The value's type (default str).")
+    type: Literal["str", "int", "float", "bool", "file"] = Field(default="str", json_schema_extra=enum_docs(
+        str="Text (default).", int="A whole number.", float="A number.", bool="true or false.",
+        file=("A file the user names (`--input KEY=@PATH`, or the default: a path beside the SOP): copied into "
+              "the workspace under `inputs/`, binary or not, and the value is its workspace path (for exec "
+              "commands).")), description=(
+        "The value's type (default str); `file`: a file copied into the workspace, the value its path there."))
     required: bool = Field(default=False, description="The run refuses to start without it.")
     default: Any = Field(default=None, description="Value when the run does not set it.")
     description: str = Field(default="", description="What the input means (shown by --help-style listings).")
@@ -135,7 +140,8 @@ class LLMSpec(_Model):
 
     model: str | None = Field(default=None, description=(
         "Any litellm model string (e.g. `openai/gpt-4o-mini`), or `local` / `fake`. A shared file usually "
-        "leaves it out; `--model` and `SOPCTL_MODEL` take precedence."))
+        "leaves it out. `--model` and `SOPCTL_MODEL` take precedence over the file's and a role's; an action's own "
+        "model wins over them (MetaGPT's per-action llm), except `--model fake`, which replaces every model."))
     temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling temperature, 0 to 2.")
     max_tokens: int | None = Field(default=None, ge=1, description="Upper bound on completion tokens of one call.")
     timeout_s: float | None = Field(default=None, gt=0, description=(
@@ -178,7 +184,9 @@ class OutputNode(_Model):
         "`str`, `int`, `float`, `bool`, `list[T]`, `dict[str, T]`, `enum[a|b|c]` or `optional[T]`; with "
         "`children`, leave it out for an object or write `list` for a list of objects. Default `str`."))
     instruction: str = Field(default="", description="What the model must put in this key; shown to the model.")
-    example: Any = Field(default=None, description="An example value, shown to the model next to the instruction.")
+    example: Any = Field(default=None, description=(
+        "An example value: in the answer's JSON Schema as `examples`, and shown to a hosted model beside the "
+        "instruction (the embedded `local` model is not shown it: its small model copies examples)."))
     pattern: str | None = Field(default=None, description=(
         "A regular expression every string of this node must match (each item of a list[str], each value of a "
         "dict[str, str]); it constrains the local model's grammar and is checked on every answer. RE2 syntax, "
@@ -418,6 +426,9 @@ class LlmAction(AnsweredAction):
         "This action's own system prompt (a template with the prompt's variables), sent after the role's prefix "
         "(its name, profile, goal, constraints and team) and a blank line; for an action that needs its own "
         "persona or rules."))
+    role_prefix: bool = Field(default=True, description=(
+        "false: the system prompt is this action's `system` alone, without the role's prefix (MetaGPT's "
+        "`system_msgs`, which replace the prefix). Default true: the prefix, then `system`."))
     fill: Literal["simple", "complex"] = Field(default="simple", json_schema_extra=enum_docs(
         simple="One call for the whole tree (default).",
         complex="One call per top-level key, independent keys concurrently, merged."), description=(
@@ -480,6 +491,15 @@ class ExecAction(ActionBase):
             "Names of the user's environment variables the command may see, besides PATH, HOME, LANG, LC_*, TMPDIR "
             "and TERM (all others are withheld). Names only: the values come from the user's environment, never "
             "from the file."))
+    output: Annotated[OutputTree | None, Absent()] = Field(default=None, description=(
+        "A tree of output nodes: the command's stdout is one JSON object, validated against the tree like a "
+        "model's answer, and `out` is that object (a non-zero exit, or stdout that is not such an object, fails "
+        "the action). Without it `out` is `{exit_code, stdout, stderr}`."))
+    workdir: Literal["workspace", "sop"] = Field(default="workspace", json_schema_extra=enum_docs(
+        workspace="The run's workspace (default).",
+        sop="The SOP file's own folder, read-only: a script shipped beside the SOP."), description=(
+        "Where the command runs: `workspace` (default) or `sop`, the SOP file's folder (read-only under "
+        "--isolate; the workspace's path is then in $SOPCTL_WORKSPACE)."))
 
 
 class AskAction(AnsweredAction):
@@ -604,8 +624,10 @@ ComputeAction, ToolAction)."""
 
 
 def output_of(action: ActionBase) -> Output:
-    """An action's declared `output` (`text` for exec and reply, which declare none; an exec
-    action's `out` is its fixed `{exit_code, stdout, stderr}`)."""
+    """An action's declared `output` (an exec action's tree, when it declares one; else `text`
+    for exec and reply: an exec action's `out` is then its fixed `{exit_code, stdout, stderr}`)."""
+    if isinstance(action, ExecAction):
+        return action.output if action.output is not None else "text"
     return action.output if isinstance(action, AnsweredAction) else "text"
 
 
@@ -736,16 +758,24 @@ class RoleSpec(_Model):
 
     name: str | None = Field(default=None, description=(
         "The role's address besides its id (MetaGPT name, e.g. Bob); defaults to the id."))
-    profile: str = Field(default="", description="The role's profile, e.g. Architect; part of every prompt's prefix.")
-    goal: str = Field(default="", description="The role's goal; part of every prompt's prefix.")
-    constraints: str = Field(default="", description="The role's constraints; part of every prompt's prefix.")
+    profile: str = Field(default="", description=(
+        "The role's profile, e.g. Architect; part of every prompt's prefix. A template, rendered once when the run starts, "
+        "with `inputs`, `role.id`, `role.name`, `role.vars` and `run.id`, e.g. \"{{ inputs.language }} Teacher\"."))
+    goal: str = Field(default="", description="The role's goal; part of every prompt's prefix. A template, as profile.")
+    constraints: str = Field(default="", description=(
+        "The role's constraints; part of every prompt's prefix. A template, as profile."))
+    desc: str = Field(default="", description=(
+        "MetaGPT's Role.desc: when not empty, the whole prefix (the system prompt of the role's calls) instead of "
+        "the one made from profile, name, goal, constraints and team.env_desc. A template, as profile, that may "
+        "also read role.profile, role.goal and role.constraints (rendered)."))
     vars: dict[VarName, Annotated[str | int | float | bool, Field(description="A string, number or boolean.")]] = Field(
         default_factory=dict, description=(
             "Values this role gives its actions' templates as `role.vars.NAME`, and `send_to` templates such as "
             "\"{{ role.vars.opponent }}\": roles can share one action, each with its own values. Every role running "
             "an action must declare every `role.vars.X` the action reads."))
-    human: bool = Field(default=False, description=(
-        "true = MetaGPT is_human: a person answers this role's actions instead of a model, against the same "
+    human: bool | Annotated[str, StringConstraints(pattern=r"\{[{%]")] = Field(default=False, description=(
+        "true, or a template giving true or false (e.g. \"{{ inputs.interactive }}\", rendered once when the run "
+        "starts) = MetaGPT is_human: a person answers this role's actions instead of a model, against the same "
         "output trees (on a terminal inline; otherwise the run waits for `sopctl answer`). Its react_mode must be "
         "by_order, or react with one action."))
     actions: list[Annotated[ActionId, Field(description="An action id.")]] = Field(min_length=1, description=(
@@ -837,5 +867,5 @@ class Sop(_Model):
     def role_view(self, role_id: str) -> dict[str, Any]:
         """What templates see as `role` in an action this role runs."""
         role = self.roles[role_id]
-        return {"id": role_id, "name": self.role_name(role_id), "profile": role.profile,
-                "vars": dict(role.vars)}
+        return {"id": role_id, "name": self.role_name(role_id), "profile": role.profile, "goal": role.goal,
+                "constraints": role.constraints, "vars": dict(role.vars)}

@@ -132,8 +132,9 @@ def nesting_depth(value: Any, limit: int = MAX_ANSWER_DEPTH) -> int:
 
 
 def response_format(spec: CallSpec) -> dict[str, Any]:
-    """The OpenAI-style `response_format` carrying the action's schema (structured output)."""
-    schema = spec.schema or {}
+    """The OpenAI-style `response_format` carrying the action's schema (structured output),
+    without the nodes' `examples` (an annotation structured-output modes need not accept)."""
+    schema = _per_schema(spec.schema or {}, "without examples", lambda: _without(spec.schema or {}, "examples"))
     return {
         "type": "json_schema",
         "json_schema": {"name": _schema_name(spec.action), "schema": schema, "strict": _strict_ok(schema)},
@@ -177,8 +178,17 @@ def _instructions(spec: CallSpec, schema_mode: bool) -> str:
 def _json_instructions(spec: CallSpec, schema_mode: bool) -> str:
     schema = spec.schema or {}
     mode = "schema" if schema_mode else spec.format
-    text: str = _per_schema(schema, f"instructions:{mode}", lambda: _build_json_instructions(schema, mode))
+    examples = shows_examples(spec.model)
+    text: str = _per_schema(schema, f"instructions:{mode}:{examples}",
+                            lambda: _build_json_instructions(schema, mode, examples))
     return text
+
+
+def shows_examples(model: str) -> bool:
+    """Whether the field list shows each node's `example`: not to the embedded `local` model,
+    whose 135M model copies an example instead of answering (the software company's
+    SummarizeCode then failed its schema); to every other model."""
+    return model.split("/", 1)[0] != "local"
 
 
 def _per_schema(schema: dict[str, Any], purpose: str, build: Callable[[], Any]) -> Any:
@@ -195,8 +205,8 @@ def _per_schema(schema: dict[str, Any], purpose: str, build: Callable[[], Any]) 
     return value
 
 
-def _build_json_instructions(schema: dict[str, Any], mode: str) -> str:
-    fields = field_list(schema)
+def _build_json_instructions(schema: dict[str, Any], mode: str, examples: bool = False) -> str:
+    fields = field_list(schema, examples)
     if mode == "schema":
         return f"## Answer format\nAnswer with one JSON object that fills these fields:\n{fields}"
     if mode == "markdown":
@@ -227,12 +237,13 @@ def _build_json_instructions(schema: dict[str, Any], mode: str) -> str:
     )
 
 
-def field_list(schema: dict[str, Any]) -> str:
-    """An output schema's fields as our prompts list them (`- "Key" (type): instruction`)."""
-    return "\n".join(_field_lines(schema, "")) or "- (no fields)"
+def field_list(schema: dict[str, Any], examples: bool = False) -> str:
+    """An output schema's fields as our prompts list them (`- "Key" (type): instruction`,
+    with `examples`: then ` Example: value` from the node's `examples`)."""
+    return "\n".join(_field_lines(schema, "", examples)) or "- (no fields)"
 
 
-def _field_lines(schema: dict[str, Any], path: str) -> list[str]:
+def _field_lines(schema: dict[str, Any], path: str, examples: bool = False) -> list[str]:
     """`- "Key" (type): instruction` for every property, nested ones as `Parent[].child`."""
     lines: list[str] = []
     required = set(schema.get("required", []))
@@ -240,11 +251,18 @@ def _field_lines(schema: dict[str, Any], path: str) -> list[str]:
         name = f"{path}.{key}" if path else key
         note = "" if key in required else ", optional"
         desc = f": {sub['description']}" if sub.get("description") else ""
+        if examples and sub.get("examples"):
+            stop = ":" if not desc else "" if desc[-1] in ".!?:" else "."
+            desc += f"{stop} Example: {_example_text(sub['examples'][0])}"
         lines.append(f'- "{name}" ({_type_name(sub)}{note}){desc}')
         obj, suffix = _object_of(sub)
         if obj is not None:
-            lines.extend(_field_lines(obj, name + suffix))
+            lines.extend(_field_lines(obj, name + suffix, examples))
     return lines
+
+
+def _example_text(example: Any) -> str:
+    return example if isinstance(example, str) else json.dumps(example, ensure_ascii=False)
 
 
 def _object_of(schema: dict[str, Any]) -> tuple[dict[str, Any] | None, str]:
@@ -272,10 +290,19 @@ def _type_name(schema: dict[str, Any]) -> str:
 
 
 def _without_descriptions(schema: Any) -> Any:
+    """The schema as the prompt shows it: no descriptions and examples (the field list has them)."""
+    return _without(_without(schema, "description"), "examples")
+
+
+def _without(schema: Any, keyword: str, names: bool = False) -> Any:
+    """The schema without `keyword` anywhere (`names`: a `properties` mapping, whose keys are
+    the output's own, so that a key named `examples` stays)."""
     if isinstance(schema, dict):
-        return {k: _without_descriptions(v) for k, v in schema.items() if k != "description"}
+        if names:
+            return {k: _without(v, keyword) for k, v in schema.items()}
+        return {k: _without(v, keyword, k == "properties") for k, v in schema.items() if k != keyword}
     if isinstance(schema, list):
-        return [_without_descriptions(v) for v in schema]
+        return [_without(v, keyword) for v in schema]
     return schema
 
 

@@ -19,7 +19,7 @@ from engine.models.types import CallSpec, Price, Provider, RealModelBlocked
 if TYPE_CHECKING:
     from engine.compile.compiler import CompiledSop
 
-__all__ = ["DEFAULT_MODEL", "MODEL_ENV", "choose_model", "resolve_llm", "default_model", "register_model",
+__all__ = ["DEFAULT_MODEL", "MODEL_ENV", "TEST_MODEL", "choose_model", "pinned_model", "resolve_llm", "default_model", "register_model",
            "unregister_model", "override_model", "real_models_blocked", "check_real_model_allowed"]
 
 
@@ -27,9 +27,25 @@ DEFAULT_MODEL = "local"
 MODEL_ENV = "SOPCTL_MODEL"
 
 
-def choose_model(override: str | None, declared: str | None) -> str:
-    """The rule: `--model` > $SOPCTL_MODEL > what the file declares (nearest layer) > local."""
-    return override or os.environ.get(MODEL_ENV) or declared or DEFAULT_MODEL
+TEST_MODEL = "fake"
+"""The model that replaces every other, even an action's own: a test run never calls a real one."""
+
+
+def choose_model(override: str | None, declared: str | None, pinned: str | None = None) -> str:
+    """The rule: an action's own `llm.model` (`pinned`: MetaGPT's per-action llm) > `--model`
+    > $SOPCTL_MODEL > what the file or the role declares > local; `--model fake` (or
+    SOPCTL_MODEL=fake) replaces every model, the action's too."""
+    given = override or os.environ.get(MODEL_ENV)
+    if pinned and given != TEST_MODEL:
+        return pinned
+    return given or declared or DEFAULT_MODEL
+
+
+def pinned_model(compiled: CompiledSop, action_id: str) -> str | None:
+    """The model an action names in its own `llm` (None: it leaves the choice to the run)."""
+    action = compiled.spec.actions.get(action_id)
+    llm = getattr(action, "llm", None)
+    return llm.model if llm is not None else None
 
 
 def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str, override: str | None,
@@ -40,7 +56,7 @@ def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str, override: s
     (`--price`), else the declared `llm.price`."""
     declared = compiled.plan.llm[(role_id, action_id)]
     given = declared.price
-    return {"model": choose_model(override, declared.model), "temperature": declared.temperature,
+    return {"model": choose_model(override, declared.model, pinned_model(compiled, action_id)), "temperature": declared.temperature,
             "max_tokens": declared.max_tokens, "timeout_s": declared.timeout_s,
             "price": price or (Price(given.input_per_million / 1e6, given.output_per_million / 1e6)
                                if given is not None else None)}

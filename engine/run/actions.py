@@ -46,13 +46,14 @@ from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec, Price, durable
 from engine.run.events import RunEvent, RunLog
 from engine.run.experience import ExperiencePool, pooled_call
-from engine.run.exec import exec_content, run_command
+from engine.run.exec import exec_content, run_command, stdout_answer
 from engine.run.isolation import Sandbox
 from engine.run.longterm import visible_messages
 from engine.run.memory import Memory
 from engine.run.message import Message, content_of
 from engine.run.node import merge_parts, part_prompt, revise_output, split_schema
 from engine.run.plans import plan_view
+from engine.run.prompts import role_label, role_prefix, system_prompt
 from engine.run.people import (
     NoPerson,
     Person,
@@ -170,33 +171,6 @@ class ActionResult:
 def used_actions(compiled: CompiledSop) -> set[str]:
     """Every action some role can run: its `actions` and its planner's."""
     return {aid for role in compiled.spec.roles.values() for aid in role.runnable_actions()}
-
-
-def role_prefix(compiled: CompiledSop, role_id: str) -> str:
-    """The system prompt of every call of a role (MetaGPT `_get_prefix`, our wording)."""
-    spec = compiled.spec
-    role = spec.roles[role_id]
-    name = spec.role_name(role_id)
-    parts = [f"You are {name}, the {role.profile or role_id} of a team."]
-    if role.goal:
-        parts.append(f"Your goal: {role.goal}.")
-    if role.constraints:
-        parts.append(f"Keep to these constraints: {role.constraints}.")
-    others = [role_label(compiled, r) for r in spec.roles if r != role_id]
-    where = spec.team.env_desc or "a team"
-    parts.append(f"You work in {where}" + (f" with {', '.join(others)}." if others else "."))
-    return " ".join(parts)
-
-
-def role_label(compiled: CompiledSop, role_id: str) -> str:
-    """How prompts name a role (given by id or name): `Alice (Product Manager)`, as MetaGPT
-    names a speaker by name and profile (never by the file's id); the sender of the idea
-    stays `Human`, and `<all>` and `<none>` stay as they are."""
-    spec = compiled.spec
-    role_id = spec.role_at(role_id) or role_id
-    if role_id not in spec.roles:
-        return role_id
-    return f"{spec.role_name(role_id)} ({spec.roles[role_id].profile or role_id})"
 
 
 def context_section(compiled: CompiledSop, action: AnsweredAction, memory: Memory,
@@ -425,8 +399,12 @@ async def _acted(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
     if isinstance(action, ExecAction):
         await durable(ctx.gateway.store)   # the answers it acts on are on disk first
         out = await run_command(action_id, action, variables, workspace=ctx.workspace,
-                                allow_exec=ctx.allow_exec, sandbox=ctx.sandbox)
-        return out, exec_content(out)
+                                allow_exec=ctx.allow_exec, sandbox=ctx.sandbox, sop_file=ctx.compiled.file)
+        schema = ctx.compiled.output_schemas.get(action_id)
+        if schema is None:
+            return out, exec_content(out)
+        value = stdout_answer(action_id, out, schema)   # `output:` the stdout's JSON, validated
+        return value, content_of("json", value)
     here = join_pointer("/actions", action_id)
     assert isinstance(action, PromptedAction)   # exec, tool and compute are handled above
     prompt = _render(action_id, action.prompt, variables, f"{here}/prompt", "prompt")
@@ -449,14 +427,16 @@ async def _acted(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
 
 
 def _system_prompt(ctx: RunContext, role_id: str, action_id: str, variables: dict[str, Any]) -> str:
-    """The role's prefix, then the action's own `system` text (rendered) after a blank line."""
-    system = role_prefix(ctx.compiled, role_id)
+    """The role's prefix, then the action's own `system` text (rendered) after a blank line;
+    the action's text alone when it sets `role_prefix: false` (MetaGPT's system_msgs)."""
     action = ctx.compiled.spec.actions[action_id]
-    if isinstance(action, LlmAction) and action.system is not None:
+    if not isinstance(action, LlmAction):
+        return role_prefix(ctx.compiled, role_id)
+    own = None
+    if action.system is not None:
         here = join_pointer("/actions", action_id, "system")
-        own = _render(action_id, action.system, variables, here, "system").strip()
-        system = f"{system}\n\n{own}" if own else system
-    return system
+        own = _render(action_id, action.system, variables, here, "system")
+    return system_prompt(ctx.compiled, role_id, own, action.role_prefix)
 
 
 def _code_lang(action: ActionBase) -> str | None:
@@ -517,7 +497,8 @@ async def _filled(ctx: RunContext, role_id: str, action_id: str, prompt: str, sy
 
 def model_call(ctx: RunContext, role_id: str, action_id: str, round_: int, **request: Any) -> CallSpec:
     """One of the action's model calls: its model and settings as resolved for the role
-    (`--model` > env > action > role > file; `--price` for an unpriced model), plus `request`
+    (an action's own model > `--model` > env > role > file, `--model fake` over all:
+    registry.choose_model; `--price` for an unpriced model), plus `request`
     (system, prompt, kind, schema...)."""
     llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override, ctx.price)
     return CallSpec(action=action_id, role=role_id, model=llm["model"], temperature=llm["temperature"],

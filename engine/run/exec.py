@@ -22,14 +22,20 @@ from typing import Any
 from engine.templates.render import render_template
 from engine.templates.sandbox import TemplateFailure
 from engine.errors import ActionFailed
+from engine.load.outputs import with_absent_as_null
+from engine.models import answers
 from engine.load.source import join_pointer
 from engine.load.spec import ExecAction
 from engine.run.isolation import Sandbox
 from engine.run.reaper import MARK_ENV, reap, session_leaders_below, subreaper
 from engine.run.workspace import Workspace
 
-__all__ = ["interrupt_group", "MAX_STREAM_BYTES", "CHILD_ENV_ALLOWED", "child_env", "run_command", "run_argv", "exec_content",
+__all__ = ["WORKSPACE_ENV", "stdout_answer", "sop_folder", "interrupt_group", "MAX_STREAM_BYTES", "CHILD_ENV_ALLOWED", "child_env", "run_command", "run_argv", "exec_content",
            "start_process", "program_path", "kill_group"]
+
+
+WORKSPACE_ENV = "SOPCTL_WORKSPACE"
+"""The workspace's path, in every command's environment (for a command run in the SOP's folder)."""
 
 
 MAX_STREAM_BYTES = 64 * 1024
@@ -37,38 +43,49 @@ MAX_STREAM_BYTES = 64 * 1024
 
 
 async def run_command(action_id: str, action: ExecAction, variables: dict[str, Any], *,
-                      workspace: Workspace, allow_exec: bool, sandbox: Sandbox | None = None
-                      ) -> dict[str, Any]:
+                      workspace: Workspace, allow_exec: bool, sandbox: Sandbox | None = None,
+                      sop_file: str = "<string>") -> dict[str, Any]:
     """`kind: exec`: no shell, cwd = workspace, timeout kills the process group, bounded output,
     and nothing the command started outlives it (engine/run/reaper.py)."""
     command = join_pointer("/actions", action_id, "command")
     if not allow_exec:  # the run refuses to start before this; a second lock, never a bypass
         raise ActionFailed(action_id, "kind exec needs --allow-exec", code="SOP503", pointer=command)
     argv = _argv(action_id, action, variables, command)
+    cwd = sop_folder(action_id, sop_file, join_pointer("/actions", action_id, "workdir")) \
+        if action.workdir == "sop" else None
     return await run_argv(action_id, argv, workspace=workspace, timeout_s=action.command_timeout_s,
-                          env_names=action.env, sandbox=sandbox, pointer=command)
+                          env_names=action.env, sandbox=sandbox, pointer=command, cwd=cwd)
+
+
+def sop_folder(action_id: str, sop_file: str, pointer: str) -> Path:
+    """`workdir: sop`: the SOP file's folder (an SOP given as text has none)."""
+    if sop_file.startswith("<"):
+        raise ActionFailed(action_id, "workdir: sop needs an SOP file (this one was given as text)",
+                           code="SOP503", pointer=pointer)
+    return Path(sop_file).resolve().parent
 
 
 async def run_argv(action_id: str, argv: list[str], *, workspace: Workspace, timeout_s: float,
                    env_names: list[str] | tuple[str, ...] = (), sandbox: Sandbox | None = None,
-                   pointer: str = "") -> dict[str, Any]:
+                   pointer: str = "", cwd: Path | None = None) -> dict[str, Any]:
     """Run `argv` as `kind: exec` runs its command (also the `terminal` tool's way): no shell
-    unless argv names one, cwd = workspace, bounded, the process group killed at the end.
-    The caller has checked --allow-exec."""
+    unless argv names one, cwd = workspace (or `cwd`: the SOP's folder, read-only in the
+    sandbox), bounded, the process group killed at the end. The caller has checked --allow-exec."""
     argv = list(argv)
     if argv and argv[0] in ("python", "python3"):
         argv[0] = sys.executable  # "python" means the interpreter running sopctl
     mark = secrets.token_hex(8)
-    env = {**child_env(env_names), MARK_ENV: mark}
+    env = {**child_env(env_names), MARK_ENV: mark, WORKSPACE_ENV: str(workspace.root)}
+    where = cwd or workspace.root
     if sandbox is not None:
         env["TMPDIR"] = "/tmp"  # the sandbox's own; the user's may be read-only in there
-        program = program_path(argv[0], env, workspace.root)
+        program = program_path(argv[0], env, where)
         if program is None:
             raise _cannot_start(action_id, pointer, argv[0], os.strerror(errno.ENOENT))
-        argv = sandbox.wrap([program, *argv[1:]], workspace.root)
+        argv = sandbox.wrap([program, *argv[1:]], workspace.root, cwd=cwd)
     with subreaper():
         try:
-            proc, exited = await start_process(argv, cwd=workspace.root, env=env)
+            proc, exited = await start_process(argv, cwd=where, env=env)
         except OSError as exc:
             raise _cannot_start(action_id, pointer, argv[0], exc.strerror or str(exc)) from None
         return await _collect(proc, exited, timeout_s, mark)
@@ -213,6 +230,26 @@ async def _read_bounded(stream: asyncio.StreamReader | None) -> str:
         dropped += max(0, len(chunk) - room)
     text = kept.decode("utf-8", errors="replace")
     return text + (f"\n[sopctl: {dropped} more bytes truncated]" if dropped else "")
+
+
+def stdout_answer(action_id: str, out: dict[str, Any], schema: dict[str, Any]) -> Any:
+    """An exec action's `output` tree: its stdout's one JSON object, validated like a model's
+    answer (SOP505 at `output`, as an answer that never fits: a plan's task fails and is
+    retried); a non-zero exit fails it the same way, stderr shown."""
+    pointer = join_pointer("/actions", action_id, "output")
+    if out["exit_code"] != 0:
+        raise ActionFailed(action_id, f"the command exited with code {out['exit_code']}: "
+                           f"{out['stderr'].strip()[-2000:]}", code="SOP505", pointer=pointer)
+    try:
+        value = answers.parse_json_object(out["stdout"])
+        errors = answers.schema_errors(value, schema)
+    except answers.InvalidAnswer as exc:
+        errors = [str(exc)]
+    if errors:
+        raise ActionFailed(action_id, "its stdout is not the JSON object its output tree declares: "
+                           + "; ".join(errors), hint="print one JSON object with the tree's keys",
+                           code="SOP505", pointer=pointer)
+    return with_absent_as_null(value, schema)
 
 
 def exec_content(out: dict[str, Any]) -> str:

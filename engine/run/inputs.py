@@ -59,7 +59,7 @@ def _coerce(key: str, spec: InputSpec, value: Any) -> Any:
     """Command-line values are strings; turn them into the declared type or say why not."""
     kind = spec.type
     try:
-        if kind == "str":
+        if kind in ("str", "file"):   # a file: its path, copied into the workspace when the run starts
             return str(value)
         if kind == "bool":
             if isinstance(value, bool):

@@ -47,14 +47,17 @@ class Sandbox:
     bwrap: str
     allow_network: bool = False
 
-    def wrap(self, argv: list[str], workspace: Path, binds: tuple[Path, ...] = ()) -> list[str]:
+    def wrap(self, argv: list[str], workspace: Path, binds: tuple[Path, ...] = (),
+             cwd: Path | None = None) -> list[str]:
         """`argv` as run inside the sandbox, in the workspace (its journal folder read-only);
-        `binds`: folders of sopctl's own shared read-write with it (a kernel's sockets)."""
+        `binds`: folders of sopctl's own shared read-write with it (a kernel's sockets);
+        `cwd`: another folder to run in (the SOP's, `workdir: sop`), bound read-only last."""
         engine_dir = str(workspace / ENGINE_DIR)
         shared = [arg for folder in binds for arg in ("--bind", str(folder), str(folder))]
+        where = ["--ro-bind", str(cwd), str(cwd), "--chdir", str(cwd)] if cwd else ["--chdir", str(workspace)]
         return [self.bwrap, *self._options(), *_programs_under_tmp(argv), *shared,
                 "--bind", str(workspace), str(workspace),
-                "--ro-bind-try", engine_dir, engine_dir, "--chdir", str(workspace), "--", *argv]
+                "--ro-bind-try", engine_dir, engine_dir, *where, "--", *argv]
 
     def _options(self) -> list[str]:
         return ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",

@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
-from engine.load.spec import PlannerSpec, RoleSpec, retries_of
+from engine.load.spec import ExecAction, PlannerSpec, RoleSpec, retries_of
 from engine.models.registry import resolve_llm
 from engine.models.types import CallSpec
 from engine.run.actions import (
@@ -266,7 +266,8 @@ class Role:
 
     def _exited_non_zero(self, step: str, out: Any) -> bool:
         """An exec step whose command failed (exit code not 0)."""
-        return (self.ctx.compiled.spec.actions[step].kind == "exec" and isinstance(out, dict)
+        action = self.ctx.compiled.spec.actions[step]   # with an `output` tree, a failed command fails the action
+        return (isinstance(action, ExecAction) and action.output is None and isinstance(out, dict)
                 and out.get("exit_code") != 0)
 
     async def _make_plan(self, planner: PlannerSpec, news: list[Message], made: list[Message],

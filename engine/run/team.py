@@ -21,6 +21,7 @@ from engine import __version__
 from engine.compile.compiler import CompiledSop, locate_failure
 from engine.load.catalog import missing_extras
 from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError, format_failure
+from engine.templates.filters import reading_beside
 from engine.templates.render import stop_renders_on_cancel
 from engine.models.gateway import Gateway
 from engine.models.hosted import REQUEST_SENT
@@ -44,6 +45,8 @@ from engine.run.isolation import find_sandbox
 from engine.run.mcp import McpServers
 from engine.run.options import RunOptions
 from engine.run.message import Message, user_requirement
+from engine.run.input_files import copy_input_files
+from engine.run.prompts import with_role_fields
 from engine.run.people import NoPerson, Question, WaitingForPerson, waiting_summary
 from engine.run.role import Role
 from engine.run.state import SharedState
@@ -142,11 +145,12 @@ class Team:
     """One run of a compiled SOP; `await Team(...).run()` returns its RunResult."""
 
     def __init__(self, compiled: CompiledSop, inputs: dict[str, Any], options: RunOptions) -> None:
-        self.compiled = compiled
         self.inputs = dict(inputs)
         self.options = options
         self.observers: list[RunObserver] = list(options.observers)   # the journal joins first
         self.run_id = options.run_id or new_run_id()
+        compiled = with_role_fields(compiled, self.inputs, self.run_id)   # profile, goal... as this run says
+        self.compiled = compiled
         self.max_rounds = options.max_rounds or compiled.spec.team.max_rounds
         budget = options.budget_usd
         self.budget = compiled.spec.team.budget_usd if budget is None else budget
@@ -273,7 +277,7 @@ class Team:
             role.completed = journal
 
     def models(self) -> list[str]:
-        """Every model this run may call, resolved (`--model` > env > action > role > file)."""
+        """Every model this run may call, resolved (registry.choose_model: action > `--model` > env > role > file)."""
         spec = self.compiled.spec
         found = {resolve_llm(self.compiled, rid, aid, self.options.model)["model"]
                  for rid, role in spec.roles.items()
@@ -286,6 +290,8 @@ class Team:
         The team is checked already (`check`): this starts it."""
         if self.options.isolate and self.ctx.sandbox is None:   # never run unisolated by mistake
             raise UsageError("--isolate: Team.check finds the sandbox; call it before run")
+        self.inputs = copy_input_files(self.compiled, self.inputs, self.workspace)
+        self.ctx.inputs = self.inputs
         self._warm_up()
         self._emit(self._started())
         if self._unisolated:
@@ -298,7 +304,7 @@ class Team:
         try:
             await self._start_mcp()
             self.env.publish(user_requirement(str(self.inputs.get("idea", "")), self.idea_to))
-            with stop_renders_on_cancel():
+            with stop_renders_on_cancel(), reading_beside(self.compiled.file):   # file() reads beside the SOP
                 status, error = await self._loop(), ""
         except WaitingForPerson as exc:
             self.waiting_for = exc.question

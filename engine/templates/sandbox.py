@@ -31,6 +31,8 @@ from jinja2.compiler import CodeGenerator
 from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 from jinja2.utils import _PassArg, generate_lorem_ipsum
 
+from engine.templates.filters import FILTERS, GLOBALS
+
 __all__ = ["MAX_RENDERED_CHARS", "TemplateFailure", "environment", "parse"]
 
 
@@ -415,9 +417,12 @@ def environment() -> ImmutableSandboxedEnvironment:
     env.filters["slug"] = _slug
     env.filters["file_name"] = _file_name
     env.filters["where"] = _where
+    env.filters.update(FILTERS)   # JSON, RE2, zip, enumerate, seeded shuffle and choice
+    env.filters["random"] = FILTERS["choice"]   # jinja's own is unseeded: a resume would pick again
     env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals["range"] = _bounded_range
     env.globals["lipsum"] = _bounded_lipsum
+    env.globals.update(GLOBALS)
     return env
 
 

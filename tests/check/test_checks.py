@@ -122,7 +122,7 @@ def test_the_last_output_of_a_run_is_its_result() -> None:
 
 
 @pytest.mark.parametrize("expression, message, hint", [
-    ("role.opponent_name", "role has no field 'opponent_name'", "role's fields: id, name, profile, vars"),
+    ("role.opponent_name", "role has no field 'opponent_name'", "role's fields: constraints, goal, id, name, profile, vars"),
     ("role.nmae", "role has no field 'nmae'", "did you mean 'name'?"),
     ("run.rnd", "run has no field 'rnd'", "did you mean 'round'?"),
     ("news[-1].contnet", "a message (news[...]) has no field 'contnet'", "did you mean 'content'?"),

@@ -53,7 +53,9 @@ def test_a_role_watching_the_idea_it_is_never_sent_is_warned() -> None:
 def test_reading_an_idea_a_role_is_never_sent_is_warned() -> None:
     text = DEBATE.replace("Answer: {{ news[-1].content }}", "Answer: {{ msgs.UserRequirement[0].content }}")
     found = _found(text)
-    assert ("SOP408", "/actions/Speak/prompt", "add 'Trump' or <all> to team.send_to") in found
+    hint = ("add 'Trump' or <all> to team.send_to, or test it first: "   # Speak is shared: Biden receives it
+            "{{ msgs.UserRequirement[-1].content if msgs.UserRequirement else '' }}")
+    assert ("SOP408", "/actions/Speak/prompt", hint) in found
     assert [c for c, _, _ in found] == ["SOP408"]
 
 

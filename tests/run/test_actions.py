@@ -132,13 +132,20 @@ def test_model_resolution_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     models = {r.spec.action: (r.spec.model, r.spec.temperature, r.spec.max_tokens) for r in model.requests}
     assert models == {"WritePRD": ("file-model", 0.5, 100), "WriteDesign": ("role-model", 0.1, 100),
                       "WriteTasks": ("action-model", 0.5, 100)}
+    # $SOPCTL_MODEL and --model replace the file's and the role's model; an action's own model
+    # wins over them (MetaGPT's per-action llm), except `fake`, which replaces every model
     monkeypatch.setenv("SOPCTL_MODEL", "env-model")
     model = ScriptedModel(default_answer)
     run_sop(compiled, model, tmp_path / "b")
-    assert {r.spec.model for r in model.requests} == {"env-model"}
+    assert {r.spec.action: r.spec.model for r in model.requests} == {
+        "WritePRD": "env-model", "WriteDesign": "env-model", "WriteTasks": "action-model"}
     model = ScriptedModel(default_answer)
     run_sop(compiled, model, tmp_path / "c", model="flag-model")
-    assert {r.spec.model for r in model.requests} == {"flag-model"}
+    assert {r.spec.action: r.spec.model for r in model.requests} == {
+        "WritePRD": "flag-model", "WriteDesign": "flag-model", "WriteTasks": "action-model"}
+    model = ScriptedModel(default_answer)
+    run_sop(compiled, model, tmp_path / "d", model="fake")
+    assert {r.spec.model for r in model.requests} == {"fake"}
 
 
 def test_default_model_is_local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

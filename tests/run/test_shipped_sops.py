@@ -55,6 +55,8 @@ IDEAS = {
     "searcher": "how do small models keep quality when quantized?",
     "debate_verdict": "Cities should ban cars from their centres",
     "write_novel": "Harry Potter in The Lord of the Rings",
+    "teacher": "Lesson 1: Hello! I am Lily. What is your name?",
+    "data_interpreter_tool": "Just call the magic function with arg1 'A' and arg2 2. Tell me the result.",
 }
 DEFAULT_IDEA = "a command-line 2048 game"
 
