@@ -509,6 +509,8 @@ def wakers_shown(ctx: Context) -> Iterator[Diagnostic]:
         for source in role.watch:
             if source in shown or source in role.runnable_actions() or _reads_message(reads.get(aid, []), source):
                 continue   # its own loop (by_order's next step) is not what woke it first
+            if source == "UserRequirement" and "idea" not in ctx.spec.inputs:
+                continue   # a run with no idea input only starts the role (docs/state.md): nothing to show
             yield warning("SOP413", f"/actions/{aid}/context", f"role '{rid}' is woken by {source}, which "
                           f"'{aid}' never shows: its context leaves it out and its templates read neither news "
                           f"nor msgs.{source}", f"add {source} to the context of '{aid}', or read it in the prompt "
