@@ -230,7 +230,7 @@ def _edges(graph: nx.DiGraph, at: dict[str, tuple[float, float]], sizes: dict[st
 LABEL_W, PLOT_W, ROW_H, BAR_H, FLIGHT_H = 150, 900, 26, 16, 44
 GAP_W = 36
 """The width a gap between two invocations is drawn at, however long it was (cut out)."""
-LABEL_CHAR_W = 6.4                 # a bar label's character at 11px
+LABEL_CHAR_W = 7.2                 # a bar label's widest common character at 11px (an estimate: no fonts here)
 
 
 @dataclass(frozen=True)
