@@ -199,7 +199,8 @@ def plain_fields(obj: Any) -> dict[str, Any]:
     event is serialised once for the journal, and asdict deep-copies each field through
     `copy.deepcopy`, even a string. Containers are rebuilt (the caller may change the
     result); anything asdict would deep-copy still is. A field marked LIVE_ONLY is left out."""
-    return {name: _plain(getattr(obj, name)) for name in _field_names(type(obj))}
+    kind: Any = type(obj)          # a class is hashable (mypy cannot tell from type[Any])
+    return {name: _plain(getattr(obj, name)) for name in _field_names(kind)}
 
 
 def _plain(value: Any) -> Any:
