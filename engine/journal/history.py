@@ -345,8 +345,8 @@ def _close_invocation(state: RunState, segment: list[EventRow], invocation: _Inv
         return
     current = state.invocation_list[-1]
     current.last_at = max([current.last_at, *(row.ts for row in segment)])
-    if current.ended_at is None:
-        current.rounds = max([0, *(r.round for r in invocation.running.values())])
+    if current.ended_at is None:   # killed: the last round it started
+        current.rounds = max([0, *(int(row.data.get("round", 0)) for row in segment if row.type == "RoundStarted")])
     why = current.error or (str(current.status) if current.ended_at is not None else
                             "the process stopped (killed) with this action running")
     for record in invocation.running.values():
