@@ -64,9 +64,10 @@ def test_no_import_cycle() -> None:
 
 
 _LOAD_FOR_RUN = {"engine.load.spec", "engine.load.catalog", "engine.load.outputs", "engine.load.source",
-                 "engine.load.files"}
+                 "engine.load.files", "engine.load.secrets"}
 """What run/ may take from load/: spec types and constants (engine.load.catalog's `END`, the
-built-in command table), pointer/value helpers and the bounded file read; never the facts the
+built-in command table), pointer/value helpers, the bounded file read and the one redaction
+rule (tracing's captured content is redacted as the journal is); never the facts the
 compiler works out."""
 
 _COMPILED_FACTS = {"flags_needed", "mcp_hosts", "expand_tools", "read_experience", "team_targets", "team_reach"}

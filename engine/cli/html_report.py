@@ -33,12 +33,14 @@ from engine.cli.report import format_time, status_line
 from engine.cli.report_svg import duration_text, layout_graph, layout_timeline
 from engine.compile.compiler import check_path
 from engine.errors import SopError, UsageError
-from engine.journal.history import ActionRecord, RunState, read_exchanges
+from engine.journal.history import ActionRecord, Invocation, RunState, ToolCallRecord, read_exchanges
 from engine.journal.run_folder import OPEN_OWN
 from engine.load.secrets import scrub, secret_values
 from engine.load.spec import ENGINE_DIR, in_engine_dir
 from engine.models.types import Usage
 from engine.run.events import RunStatus
+from engine.run.people import PERSON
+from engine.run.toolloop import TOOL
 from engine.run.workspace import Workspace
 
 
@@ -95,6 +97,7 @@ def render_report(state: RunState) -> str:
 
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, finalize=redacted)
+    env.filters["duration"] = duration_text
     template = env.from_string(_asset("report.html.j2"))
     script = _asset("report.js")
     style = _asset("report.css")
@@ -114,6 +117,7 @@ def _asset(name: str) -> str:
 def _view(state: RunState) -> dict[str, Any]:
     graph, graph_note, role_order = _watch_graph(state)
     exchanges = _exchanges(state)
+    prompts = _prompts_per_try(state, exchanges)
     runs: dict[str, int] = {}
     for record in state.timeline:
         runs[record.action] = runs.get(record.action, 0) + 1
@@ -132,7 +136,9 @@ def _view(state: RunState) -> dict[str, Any]:
         "timeline": layout_timeline(state, role_order),
         "actions": [_usage_row(s.action, s.roles, s.runs, s.usage) for s in state.actions.values()],
         "roles": _role_rows(state),
-        "runs": [_run_view(i, r, state, exchanges) for i, r in enumerate(state.timeline)],
+        "runs": [_run_view(i, r, state, prompts) for i, r in enumerate(state.timeline)],
+        "models": _models(state),
+        "invocations": [_invocation_view(i) for i in state.invocation_list] if state.invocations > 1 else [],
         "rounds": _rounds(state),
         "artifacts": [_artifact(state, path, digest) for path, digest in sorted(state.artifacts.items())],
         "inputs": json.dumps(state.inputs, ensure_ascii=False, indent=2),
@@ -162,7 +168,8 @@ def _stopped(state: RunState) -> dict[str, Any] | None:
     """Where a run that did not end normally stopped: its last round and unfinished actions."""
     if state.status in (RunStatus.IDLE, RunStatus.MAX_ROUNDS):
         return None
-    unfinished = [f"{r.role}.{r.action} (round {r.round})" for r in state.timeline if not r.completed]
+    unfinished = [f"{r.role}.{r.action} (round {r.round})" for r in state.timeline
+                  if not r.completed and r.invocation == state.invocations]
     return {"round": state.rounds, "error": state.error, "unfinished": unfinished,
             "at": format_time(state.ended_at or state.last_event_at)}
 
@@ -188,13 +195,65 @@ def _role_rows(state: RunState) -> list[dict[str, Any]]:
 
 
 def _run_view(index: int, record: ActionRecord, state: RunState,
-              exchanges: list[dict[str, Any]] | None) -> dict[str, Any]:
-    end = record.ended_at if record.ended_at is not None else (state.ended_at or state.last_event_at)
-    mine = None if exchanges is None else [
-        _shown_exchange(e) for e in exchanges
-        if (e.get("round"), e.get("role"), e.get("action")) == (record.round, record.role, record.action)]
+              prompts: list[list[dict[str, Any]]] | None) -> dict[str, Any]:
+    end = record.ended_at if record.ended_at is not None else (
+        record.stopped_at or state.ended_at or state.last_event_at)
     return {"index": index, "record": record, "duration": duration_text(max(end - record.started_at, 0.0)),
-            "prompts": mine}
+            "prompts": None if prompts is None else [_shown_exchange(e) for e in prompts[index]],
+            "earlier": not record.completed and record.invocation < state.invocations,
+            "tools": [_tool_view(t) for t in record.tools]}
+
+
+def _prompts_per_try(state: RunState, exchanges: list[dict[str, Any]] | None) -> list[list[dict[str, Any]]] | None:
+    """Each action try's exchanges: the answers it read (by their journal keys), each shown
+    once, under the first try that read it (a resume's reused answers are the failed try's).
+    A tool's results are the try's tool rows, not prompts. A person's answers, and every
+    exchange of a journal whose events name no answer (older sopctl), go by round, role and
+    action, to the last such try."""
+    if exchanges is None:
+        return None
+    by_place = not any(r.requests for r in state.timeline)
+    last_try: dict[tuple[Any, Any, Any], int] = {(r.round, r.role, r.action): i
+                                                 for i, r in enumerate(state.timeline)}
+    shown: set[str] = set()
+    out: list[list[dict[str, Any]]] = [[] for _ in state.timeline]
+    for index, record in enumerate(state.timeline):
+        wanted = set(record.requests)
+        for exchange in exchanges:
+            key, origin = str(exchange.get("request_hash", "")), exchange.get("origin")
+            if origin == TOOL or key in shown:
+                continue
+            place = (exchange.get("round"), exchange.get("role"), exchange.get("action"))
+            if key in wanted or ((by_place or origin == PERSON) and last_try.get(place) == index):
+                shown.add(key)
+                out[index].append(exchange)
+    return out
+
+
+def _tool_view(call: ToolCallRecord) -> dict[str, Any]:
+    """A tool command as its row shows it: the arguments as JSON, the output cut like a prompt."""
+    hint = f"sopctl show RUN_DIR --prompts {call.tool}"
+    return {"step": call.step, "tool": call.tool, "error": call.error, "reused": call.reused,
+            "duration": duration_text(call.seconds),
+            "args": _cut(json.dumps(call.args, ensure_ascii=False, indent=1), hint),
+            "output": _cut(call.output, hint)}
+
+
+def _models(state: RunState) -> list[dict[str, Any]]:
+    """The models that answered, with how many answers each gave; the run's default model
+    when none answered (a run of tools and people only, or an old journal)."""
+    if not state.models:
+        return [{"name": state.model, "answers": None}] if state.model else []
+    return [{"name": name, "answers": count} for name, count in state.models.items()]
+
+
+def _invocation_view(invocation: Invocation) -> dict[str, Any]:
+    ended = invocation.ended_at is not None
+    until = invocation.ended_at if ended else invocation.last_at
+    return {"number": invocation.number, "started": format_time(invocation.started_at),
+            "duration": duration_text(max((until or 0.0) - invocation.started_at, 0.0)),
+            "status": str(invocation.status) if ended else "killed (no end recorded)",
+            "error": invocation.error, "rounds": invocation.rounds, "model": invocation.model}
 
 
 def _shown_exchange(exchange: dict[str, Any]) -> dict[str, Any]:

@@ -154,7 +154,7 @@ def format_show(state: RunState) -> str:
     rounds = set(state.round_roles) | {r.round for r in state.timeline}
     for rnd in sorted(rounds | {int(m.get("round", 0)) for m in state.history}):
         lines.append(f"round {rnd}  roles: {', '.join(state.round_roles.get(rnd, [])) or '-'}")
-        lines += [_action_line(r) for r in state.timeline if r.round == rnd]
+        lines += [_action_line(r, state.invocations) for r in state.timeline if r.round == rnd]
         lines += [_message_line(m) for m in state.history if int(m.get("round", 0)) == rnd]
         lines += [f"    person: {g.get('role')}.{g.get('action')}: {g.get('decision')} "
                   f"(question {str(g.get('key'))[:12]})"
@@ -194,8 +194,10 @@ def _person_lines(state: RunState) -> list[str]:
     return lines
 
 
-def _action_line(record: ActionRecord) -> str:
+def _action_line(record: ActionRecord, invocations: int = 1) -> str:
     mark = "done" if record.completed else "NOT COMPLETED"
+    if not record.completed and record.invocation < invocations:   # a resume ran it again
+        mark += f" in invocation {record.invocation}, resumed"
     usage = record.usage
     trouble = "".join(f"  {note}" for note in usage_notes(usage, reused=False))
     return (f"  {record.role}.{record.action}  [{mark}]  calls {usage.llm_calls}  reused "

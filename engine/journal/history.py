@@ -54,11 +54,13 @@ from engine.run.events import (
     RunEnded,
     RunStarted,
     RunStatus,
+    ToolCalled,
 )
 from engine.run.people import PERSON
 from engine.run.toolloop import TOOL
 
-__all__ = ["ActionStats", "ActionRecord", "RunState", "Exchange", "read_run", "rebuild",
+__all__ = ["ActionStats", "ActionRecord", "Invocation", "ToolCallRecord", "RunState", "Exchange",
+           "read_run", "rebuild",
            "find_runs", "list_runs", "read_exchanges", "exchanges_of"]
 
 
@@ -74,8 +76,24 @@ class ActionStats:
 
 
 @dataclass
+class ToolCallRecord:
+    """One command of a tool loop (a `ToolCalled` event), for the report's own row of it."""
+
+    step: int
+    tool: str
+    args: dict[str, Any]
+    output: str
+    error: bool
+    reused: bool
+    seconds: float
+    ended_at: float                # wall time of its event (it started `seconds` before)
+
+
+@dataclass
 class ActionRecord:
-    """One action execution in the timeline, identified by its idempotency key."""
+    """One try of an action in the timeline: its idempotency key, in one invocation. A try
+    that an invocation left unfinished (the run failed, stopped or was killed there) keeps
+    its own line when a resume runs the action again: the resume's try is a new line."""
 
     round: int
     role: str
@@ -83,12 +101,35 @@ class ActionRecord:
     key: str
     completed: bool = False
     usage: Usage = Usage()         # what its gateway events report
-    started_at: float = 0.0        # wall time of its (latest uncompleted) ActionStarted
+    started_at: float = 0.0        # wall time of its ActionStarted
     ended_at: float | None = None  # wall time of its first ActionCompleted
     calls: list[tuple[float, float]] = field(default_factory=list)
     """(start, end) wall times of its paid model answers: the calls in flight."""
     problems: list[str] = field(default_factory=list)
     """Retries' causes and rejected answers' errors, in order."""
+    invocation: int = 1            # the invocation (1 = the first run, 2.. = resumes) of this try
+    stopped_at: float | None = None
+    """An unfinished try of an earlier invocation: when that invocation stopped."""
+    error: str = ""                # an unfinished try's: how its invocation ended (its error)
+    models: list[str] = field(default_factory=list)   # the models that answered it
+    tools: list[ToolCallRecord] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    """The journal keys (request hashes) of the answers it read, paid or reused, in order."""
+
+
+@dataclass
+class Invocation:
+    """One invocation of the run (the first `run`, then each `resume`): when it ran, how it
+    ended. `ended_at` is None for one that recorded no end (killed): `last_at` is its last event."""
+
+    number: int
+    started_at: float
+    model: str
+    last_at: float = 0.0
+    ended_at: float | None = None
+    status: RunStatus = RunStatus.INTERRUPTED
+    error: str = ""
+    rounds: int = 0
 
 
 @dataclass
@@ -130,6 +171,13 @@ class RunState:
     last_event_at: float = 0.0     # the journal's last event: where an unended run stopped
     sop_path: str = ""             # the SOP file's absolute path, as the journal remembers it
     include_dirs: list[str] = field(default_factory=list)          # the run's --include-path
+    invocation_list: list[Invocation] = field(default_factory=list)
+    """Every invocation in order, with how it ended (a resumed run's earlier failures too)."""
+    models: dict[str, int] = field(default_factory=dict)
+    """Each model that answered (paid or reused) and how many answers it gave."""
+    rejections: dict[tuple[str, int], bool] = field(default_factory=dict)
+    """(idempotency key, attempt) of each rejected answer, and whether it was asked again: a
+    resume rejects again the invalid answers it reuses, which are counted once."""
 
     @property
     def waiting_for(self) -> dict[str, Any] | None:
@@ -225,9 +273,13 @@ def _apply_segment(state: RunState, segment: list[EventRow], seen: dict[str, dic
     for row in segment:
         _apply_row(state, row, invocation, seen)
         for answer in unreported.pop(row.seq, []):   # journaled right after this event
-            _count(state, answer.action, _paid(answer), invocation.running_action(answer.action))
+            line = invocation.running_action(answer.action)
+            _count(state, answer.action, _paid(answer), line)
+            if line is not None:
+                line.requests.append(answer.request_hash)
     for event in invocation.choices:
         _on_model_event(state, event, _line_of_choice(state, event))
+    _close_invocation(state, segment, invocation)
     if last and state.ended:
         state.history = invocation.messages
     elif last:
@@ -256,9 +308,11 @@ def _apply_row(state: RunState, row: EventRow, invocation: _Invocation,
         record = running.get((event.round, event.role, event.action))
         if record is None:
             invocation.choices.append(event)
-        else:
+        elif not _rejected_before(state, event, record):
             _on_model_event(state, event, record)
             _note_call(record, event, row.ts)
+    elif isinstance(event, ToolCalled):
+        _on_tool_called(running.get((event.round, event.role, event.action)), event, row.ts)
     elif isinstance(event, ActionCompleted):
         _on_completed(state, event, running.pop((event.round, event.role, event.action), None), row.ts)
     elif isinstance(event, MessagePublished):
@@ -269,6 +323,10 @@ def _apply_row(state: RunState, row: EventRow, invocation: _Invocation,
     elif isinstance(event, RunEnded):
         state.status, state.rounds, state.error = event.status, event.rounds, event.error
         state.ended_at = row.ts
+        if state.invocation_list:
+            current = state.invocation_list[-1]
+            current.status, current.error, current.rounds = event.status, event.error, event.rounds
+            current.ended_at = row.ts
 
 
 def _on_started(state: RunState, event: RunStarted, ts: float) -> None:
@@ -277,6 +335,23 @@ def _on_started(state: RunState, event: RunStarted, ts: float) -> None:
         state.run_id, state.sop_file, state.sop_name = event.run_id, event.sop_file, event.sop_name
         state.inputs, state.workspace, state.started_at = dict(event.inputs), event.workspace, ts
     state.sop_hash, state.model = event.sop_hash, event.model
+    state.invocation_list.append(Invocation(state.invocations, ts, event.model, last_at=ts))
+
+
+def _close_invocation(state: RunState, segment: list[EventRow], invocation: _Invocation) -> None:
+    """The invocation's end: its last event, and the tries it left unfinished stop there
+    with how it ended (a resume's try of the same action is a line of its own)."""
+    if not state.invocation_list:      # a journal whose first rows are not a RunStarted
+        return
+    current = state.invocation_list[-1]
+    current.last_at = max([current.last_at, *(row.ts for row in segment)])
+    if current.ended_at is None:   # killed: the last round it started
+        current.rounds = max([0, *(int(row.data.get("round", 0)) for row in segment if row.type == "RoundStarted")])
+    why = current.error or (str(current.status) if current.ended_at is not None else
+                            "the process stopped (killed) with this action running")
+    for record in invocation.running.values():
+        if not record.completed:
+            record.stopped_at, record.error = current.ended_at or current.last_at, why
 
 
 def _on_log(state: RunState, data: dict[str, Any]) -> None:
@@ -291,11 +366,13 @@ def _on_action_started(state: RunState, event: ActionStarted, ts: float) -> Acti
     stats.runs += 1
     if event.role not in stats.roles:
         stats.roles.append(event.role)
-    record = next((r for r in state.timeline if r.key == event.key), None)
-    if record is None:
-        record = ActionRecord(event.round, event.role, event.action, event.key)
+    record = next((r for r in reversed(state.timeline) if r.key == event.key), None)
+    if record is None or not (record.completed or record.invocation == state.invocations):
+        # a new action, or one an earlier invocation left unfinished: this try is a new line
+        record = ActionRecord(event.round, event.role, event.action, event.key,
+                              invocation=state.invocations)
         state.timeline.append(record)
-    if not record.completed:       # a resume runs it again: its duration is the last try's
+    if not record.completed:
         record.started_at = ts
     return record
 
@@ -310,9 +387,38 @@ def _line_of_choice(state: RunState, event: ModelEvent) -> ActionRecord | None:
 
 
 def _on_model_event(state: RunState, event: ModelEvent, record: ActionRecord | None) -> None:
-    if isinstance(event, ModelAnswered) and not event.reused:
-        state.unpriced_calls += event.unpriced
+    if isinstance(event, ModelAnswered):
+        if not event.reused:
+            state.unpriced_calls += event.unpriced
+        if event.model:
+            state.models[event.model] = state.models.get(event.model, 0) + 1
+            if record is not None and event.model not in record.models:
+                record.models.append(event.model)
+        if record is not None:
+            record.requests.append(event.request_hash)
     _count(state, event.action, event.usage, record)
+
+
+def _rejected_before(state: RunState, event: ModelEvent, record: ActionRecord) -> bool:
+    """Whether `event` rejects again an answer an earlier invocation already rejected: a
+    resume reuses the journaled invalid answers of an unfinished action and rejects each
+    again. Counted once; its re-ask counts when some invocation asked again after it."""
+    if not isinstance(event, AnswerRejected):
+        return False
+    where = (record.key, event.attempt)
+    if where not in state.rejections:
+        state.rejections[where] = event.reask
+        return False
+    if event.reask and not state.rejections[where]:   # the resume asks on where the run gave up
+        state.rejections[where] = True
+        _count(state, event.action, Usage(reasks=1), record)
+    return True
+
+
+def _on_tool_called(record: ActionRecord | None, event: ToolCalled, ts: float) -> None:
+    if record is not None:
+        record.tools.append(ToolCallRecord(event.step, event.tool, dict(event.args), event.output,
+                                           event.error, event.reused, event.seconds, ts))
 
 
 def _count(state: RunState, action: str, usage: Usage, record: ActionRecord | None) -> None:

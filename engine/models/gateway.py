@@ -95,6 +95,7 @@ from engine.models import answers
 from engine.models.openai_http import HostedModels
 from engine.models.registry import _resolve
 from engine.models.types import (
+    AnswerContent,
     AnswerRejected,
     AnswerStore,
     CallResult,
@@ -277,7 +278,7 @@ class Gateway:
         stored = await self._stored(key)
         if stored is not None:
             self._report(_answered(request, key, stored.prompt_tokens, stored.completion_tokens,
-                                  stored.cost_usd, stored.seconds, reused=True), result)
+                                  stored.cost_usd, stored.seconds, reused=True, text=stored.text), result)
             return stored.text, key not in self._recorded
         if self.replay:
             explain = getattr(self.store, "what_changed", None)
@@ -313,7 +314,8 @@ class Gateway:
             answer, seconds = await self._complete(provider, request, result)
             event = _answered(request, key, answer.prompt_tokens, answer.completion_tokens,
                               max(float(answer.cost_usd or 0.0), 0.0), round(seconds, 3),
-                              unpriced=not answer.priced, finish_reason=answer.finish_reason)
+                              unpriced=not answer.priced, finish_reason=answer.finish_reason,
+                              text=answer.text)
             self._count(event, result)  # before the admission slot frees: the budget sees it
         text = answers.cut_answer(answer.text, self.max_answer_chars)   # bounded from here on
         if self.store is not None:  # recorded before it is reported or parsed: never lost
@@ -427,11 +429,11 @@ class Gateway:
 
 def _answered(request: ModelRequest, key: str, prompt_tokens: int, completion_tokens: int,
               cost: float, seconds: float, *, reused: bool = False,
-              unpriced: bool = False, finish_reason: str = "") -> ModelAnswered:
+              unpriced: bool = False, finish_reason: str = "", text: str = "") -> ModelAnswered:
     spec = request.spec
     return ModelAnswered(spec.round, spec.role, spec.action, request.attempt, key, prompt_tokens,
                          completion_tokens, cost, seconds, reused, unpriced, spec.model,
-                         finish_reason)
+                         finish_reason, AnswerContent(request.messages, text))
 
 
 def _prompt_token_bound(request: ModelRequest) -> int:

@@ -19,7 +19,7 @@ from engine.errors import LLMError
 __all__ = ["Event", "Price", "FREE", "CallSpec", "CallResult", "StoredAnswer", "AnswerStore", "Usage",
            "ModelAnswered", "ModelRetried", "AnswerRejected", "GatewayEvent", "ModelRequest",
            "ModelAnswer", "Provider", "price_of", "TransientModelError", "RealModelBlocked", "request_hash",
-           "answer_key", "durable"]
+           "answer_key", "durable", "AnswerContent", "LIVE_ONLY"]
 
 
 CallKind = Literal["json", "text", "code", "choice"]
@@ -198,8 +198,9 @@ def plain_fields(obj: Any) -> dict[str, Any]:
     """`dataclasses.asdict(obj)`, the same dict, without its cost on the run's path: every
     event is serialised once for the journal, and asdict deep-copies each field through
     `copy.deepcopy`, even a string. Containers are rebuilt (the caller may change the
-    result); anything asdict would deep-copy still is."""
-    return {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    result); anything asdict would deep-copy still is. A field marked LIVE_ONLY is left out."""
+    kind: Any = type(obj)          # a class is hashable (mypy cannot tell from type[Any])
+    return {name: _plain(getattr(obj, name)) for name in _field_names(kind)}
 
 
 def _plain(value: Any) -> Any:
@@ -224,9 +225,14 @@ def event_json(event: Any) -> str:
     return _EVENT_ENCODER.encode(event)
 
 
+LIVE_ONLY = {"journal": False}
+"""A field's metadata that keeps it out of the event's JSON (the journal, `to_json`): what
+only live observers are told."""
+
+
 @functools.cache
 def _field_names(cls: type) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(cls))
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata.get("journal", True))
 
 
 def _fields_dict(value: Any) -> dict[str, Any]:
@@ -250,6 +256,16 @@ class _Holder:
 
 
 @dataclass(frozen=True)
+class AnswerContent:
+    """What a model was sent and what it answered, for live observers (OpenTelemetry's
+    opt-in content capture). Never journaled with its event: the journal keeps both in its
+    answers table, so a ModelAnswered read back from a journal has none."""
+
+    messages: tuple[dict[str, str], ...]
+    text: str
+
+
+@dataclass(frozen=True)
 class ModelAnswered(Event):
     """One answer read by the gateway: from the model (paid) or reused from the journal."""
 
@@ -266,6 +282,8 @@ class ModelAnswered(Event):
     unpriced: bool = False         # the model's price is unknown: cost_usd 0 is not a real cost
     model: str = ""                # the model asked ("" in journals older than issue 14)
     finish_reason: str = ""        # why the model stopped (`stop`, `length`...), "" if not told
+    content: AnswerContent | None = field(default=None, compare=False, repr=False, metadata=LIVE_ONLY)
+    """The request's messages and the answer's text, live only (see AnswerContent)."""
 
     @property
     def usage(self) -> Usage:

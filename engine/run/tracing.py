@@ -1,13 +1,16 @@
 """OpenTelemetry traces of a run, following the GenAI semantic conventions.
 
 A `TracingObserver` is a `RunObserver`: it turns the run's events into spans, so the
-interpreter's hot path knows nothing about tracing. The spans:
+interpreter's hot path knows nothing about tracing. The span tree (docs/tracing.md):
 
-- `invoke_workflow {sop}`: the run (one per invocation: a resume is a new one), from
-  RunStarted to RunEnded; status ERROR when the run failed or ran out of budget.
-- `invoke_agent {role}`: a role's activation, its actions in one round; it ends at its last
-  action's end (known when the next round starts, or the run ends).
-- `chat {model}`: a model call (each ask and re-ask), with `gen_ai.provider.name` and
+- `invoke_workflow {sop}` (INTERNAL): the run (one per invocation: a resume is a new one),
+  from RunStarted to RunEnded, `gen_ai.workflow.name`; status ERROR when the run failed or
+  ran out of budget.
+- `invoke_agent {role}` (INTERNAL): a role's activation, its actions in one round, with
+  `gen_ai.agent.name`/`gen_ai.agent.id` (the role id), the run's `gen_ai.provider.name` and
+  `gen_ai.request.model`, `gen_ai.conversation.id` (the run id) and `sopctl.round`; it ends
+  at its last action's end (known when the next round starts, or the run ends).
+- `chat {model}` (CLIENT): a model call (each ask and re-ask), with `gen_ai.provider.name` and
   `gen_ai.request.model` (litellm's `openai/gpt-4o-mini` as `openai` and `gpt-4o-mini`,
   `local` as llama.cpp's SmolLM2, `fake` as sopctl's; the string as given in
   `sopctl.model`), `gen_ai.usage.input_tokens`/`output_tokens`,
@@ -15,11 +18,18 @@ interpreter's hot path knows nothing about tracing. The spans:
   reused from the journal has `sopctl.reused`, no tokens and no cost (it spent nothing now;
   the recorded call's tokens are `sopctl.recorded_input_tokens`/`_output_tokens`) and the
   duration recorded when it was paid for.
-- `execute_tool {action}`: an exec action (its command is the tool), from ActionStarted to
-  ActionCompleted; a tool loop's command (ToolCalled), as long as it took. A command that
-  failed has status ERROR and `error.type` `sopctl.tool_error` (the run may well go on).
+- `execute_tool {action}` (INTERNAL): an exec action (its command is the tool), from
+  ActionStarted to ActionCompleted; a tool loop's command (ToolCalled), as long as it took;
+  `gen_ai.tool.name`, `gen_ai.tool.call.id`. A command that failed has status ERROR and
+  `error.type` `sopctl.tool_error` (the run may well go on).
 
 Retries, re-asks and questions to a person are span events on the role's span.
+
+Content (prompts, answers, tool arguments and results) is recorded only when
+`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT` asks (`capture_wanted`), as the
+conventions' opt-in attributes (`gen_ai.system_instructions`, `gen_ai.input.messages`,
+`gen_ai.output.messages`, `gen_ai.tool.call.arguments`, `gen_ai.tool.call.result`, JSON
+strings), every text redacted as the journal redacts it (engine.load.secrets.scrub).
 
 `opentelemetry` is an optional extra (`pip install 'sopctl[otel]'`) and is imported only
 when tracing is on: `start_tracing` turns it on for `--trace` or the standard environment
@@ -32,6 +42,7 @@ variables (`OTEL_TRACES_EXPORTER`, `OTEL_EXPORTER_OTLP_ENDPOINT`,
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -42,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine import __version__
 from engine.errors import UsageError
+from engine.load.secrets import scrub, secret_values
 from engine.run.events import (
     ActionCompleted,
     ActionStarted,
@@ -62,11 +74,14 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
 __all__ = ["TracingObserver", "Tracing", "start_tracing", "tracing_wanted", "INSTRUMENTATION",
-           "provider_and_model"]
+           "provider_and_model", "capture_wanted", "CAPTURE_ENV"]
 
 
 INSTRUMENTATION = "sopctl"
 """The instrumentation scope of every span."""
+
+CAPTURE_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+"""Opt-in content capture (prompts, answers, tool arguments and results), off by default."""
 
 
 _FAILED = (RunStatus.FAILED, RunStatus.BUDGET)
@@ -78,15 +93,20 @@ _EXPORTERS = ("otlp", "console", "none")
 class TracingObserver:
     """Spans from run events (see the module docstring); never raises into the run."""
 
-    def __init__(self, tracer: Tracer, tools: Mapping[str, str] | None = None) -> None:
+    def __init__(self, tracer: Tracer, tools: Mapping[str, str] | None = None, *,
+                 capture_content: bool = False) -> None:
         from opentelemetry import trace  # the optional `otel` extra: only a traced run imports it
 
         self._trace = trace
         self._tracer = tracer
         self._tools = dict(tools or {})
         """Actions that are tools (exec actions): id -> what they run."""
+        self._capture = capture_content
+        self._secrets = secret_values() if capture_content else ()
         self._lock = threading.Lock()
         self._run: Span | None = None
+        self._run_id = ""
+        self._model = ""
         self._agents: dict[tuple[int, str], _Open] = {}
         self._tool_calls: dict[str, _Open] = {}
         self._broken = False
@@ -122,6 +142,7 @@ class TracingObserver:
     # the run ---------------------------------------------------------------------------
 
     def _start_run(self, event: RunStarted, now: int) -> None:
+        self._run_id, self._model = event.run_id, event.model
         self._run = self._tracer.start_span(
             f"invoke_workflow {event.sop_name}", start_time=now, attributes={
                 "gen_ai.operation.name": "invoke_workflow", "gen_ai.workflow.name": event.sop_name,
@@ -148,10 +169,14 @@ class TracingObserver:
         """The span of `role`'s activation in `round_`, started on its first event."""
         found = self._agents.get((round_, role))
         if found is None:
+            provider, model = provider_and_model(self._model or "unknown")
             span = self._tracer.start_span(
                 f"invoke_agent {role}", context=self._inside(self._run), start_time=now,
-                attributes={"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": role,
-                            "sopctl.round": round_})
+                kind=self._trace.SpanKind.INTERNAL, attributes={
+                    "gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": role,
+                    "gen_ai.agent.id": role, "gen_ai.provider.name": provider or "_OTHER",
+                    "gen_ai.request.model": model, "gen_ai.conversation.id": self._run_id,
+                    "sopctl.round": round_})
             found = self._agents[(round_, role)] = _Open(span, now)
         return found
 
@@ -167,7 +192,9 @@ class TracingObserver:
         if event.action in self._tools:
             self._tool_calls[event.key] = _Open(self._tracer.start_span(
                 f"execute_tool {event.action}", context=self._inside(agent.span), start_time=now,
-                attributes=_tool_attributes(event.action, self._tools[event.action])), now)
+                kind=self._trace.SpanKind.INTERNAL,
+                attributes={**_tool_attributes(event.action, self._tools[event.action]),
+                            "gen_ai.tool.call.id": event.key}), now)
 
     def _action_completed(self, event: ActionCompleted, now: int) -> None:
         self._agent(event.round, event.role, now).last = now
@@ -208,10 +235,33 @@ class TracingObserver:
             attributes["gen_ai.provider.name"] = provider
         if event.unpriced:
             attributes["sopctl.unpriced"] = True
+        attributes["gen_ai.conversation.id"] = self._run_id
+        if self._capture and event.content is not None:
+            attributes.update(self._messages(event))
         span = self._tracer.start_span(f"chat {name}", context=self._inside(agent.span),
                                        kind=self._trace.SpanKind.CLIENT, start_time=start,
                                        attributes=attributes)
         self._finish(span, now)
+
+    def _messages(self, event: ModelAnswered) -> dict[str, str]:
+        """The opt-in content of a chat span, as the conventions shape it (JSON strings: span
+        attributes hold no structures yet): the system messages as `gen_ai.system_instructions`,
+        the others as `gen_ai.input.messages`, the answer as `gen_ai.output.messages`; every
+        text redacted as the journal redacts it."""
+        assert event.content is not None
+        system = [{"type": "text", "content": self._scrub(m.get("content", ""))}
+                  for m in event.content.messages if m.get("role") == "system"]
+        chat = [{"role": m.get("role", "user"), "parts": [{"type": "text", "content": self._scrub(m.get("content", ""))}]}
+                for m in event.content.messages if m.get("role") != "system"]
+        answer = {"role": "assistant", "parts": [{"type": "text", "content": self._scrub(event.content.text)}],
+                  "finish_reason": event.finish_reason or "stop"}
+        found = {"gen_ai.input.messages": _json(chat), "gen_ai.output.messages": _json([answer])}
+        if system:
+            found["gen_ai.system_instructions"] = _json(system)
+        return found
+
+    def _scrub(self, text: str) -> str:
+        return scrub(str(text), self._secrets)
 
     def _tool_span(self, round_: int, role: str, tool: str, started_ns: int, ended_ns: int,
                    attributes: Mapping[str, Any] | None, error: str) -> None:
@@ -219,16 +269,21 @@ class TracingObserver:
         agent.last = max(agent.last, ended_ns)
         span = self._tracer.start_span(
             f"execute_tool {tool}", context=self._inside(agent.span), start_time=started_ns,
-            attributes={**_tool_attributes(tool, ""), **(attributes or {})})
+            kind=self._trace.SpanKind.INTERNAL, attributes={**_tool_attributes(tool, ""), **(attributes or {})})
         self._finish(span, ended_ns, error=error, error_type="sopctl.tool_error")
 
     def _tool_called(self, event: ToolCalled, now: int) -> None:
         """A tool loop's command: a span ending now, as long as the command took."""
         started = now - int(event.seconds * 1e9)
-        self._tool_span(event.round, event.role, event.tool, started, now,
-                        {"sopctl.action": event.action, "sopctl.step": event.step,
-                         "sopctl.reused": event.reused},
-                        f"{event.tool} failed: {event.output[:200]}" if event.error else "")
+        attributes: dict[str, Any] = {
+            "gen_ai.tool.call.id": event.call or f"{event.action}/{event.step}",
+            "sopctl.action": event.action, "sopctl.step": event.step, "sopctl.reused": event.reused}
+        if self._capture:
+            attributes["gen_ai.tool.call.arguments"] = self._scrub(_json(event.args))
+            if not event.error:
+                attributes["gen_ai.tool.call.result"] = self._scrub(event.output)
+        self._tool_span(event.round, event.role, event.tool, started, now, attributes,
+                        f"{event.tool} failed: {self._scrub(event.output[:200])}" if event.error else "")
 
     # helpers -----------------------------------------------------------------------------
 
@@ -240,6 +295,19 @@ class TracingObserver:
             span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, error))
             span.set_attribute("error.type", error_type)
         span.end(end_time=end)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def capture_wanted(environ: Mapping[str, str] | None = None) -> bool:
+    """`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`, as OpenTelemetry's GenAI
+    instrumentations read it: `true` (or `span_only`, `span_and_event`: sopctl records content
+    on spans) turns capture on; unset, `false`, `no_content` or `event_only` leave it off."""
+    env = os.environ if environ is None else environ
+    value = env.get(CAPTURE_ENV, "").strip().lower()
+    return value in ("true", "1", "yes", "span_only", "span_and_event")
 
 
 def provider_and_model(model: str) -> tuple[str, str]:
@@ -325,7 +393,7 @@ def start_tracing(flag: bool, tools: Mapping[str, str] | None = None,
     for processor in _processors(env):
         provider.add_span_processor(processor)
     tracer = provider.get_tracer(INSTRUMENTATION, __version__)
-    return Tracing(TracingObserver(tracer, tools), provider)
+    return Tracing(TracingObserver(tracer, tools, capture_content=capture_wanted(env)), provider)
 
 
 def _processors(env: Mapping[str, str]) -> list[Any]:

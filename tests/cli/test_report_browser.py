@@ -73,6 +73,7 @@ def test_report_opens_in_chromium(company_report: tuple[Path, Path], tmp_path: P
                 box = bars.nth(i).bounding_box()
                 assert box is not None and box["width"] >= 2 and box["height"] > 0
             assert page.locator("#timeline-svg path.flight").count() == 1
+            _layout_uses_the_page(page)
 
             bars.nth(3).click()                    # a bar opens its action run's details
             assert page.locator("#run-3").evaluate("d => d.open") is True
@@ -97,3 +98,17 @@ def _graph_is_drawn(page: sync_api.Page, nodes: set[str]) -> None:
         box = drawn.nth(i).locator("rect").bounding_box()
         assert box is not None and box["width"] > 20 and box["height"] > 10
     assert page.locator("#graph-svg path.edge").count() > 0
+
+
+def _layout_uses_the_page(page: sync_api.Page) -> None:
+    """The graph (the company's chain, wrapped into columns) takes most of the page's width,
+    not a narrow strip; each bar label is drawn inside its bar."""
+    section, svg = page.locator("#graph").bounding_box(), page.locator("#graph-svg").bounding_box()
+    assert section is not None and svg is not None
+    assert svg["width"] >= 0.5 * section["width"] and svg["height"] < svg["width"]
+    outside = page.evaluate("""() => Array.from(document.querySelectorAll('#timeline-svg text.bar-label'))
+        .filter(t => { const b = t.previousElementSibling.getBoundingClientRect(),
+                             r = t.getBoundingClientRect();
+                       return r.left < b.left - 0.5 || r.right > b.right + 0.5; })
+        .map(t => t.textContent)""")
+    assert page.locator("#timeline-svg text.bar-label").count() > 0 and outside == []

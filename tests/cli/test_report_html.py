@@ -197,6 +197,7 @@ def test_prompts_are_folded_and_escaped_when_recorded(runs: dict[str, Path], tmp
     exchange: dict[str, Any] = {
         "round": first.round, "role": first.role, "action": first.action, "attempt": 0,
         "origin": "model", "model": "fake", "prompt_tokens": 3, "completion_tokens": 2,
+        "request_hash": first.requests[0],         # an answer the action read
         "messages": [{"role": "system", "content": "You are <b>Biden</b>"},
                      {"role": "user", "content": "Argue."}],
         "answer": "I <i>agree</i>"}

@@ -160,7 +160,7 @@ def assert_one_count(ws: Path) -> RunState:
 def test_a_resumed_run_that_lost_an_answer_event_counts_it_on_its_action_line(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], forked_sopctl: ForkedSopctl) -> None:
     """Killed right after its 3rd answer was journaled (before the answer's event): the resume
-    reuses it. The line of the action that paid it says so (not `calls 0`), and the react
+    reuses it. The line of the action try that paid it says so (not `calls 0`), and the react
     role's state choices are on its action lines as they are in its table rows."""
     crashed = forked_sopctl("run", str(SOP), "--idea", "x", "--model", "fake", "--out",
                             str(tmp_path / "run"), env={"SOPCTL_CRASH_AFTER_ANSWER": "3"})
@@ -170,7 +170,9 @@ def test_a_resumed_run_that_lost_an_answer_event_counts_it_on_its_action_line(
     with Journal.open(tmp_path / "run") as journal:
         assert state.usage.llm_calls == len(journal.answers()) == 8     # none paid twice
     code, out, _ = cli(capsys, "show", str(tmp_path / "run"))
-    assert code == 0 and "Architect.WriteDesign  [done]  calls 1  reused 1" in out
+    # the killed invocation's try paid the answer; the resume's try reused it
+    assert code == 0 and "Architect.WriteDesign  [NOT COMPLETED in invocation 1, resumed]  calls 1  reused 0" in out
+    assert "Architect.WriteDesign  [done]  calls 0  reused 1" in out
     assert "Engineer.WriteCode  [done]  calls 3" in out
 
 

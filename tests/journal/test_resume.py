@@ -363,7 +363,10 @@ def test_resume_after_no_valid_answer_asks_the_model_again(
     assert shown["invocations"] == 3 and shown["journaled_calls"] == 7
     assert [(a["action"], a["calls"]) for a in shown["actions"]] == [("Decide", 7)]
     assert main(["show", str(ws)]) == 0
-    assert "Chooser.Decide  [done]  calls 7" in capsys.readouterr().out
+    shown_text = capsys.readouterr().out                         # one line per try
+    assert "Chooser.Decide  [NOT COMPLETED in invocation 1, resumed]  calls 3  reused 0" in shown_text
+    assert "Chooser.Decide  [NOT COMPLETED in invocation 2, resumed]  calls 3  reused 3" in shown_text
+    assert "Chooser.Decide  [done]  calls 1  reused 6" in shown_text
 
 
 def test_resume_after_an_unfinished_chain_does_not_pay_its_first_answer_again(

@@ -4,13 +4,14 @@ hands each command options of its own."""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections import OrderedDict, namedtuple
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engine.cli import commands, parser as cli_parser
-from engine.models.types import Event, ModelAnswered, plain_fields
+from engine.models.types import AnswerContent, Event, ModelAnswered, event_json, plain_fields
 from engine.run.events import ActionCompleted, MessagePublished, RunEnded, RunStarted, RunStatus
 
 Pair = namedtuple("Pair", "a b")
@@ -51,10 +52,23 @@ EVENTS = [
 ]
 
 
+def _journaled(event: Any) -> dict[str, Any]:
+    """asdict's dict without the fields only live observers get (LIVE_ONLY)."""
+    kept = {f.name for f in dataclasses.fields(event) if f.metadata.get("journal", True)}
+    return {k: v for k, v in asdict(event).items() if k in kept}
+
+
 def test_events_serialise_to_what_asdict_gives() -> None:
     for event in EVENTS:
-        assert event.to_json() == asdict(event)
-        assert [type(v) for v in event.to_json().values()] == [type(v) for v in asdict(event).values()]
+        assert event.to_json() == _journaled(event)
+        assert [type(v) for v in event.to_json().values()] == [type(v) for v in _journaled(event).values()]
+
+
+def test_an_answers_content_reaches_observers_but_not_the_journal() -> None:
+    told = ModelAnswered(1, "R", "A", 0, "h", 3, 2, 0.0, 0.1,
+                         content=AnswerContent(({"role": "user", "content": "a prompt"},), "an answer"))
+    assert "content" not in told.to_json() and "a prompt" not in event_json(told)
+    assert told == ModelAnswered(1, "R", "A", 0, "h", 3, 2, 0.0, 0.1)    # as read back from a journal
 
 
 def test_a_serialised_event_shares_no_container_with_the_event() -> None:

@@ -62,13 +62,14 @@ def _no_otel_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name)
 
 
-def traced_run(compiled: Any, workspace: Path, **options: Any) -> tuple[Any, list[ReadableSpan]]:
+def traced_run(compiled: Any, workspace: Path, *, capture: bool = False, idea: str = "a snake game",
+               **options: Any) -> tuple[Any, list[ReadableSpan]]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     tools = {a: " ".join(s.command or []) for a, s in compiled.spec.actions.items() if s.kind == "exec"}
-    observer = TracingObserver(provider.get_tracer("test"), tools)
-    result = api.run(compiled, {"idea": "a snake game"}, api.RunOptions(workspace=workspace,
+    observer = TracingObserver(provider.get_tracer("test"), tools, capture_content=capture)
+    result = api.run(compiled, {"idea": idea}, api.RunOptions(workspace=workspace,
                      observers=[observer], **options))
     return result, list(exporter.get_finished_spans())
 
@@ -366,3 +367,87 @@ def test_a_run_trace_exports_over_otlp_grpc(tmp_path: Path, monkeypatch: pytest.
     names = [span.name for request in received for rs in request.resource_spans
              for scope in rs.scope_spans for span in scope.spans]
     assert names.count("invoke_workflow journal_small") == 1 and "chat fake" in names
+
+
+# --- the conventions' attributes, and opt-in content --------------------------------------------
+
+CONTENT_KEYS = ("gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions",
+                "gen_ai.tool.call.arguments", "gen_ai.tool.call.result")
+
+
+def test_agent_spans_carry_the_conventions_attributes(tmp_path: Path) -> None:
+    from opentelemetry.trace import SpanKind
+
+    result, spans = traced_run(compile_path(SMALL), tmp_path / "run", model="fake")
+    (run,) = named(spans, "invoke_workflow")
+    assert run.kind == SpanKind.INTERNAL and run.attributes["gen_ai.workflow.name"] == "journal_small"
+    for agent in named(spans, "invoke_agent"):
+        attrs = agent.attributes
+        assert agent.kind == SpanKind.INTERNAL and agent.name == f"invoke_agent {attrs['gen_ai.agent.name']}"
+        assert attrs["gen_ai.agent.id"] == attrs["gen_ai.agent.name"]
+        assert (attrs["gen_ai.provider.name"], attrs["gen_ai.request.model"]) == ("sopctl", "fake")
+        assert attrs["gen_ai.conversation.id"] == result.run_id
+    for chat in named(spans, "chat"):
+        assert chat.kind == SpanKind.CLIENT and chat.attributes["gen_ai.conversation.id"] == result.run_id
+
+
+def test_no_content_is_recorded_unless_asked(tmp_path: Path) -> None:
+    _, spans = traced_run(compile_path(ROOT / "sops" / "mgx_team.sop.yaml"), tmp_path / "run",
+                          model="fake", allow_exec=True)
+    assert not [k for s in spans for k in (s.attributes or {}) if k in CONTENT_KEYS]
+    tools = named(spans, "execute_tool")
+    assert tools and all(s.attributes["gen_ai.tool.call.id"] for s in tools)
+
+
+def test_content_capture_records_messages_answers_and_tool_calls_redacted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    secret = "plain-service-secret-42"
+    monkeypatch.setenv("MY_SERVICE_TOKEN", secret)
+    _, spans = traced_run(compile_path(ROOT / "sops" / "mgx_team.sop.yaml"), tmp_path / "run",
+                          capture=True, idea=f"a snake game, key {secret}", model="fake", allow_exec=True)
+    chats = named(spans, "chat")
+    with Journal.open(tmp_path / "run") as journal:
+        sent = journal.exchanges()
+        texts = {row.request_hash: row.answer.text for row in journal.answers()}
+    for chat in chats:
+        asked = json.loads(chat.attributes["gen_ai.input.messages"])
+        answered = json.loads(chat.attributes["gen_ai.output.messages"])
+        journaled = sent[chat.attributes["sopctl.request_hash"]]["messages"]
+        assert [m["parts"][0]["content"] for m in asked] == [m["content"] for m in journaled
+                                                            if m["role"] != "system"]
+        assert [m["role"] for m in asked] == [m["role"] for m in journaled if m["role"] != "system"]
+        assert answered == [{"role": "assistant", "finish_reason": "stop",
+                             "parts": [{"type": "text", "content": texts[chat.attributes["sopctl.request_hash"]]}]}]
+        if any(m["role"] == "system" for m in journaled):
+            system = json.loads(chat.attributes["gen_ai.system_instructions"])
+            assert system[0]["type"] == "text" and system[0]["content"]
+    every = json.dumps([dict(s.attributes or {}) for s in spans])
+    assert secret not in every and "[REDACTED]" in every
+    tools = named(spans, "execute_tool")
+    write = next(s for s in tools if s.attributes["gen_ai.tool.name"] == "editor.write")
+    assert json.loads(write.attributes["gen_ai.tool.call.arguments"])["path"] == "main.py"
+    assert "wrote main.py" in write.attributes["gen_ai.tool.call.result"]
+
+
+@pytest.mark.parametrize(("value", "wanted"), [
+    ("", False), ("true", True), ("TRUE", True), ("false", False), ("SPAN_ONLY", True),
+    ("span_and_event", True), ("NO_CONTENT", False), ("EVENT_ONLY", False)])
+def test_what_turns_content_capture_on(value: str, wanted: bool) -> None:
+    from engine.run.tracing import CAPTURE_ENV, capture_wanted
+
+    assert capture_wanted({CAPTURE_ENV: value}) is wanted
+    assert capture_wanted({}) is False
+
+
+def test_sopctl_run_captures_content_when_the_environment_asks(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, receiver: tuple[str, list[Any]]) -> None:
+    endpoint, posts = receiver
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+    monkeypatch.setenv("OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT", "true")
+    assert main(["run", str(SMALL), "--idea", "a snake game", "--model", "fake", "--out",
+                 str(tmp_path / "run"), "--no-input"]) == 0
+    spans, _ = _decoded(posts)
+    chat = next(s for s in spans if s.name == "chat fake")
+    assert "a snake game" in _attribute(chat, "gen_ai.input.messages")
