@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import time
@@ -104,6 +105,7 @@ from engine.models.types import (
     ModelRetried,
     Price,
     Provider,
+    ResponseForm,
     StoredAnswer,
     TransientModelError,
     Usage,
@@ -149,6 +151,8 @@ class Gateway:
     """How backoff waits (tests pass a recorder instead of sleeping)."""
     api_base: str | None = None
     """Where hosted models are reached (`--api-base`); never from a SOP file (see hosted)."""
+    response_format: ResponseForm | None = None
+    """`--response-format`: how hosted servers take the output schema (over `llm.response_format`)."""
     reuse_identical: bool = False
     """`--reuse-identical`: answers keyed by the bare request hash, so an identical request
     is answered once per run (default: by place and occurrence, every request asked)."""
@@ -182,7 +186,8 @@ class Gateway:
 
     def first_request(self, spec: CallSpec) -> ModelRequest:
         """The request `call` sends first for `spec`."""
-        schema_mode = spec.kind == "json" and self.provider(spec.model).supports_schema(spec.model)
+        spec = self._formed(spec)
+        schema_mode = self._schema_mode(self.provider(spec.model), spec)
         rformat = answers.response_format(spec) if schema_mode else None
         return ModelRequest(spec, tuple(answers.first_messages(spec, schema_mode)), rformat, 0)
 
@@ -194,8 +199,9 @@ class Gateway:
     async def call(self, spec: CallSpec) -> CallResult:
         """The accepted answer for `spec`, or ActionFailed / LLMError / BudgetExceeded / ReplayDivergence."""
         _check_spec(spec)
+        spec = self._formed(spec)
         provider = self.provider(spec.model)
-        schema_mode = spec.kind == "json" and provider.supports_schema(spec.model)
+        schema_mode = self._schema_mode(provider, spec)
         rformat = answers.response_format(spec) if schema_mode else None
         messages = answers.first_messages(spec, schema_mode)
         result = CallResult(value=None, text="")
@@ -221,6 +227,20 @@ class Gateway:
                                    hint="raise the action's `max_retries`, simplify its output, or use "
                                         "a stronger model (`sopctl resume` asks the model again)")
             attempt += 1
+
+    def _formed(self, spec: CallSpec) -> CallSpec:
+        """`spec` with `--response-format` (the user's, for the server they chose) over the file's."""
+        if self.response_format is None or spec.response_format == self.response_format:
+            return spec
+        return dataclasses.replace(spec, response_format=self.response_format)
+
+    @staticmethod
+    def _schema_mode(provider: Provider, spec: CallSpec) -> bool:
+        """Whether the schema travels as `response_format`: as declared (`none`: in the prompt
+        only), else where the provider says the model supports it."""
+        if spec.kind != "json" or spec.response_format == "none":
+            return False
+        return spec.response_format is not None or provider.supports_schema(spec.model)
 
     def _may_ask_again(self, spec: CallSpec, messages: list[dict[str, str]],
                        rformat: dict[str, Any] | None) -> bool:

@@ -47,6 +47,7 @@ from typing import Any
 
 from engine.errors import LLMError, RunError, UsageError
 from engine.load.secrets import scrub
+from engine.models.answers import wire_format
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import (
     CallSpec,
@@ -148,6 +149,10 @@ class LiteLLMProvider:
         return self._prices[model]
 
     def supports_schema(self, model: str) -> bool:
+        """As litellm says; an `openai/` model its cost map does not know (a self-hosted
+        server's) gets the schema too, as through the direct client (engine.models.openai_http)."""
+        if model.startswith("openai/") and _unknown_openai(model):
+            return True
         try:
             return bool(litellm_module().supports_response_schema(model=model))
         except Exception:  # noqa: BLE001 - unknown model: ask in the prompt instead
@@ -187,8 +192,9 @@ class LiteLLMProvider:
         kwargs: dict[str, Any] = {"model": model, "messages": list(request.messages),
                                   "num_retries": 0, "drop_params": True,
                                   "timeout": spec.timeout_s or DEFAULT_TIMEOUT_S}
+        rformat = wire_format(request.response_format, spec.response_format)   # a declared form
         for name, value in (("temperature", spec.temperature), ("max_tokens", spec.max_tokens),
-                            ("response_format", request.response_format)):
+                            ("response_format", rformat)):
             if value is not None:
                 kwargs[name] = value
         tools = native_tools(model, spec)
@@ -234,6 +240,13 @@ class LiteLLMProvider:
         if not counted and price is not spec.fallback_price:  # litellm's own price
             cost = _litellm_cost(litellm, response, cost)
         return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
+
+
+def _unknown_openai(model: str) -> bool:
+    """An `openai/` model litellm's cost map does not list (a self-hosted one)."""
+    from engine.models.openai_http import catalog_entry   # that module imports this one
+
+    return catalog_entry(model) is None
 
 
 def _function_names(spec: CallSpec) -> dict[str, str]:

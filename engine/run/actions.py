@@ -452,7 +452,7 @@ def model_call(ctx: RunContext, role_id: str, action_id: str, round_: int, **req
     llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override, ctx.price)
     return CallSpec(action=action_id, role=role_id, model=llm["model"], temperature=llm["temperature"],
                     max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"],
-                    fallback_price=llm["price"], round=round_, place=_PLACE.get(), **request)
+                    response_format=llm["response_format"], fallback_price=llm["price"], round=round_, place=_PLACE.get(), **request)
 
 
 async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: str,

@@ -148,7 +148,8 @@ class Team:
         self.workspace = Workspace(root)
         self._artifacts: dict[str, str] = {}
         gateway = options.gateway or Gateway(store=options.store, replay=options.replay,
-                                             api_base=options.api_base)
+                                             api_base=options.api_base,
+                                             response_format=options.response_format)
         gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
         gateway.reuse_identical = gateway.reuse_identical or options.reuse_identical
         gateway.emit = self._emit         # its attempts, retries and re-asks are run events
