@@ -243,10 +243,14 @@ class LiteLLMProvider:
 
 
 def _unknown_openai(model: str) -> bool:
-    """An `openai/` model litellm's cost map does not list (a self-hosted one)."""
-    from engine.models.openai_http import catalog_entry   # that module imports this one
-
-    return catalog_entry(model) is None
+    """An `openai/` model litellm's cost map does not list as OpenAI's (a self-hosted one)."""
+    try:
+        cost = litellm_module().model_cost
+    except Exception:  # noqa: BLE001 - no cost map: nothing is known
+        return True
+    entries = [cost.get(name) for name in (model[len("openai/"):], model)]
+    return not any(isinstance(e, dict) and (e.get("litellm_provider") == "openai" or "alias_of" in e)
+                   for e in entries)
 
 
 def _function_names(spec: CallSpec) -> dict[str, str]:
