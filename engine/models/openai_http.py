@@ -173,7 +173,18 @@ def _sdk() -> Any:
     with _SDK_LOCK:
         import openai  # not at the top: `import engine` and `sopctl validate` never pay for it
 
+        _SDK_READY.set()
         return openai
+
+
+_SDK_READY = threading.Event()
+
+
+def sdk_loading() -> bool:
+    """Whether the SDK is being imported now (`prepare`'s thread or the first request): a
+    run's warm-up waits for it before its wait for the first request counts (on a busy
+    machine the import alone can take longer than that wait)."""
+    return _SDK_LOCK.locked() and not _SDK_READY.is_set()
 
 
 # --------------------------------------------------------------------------- the providers
