@@ -35,6 +35,7 @@ which could send the user's key to its author's host.
 from __future__ import annotations
 
 import email.utils
+import functools
 import json
 import logging
 import os
@@ -153,13 +154,15 @@ class LiteLLMProvider:
         server's) gets the schema too, as through the direct client (engine.models.openai_http)."""
         if model.startswith("openai/") and _unknown_openai(model):
             return True
-        try:
-            return bool(litellm_module().supports_response_schema(model=model))
-        except Exception:  # noqa: BLE001 - unknown model: ask in the prompt instead
-            return False
+        return _litellm_says("supports_response_schema", model)
 
     def preflight(self, model: str) -> None:
         """An unknown model string is a usage error; a missing key is named before any call."""
+        if model.startswith(_EMBEDDINGS_ONLY):
+            raise UsageError(f"model '{model}': litellm's `openai_like/` provider sends embeddings only, "
+                             "no chat completions (its answer would be 'Unmapped LLM provider')",
+                             hint=f"write openai/{model.split('/', 1)[1]} with --api-base URL: sopctl's own "
+                                  "client for any OpenAI-compatible server")
         litellm = litellm_module()
         try:
             litellm.get_llm_provider(model=model)
@@ -242,6 +245,10 @@ class LiteLLMProvider:
         return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
 
 
+_EMBEDDINGS_ONLY = ("openai_like/",)
+"""Providers litellm knows only for embeddings (litellm.main: `openai_like` in `embedding` only)."""
+
+
 def _unknown_openai(model: str) -> bool:
     """An `openai/` model litellm's cost map does not list as OpenAI's (a self-hosted one)."""
     try:
@@ -265,12 +272,20 @@ def native_tools(model: str, spec: CallSpec) -> list[dict[str, Any]] | None:
     functions (else None: the JSON command list in the prompt, as for every other model)."""
     if spec.tool_step < 0 or not spec.commands:
         return None
-    try:
-        if not litellm_module().supports_function_calling(model=model):
-            return None
-    except Exception:  # noqa: BLE001 - unknown model: the JSON command list
+    if not _litellm_says("supports_function_calling", model):
         return None
     return tool_list(spec)
+
+
+@functools.cache
+def _litellm_says(question: str, model: str) -> bool:
+    """litellm's `supports_response_schema` or `supports_function_calling` for a model, asked
+    once per process: for `ollama_chat/` and `ollama/` models each question is an HTTP request
+    to the server's /api/show (blocking, on the event loop), which was made for every request."""
+    try:
+        return bool(getattr(litellm_module(), question)(model=model))
+    except Exception:  # noqa: BLE001 - unknown model: the schema (or the command list) in the prompt
+        return False
 
 
 def tool_list(spec: CallSpec) -> list[dict[str, Any]] | None:
