@@ -6,7 +6,8 @@
    `override_model(...)`, the gateway's own `providers`, the registry (`register_model`;
    built-ins `fake` and `local`), else litellm.
 2. Messages are built by `engine.models.answers` (our wording). A `json` action's schema travels as
-   `response_format` when the provider supports structured output, else in the prompt.
+   `response_format` when the provider supports structured output (or the file's
+   `llm.response_format` / `--response-format` says the server takes it), else in the prompt.
 3. Each model request (the first ask and every re-ask) gets a `request_hash`: sha256 of the
    canonical JSON of everything that determines the answer (model, messages, schema and
    response_format, temperature, max_tokens, kind) and never an API key. **Within one
@@ -65,8 +66,8 @@ is re-asked). So the journal records them, the live display shows them and `sopc
 counts them. `usage` is folded from those same events; each call's `CallResult.events` lists
 its own (and `CallResult.usage` folds them).
 
-Hosted models live in `engine.models.openai_http` (`openai/` chat models, sent over httpx
-without litellm) and `engine.models.hosted`, the only module that touches litellm; it imports
+Hosted models live in `engine.models.openai_http` (`openai/` chat models, sent by the openai
+SDK without litellm) and `engine.models.hosted`, the only module that touches litellm; it imports
 litellm on the first call that needs it, never at `import engine`.
 """
 

@@ -1,11 +1,14 @@
-"""OpenAI-compatible chat servers, asked directly over HTTP (httpx), without litellm.
+"""OpenAI-compatible chat servers, asked with the official `openai` SDK's async client,
+without litellm.
 
 Why: importing litellm takes seconds (its provider SDKs and types), and a run whose model is
 `openai/NAME` (OpenAI itself, or any OpenAI-compatible server: vLLM, llama.cpp's server,
-Ollama's /v1) needs none of it to send a chat completion. So its first request leaves as
-soon as the run is ready; litellm is imported only if an answer needs it (its cost function
-for a model it prices, its token counter for an answer without `usage`), in a background
-thread started once the first request is on the wire.
+Ollama's /v1, Azure OpenAI) needs none of it to send a chat completion. So its first request
+leaves as soon as the run is ready (the SDK, under a second to import, is imported in
+`prepare`'s thread while the SOP compiles); litellm is imported only if an answer needs it
+(its cost function for a model it prices, its token counter for an answer without `usage`),
+in a background thread started once the first request is on the wire. The SDK's own retries
+are off (`max_retries=0`): the gateway retries, and journals.
 
 Which models (`routes_directly`): `openai/NAME` where litellm itself sends a plain chat
 completion: NAME unknown to litellm's cost map (a self-hosted model), or listed there as an
@@ -17,19 +20,21 @@ reasons: `max_completion_tokens`, no temperature), `gpt-4` and `gpt-3.5-turbo-16
 
 What is sent is what litellm sends for the same call (tests/models/test_openai_http.py compares the
 two against one server): the model name without its prefix, the messages, `temperature` and
-`max_tokens` when set, the schema as `response_format` when the model supports it, else a
-tool loop's commands as `tools` with `tool_choice: required` when it calls functions; the
-same server (`--api-base`, else OPENAI_BASE_URL, else OPENAI_API_BASE, else OpenAI's), key
-(OPENAI_API_KEY), organization (OPENAI_ORGANIZATION) and project (OPENAI_PROJECT_ID), the
-same timeout; proxies and CA files from the environment (httpx's `trust_env`). What a model
-supports, and its price, come from litellm's own cost map file, read without importing
-litellm.
+`max_tokens` when set, the schema as `response_format` when the model supports it (a
+self-hosted one always, in the form its server takes: `_negotiated`), else a tool loop's
+commands as `tools` with `tool_choice: required` when it calls functions; the same server
+(`--api-base`, else OPENAI_BASE_URL, else OPENAI_API_BASE, else OpenAI's; its query string on
+every request, an Azure endpoint's key as `api-key`), key (OPENAI_API_KEY), organization
+(OPENAI_ORGANIZATION) and project (OPENAI_PROJECT_ID), the same timeout; proxies and CA files
+from the environment (`trust_env`). What a model supports, and its price, come from
+litellm's own cost map file, read without importing litellm.
 
-Errors fall in the same family as litellm's (engine.models.hosted): 408, 429, 5xx, timeouts,
-connection errors, an answer that is not JSON or has no choices are `TransientModelError`
-(the gateway retries them, after `Retry-After` when given); 401 is a missing or refused key
-(naming the variable, never its value), any other status an `LLMError` with the server's
-message, redacted.
+Errors fall in the same family as litellm's (engine.models.hosted), read as the SDK reads
+them: 408, 409, 429, 5xx (or as the server's `x-should-retry` says), timeouts, connection
+errors, an answer that is not JSON or has no choices are `TransientModelError` (the gateway
+retries them, after `Retry-After` when given); an `error` inside a 200 is an error of its
+`code`, as litellm reads it; 401 is a missing or refused key (naming the variable, never its
+value), any other status an `LLMError` with the server's message, redacted.
 """
 
 from __future__ import annotations
