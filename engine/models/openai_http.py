@@ -46,6 +46,7 @@ import json
 import os
 import re
 import threading
+import time
 import urllib.parse
 import weakref
 from dataclasses import dataclass, field
@@ -178,18 +179,24 @@ def _sdk() -> Any:
     with _SDK_LOCK:
         import openai  # not at the top: `import engine` and `sopctl validate` never pay for it
 
-        _SDK_READY.set()
+        if not _MARKS:
+            _MARKS.append(time.monotonic())
         return openai
 
 
-_SDK_READY = threading.Event()
+_MARKS: list[float] = []
+"""When the SDK was imported, then when the first request began to be made (monotonic)."""
 
 
-def sdk_loading() -> bool:
-    """Whether the SDK is being imported now (`prepare`'s thread or the first request): a
-    run's warm-up waits for it before its wait for the first request counts (on a busy
-    machine the import alone can take longer than that wait)."""
-    return _SDK_LOCK.locked() and not _SDK_READY.is_set()
+def warm_up_wait_left(wait_s: float) -> float:
+    """How much longer a run's warm-up should wait for the first request to be sent: while
+    the SDK imports, a little (ask again); then `wait_s` counted from the import's end, and
+    from the first request's start (its first call builds the SDK's lazy parts). On a busy
+    machine the import alone outlasts a wait counted from the run's start, and the warm-up's
+    CPU would then slow the very request it waits for. 0: nothing to wait for."""
+    if _SDK_LOCK.locked() and not _MARKS:
+        return 0.05
+    return max((mark + wait_s - time.monotonic() for mark in _MARKS), default=0.0)
 
 
 # --------------------------------------------------------------------------- the providers
@@ -302,8 +309,8 @@ class OpenAIHTTP:
         server = self._url()
         form = _SERVER_FORMS.get(server, FORMS[0]) if learning else declared
         while True:
-            try:
-                data = await self._post(request, form)
+            try:   # a refusal of the form matters only where a form is tried or declared
+                data = await self._post(request, form, forms=learning or declared is not None)
             except _FormRefused as exc:
                 if learning and form != FORMS[-1]:
                     form = FORMS[FORMS.index(form or FORMS[0]) + 1]
@@ -315,9 +322,11 @@ class OpenAIHTTP:
                 _SERVER_FORMS[server] = form or FORMS[0]
             return data
 
-    async def _post(self, request: ModelRequest, form: str | None) -> dict[str, Any]:
+    async def _post(self, request: ModelRequest, form: str | None, *, forms: bool = False) -> dict[str, Any]:
         """The answer's JSON, or our error family (see the module docstring)."""
         openai = _sdk()
+        if len(_MARKS) == 1:
+            _MARKS.append(time.monotonic())
         spec = request.spec
         where = f"model '{spec.model}' for action {spec.action}"
         timeout = spec.timeout_s or DEFAULT_TIMEOUT_S
@@ -333,7 +342,7 @@ class OpenAIHTTP:
             raise TransientModelError(redact(f"{where}: APIConnectionError: "
                                              f"{type(cause).__name__}: {cause}")) from None
         except openai.APIStatusError as exc:
-            _refused(request, exc.response, "response_format" in body)
+            _refused(request, exc.response, forms and "response_format" in body)
             raise AssertionError("unreachable") from None   # pragma: no cover
         finally:
             _SENDING.reset(token)

@@ -37,7 +37,7 @@ from engine.load.spec import (
 )
 from engine.models.answers import prepare_validator
 from engine.models.gateway import Gateway
-from engine.models.openai_http import sdk_loading
+from engine.models.openai_http import warm_up_wait_left
 from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec, Price, durable
 from engine.run.events import RunEvent, RunLog
@@ -606,10 +606,8 @@ def warm_up(compiled: CompiledSop, after: threading.Event | None = None) -> thre
 def _warm(compiled: CompiledSop, after: threading.Event | None = None) -> None:
     if after is not None:
         after.wait(WARM_UP_WAIT_S)
-        if not after.is_set() and sdk_loading():   # the client is still importing: wait for it,
-            while sdk_loading() and not after.is_set():   # then for its request as above
-                after.wait(0.05)
-            after.wait(WARM_UP_WAIT_S)
+        while not after.is_set() and (left := warm_up_wait_left(WARM_UP_WAIT_S)) > 0:
+            after.wait(left)   # the direct client is still getting its first request ready
     precompile_all(compiled.plan.templates, compiled.plan.expressions)   # first: the first call needs its prompt
     for schema in compiled.output_schemas.values():
         if schema is not None:
