@@ -6,13 +6,13 @@ answers one fixed chat completion): `llama_cpp.server` needs a GGUF model file, 
 shipped or fetched. The run is the real CLI, `sopctl run sops/software_company.sop.yaml
 --model openai/stub --api-base http://127.0.0.1:PORT/v1`, in a fresh process, exactly as
 with a hosted OpenAI-compatible server. It is measured up to its first request, then stopped,
-twice in the same bench: sent by sopctl's own HTTP client (the default for `openai/` models,
-engine/models/openai_http.py), and through litellm (`SOPCTL_OPENAI_VIA_LITELLM=1`, the path
+twice in the same bench: sent by sopctl's own client (the default for `openai/` models,
+engine/models/openai_http.py, on the openai SDK), and through litellm (`SOPCTL_OPENAI_VIA_LITELLM=1`, the path
 of every other provider):
 
 - time to the first request: from starting the process to the request reaching the server;
 - peak RSS of the run's process at that moment (`VmHWM`);
-- import of what the run needs before its first request (engine CLI, run machinery, and httpx
+- import of what the run needs before its first request (engine CLI, run machinery, and the openai SDK
   or litellm), in a fresh process, as `bench.compare` measures the fake run's.
 
 Every run is a warm start, as every run after the first one is: Python's bytecode cache is
@@ -116,7 +116,7 @@ def first_request(via_litellm: bool = False, timeout_s: float = 180.0) -> dict[s
 
 _IMPORT = ("import time; t = time.perf_counter(); import engine.cli.commands, engine.cli.live, "
            "engine.api; {client}; print(time.perf_counter() - t)")
-_CLIENTS = {False: "from engine.models.openai_http import _httpx; _httpx()",
+_CLIENTS = {False: "from engine.models.openai_http import _sdk; _sdk()",
             True: "from engine.models.hosted import litellm_module; litellm_module()"}
 
 

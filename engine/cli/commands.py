@@ -170,12 +170,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _preload_hosted_stack(model: str) -> None:
     """A hosted model's run needs litellm (seconds to import): start importing it now, in a
     thread, so it overlaps compiling the SOP and preparing the run. An `openai/` model sent
-    by the direct client (engine.models.openai_http) needs only httpx and the cost map: it
+    by the direct client (engine.models.openai_http) needs only the openai SDK and the cost map: it
     prepares those instead, and its first request never waits for litellm."""
     if not model or not is_hosted(model):
         return
     if model.startswith("openai/"):
-        from engine.models import openai_http   # here: it imports asyncio (and httpx)
+        from engine.models import openai_http   # here: it imports asyncio (the SDK only in prepare)
 
         if openai_http.may_route_directly(model):   # the cost map is read in the thread
             openai_http.prepare()

@@ -32,6 +32,7 @@ def run_options(args: argparse.Namespace, observers: Sequence[RunObserver] = ())
         workspace=flags.get("workspace"), allow_exec=flags.get("allow_exec", False),
         isolate=flags.get("isolate"), allow_network=flags.get("allow_network", False),
         allow_hosts=flags.get("allow_host", ()), api_base=flags.get("api_base"),
+        response_format=flags.get("response_format"),
         price=flags.get("price"), max_answer_chars=flags.get("max_answer_chars"), send_to=flags.get("send_to", ()), observers=tuple(observers),
         reuse_identical=flags.get("reuse_identical", False),
         person=_person(args) if "no_input" in flags else None,

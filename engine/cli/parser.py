@@ -302,6 +302,11 @@ def _add_hosted_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-base", metavar="URL", type=_api_base,
                    help="base URL of an OpenAI-compatible server for hosted models "
                         "(default: litellm's, e.g. $OPENAI_API_BASE)")
+    p.add_argument("--response-format", choices=("json_schema", "json_object", "none"),
+                   help="how that server takes a JSON action's output schema: json_schema (OpenAI's "
+                        "structured outputs), json_object (JSON mode with the schema: llama.cpp's "
+                        "Python server) or none (in the prompt only); over the file's "
+                        "llm.response_format (default: found out per server)")
     p.add_argument("--price", metavar="IN,OUT", type=_price,
                    help="USD per million prompt and completion tokens of a model litellm "
                         "cannot price (a self-hosted one), e.g. 0.2,0.6")

@@ -268,8 +268,9 @@ def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
     """What a file's actions and tools need from the command line: `--allow-exec` (exec actions,
     terminal, notebook, stdio MCP servers), `--allow-host` (streamable HTTP servers and the search endpoint, by host) and `--allow-network or
     --allow-host` (the browser), each with what needs it.
-    A replay runs no tool (their results come from the journal), but still starts the MCP
-    servers to learn their tools, which the prompts list."""
+    A replay runs no tool (their results come from the journal) and starts no MCP server (the
+    journal holds their tool lists; one recorded before it did is checked when the replay
+    starts, engine.run.team)."""
     exec_users: list[str] = []
     hosts: list[str] = []
     browsing: list[str] = []
@@ -284,7 +285,7 @@ def flags_needed(spec: Sop, *, replay: bool = False) -> dict[str, list[str]]:
             browsing.append(f"browser ({aid})")
         if not replay and spec.search is not None and any(c.name.split(".")[0] == SEARCH for c in commands):
             hosts.append(f"{search_host(spec)} (search)")
-        for name in servers:
+        for name in servers if not replay else ():
             server = spec.mcp[name]
             if server.command:
                 exec_users.append(f"mcp server {name}")

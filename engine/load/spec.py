@@ -147,6 +147,13 @@ class LLMSpec(_Model):
     timeout_s: float | None = Field(default=None, gt=0, description=(
         "Seconds before one call is abandoned (then retried). Hosted models default to 120."))
     price: Annotated[PriceSpec | None, Absent()] = None
+    response_format: Annotated[Literal["json_schema", "json_object", "none"] | None, Absent()] = Field(
+        default=None, description=(
+            "How an OpenAI-compatible server takes a JSON action's output schema: `json_schema` (OpenAI's "
+            "structured outputs), `json_object` (JSON mode with the schema beside it: llama.cpp's Python server, "
+            "older vLLM) or `none` (the schema in the prompt only). Default: what the model supports; a "
+            "self-hosted server is tried in that order and what it takes is remembered for the run. "
+            "`--response-format` overrides it."))
 
 
 class TeamSpec(_Model):

@@ -141,6 +141,22 @@ def response_format(spec: CallSpec) -> dict[str, Any]:
     }
 
 
+FORMS = ("json_schema", "json_object", "none")
+"""How a server may take the output schema, from the most to the least it does for us."""
+
+
+def wire_format(rformat: dict[str, Any] | None, form: str | None) -> dict[str, Any] | None:
+    """`response_format(spec)` as sent to a server that takes `form`: as is (`json_schema`,
+    or None: as the provider says), JSON mode with the schema beside it (`json_object`: what
+    llama.cpp's Python server and older vLLM read), or nothing (`none`: the prompt lists the
+    fields). The request hash covers `rformat`, never this."""
+    if rformat is None or form in (None, "json_schema") or rformat.get("type") != "json_schema":
+        return rformat
+    if form == "json_object":
+        return {"type": "json_object", "schema": rformat["json_schema"]["schema"]}
+    return None
+
+
 def first_messages(spec: CallSpec, schema_mode: bool) -> list[dict[str, str]]:
     """System prompt (the role's prefix) and the action's prompt with our answer instructions."""
     messages = [{"role": "system", "content": spec.system}] if spec.system else []

@@ -6,7 +6,8 @@
    `override_model(...)`, the gateway's own `providers`, the registry (`register_model`;
    built-ins `fake` and `local`), else litellm.
 2. Messages are built by `engine.models.answers` (our wording). A `json` action's schema travels as
-   `response_format` when the provider supports structured output, else in the prompt.
+   `response_format` when the provider supports structured output (or the file's
+   `llm.response_format` / `--response-format` says the server takes it), else in the prompt.
 3. Each model request (the first ask and every re-ask) gets a `request_hash`: sha256 of the
    canonical JSON of everything that determines the answer (model, messages, schema and
    response_format, temperature, max_tokens, kind) and never an API key. **Within one
@@ -67,8 +68,8 @@ is re-asked). So the journal records them, the live display shows them and `sopc
 counts them. `usage` is folded from those same events; each call's `CallResult.events` lists
 its own (and `CallResult.usage` folds them).
 
-Hosted models live in `engine.models.openai_http` (`openai/` chat models, sent over httpx
-without litellm) and `engine.models.hosted`, the only module that touches litellm; it imports
+Hosted models live in `engine.models.openai_http` (`openai/` chat models, sent by the openai
+SDK without litellm) and `engine.models.hosted`, the only module that touches litellm; it imports
 litellm on the first call that needs it, never at `import engine`.
 """
 
@@ -76,6 +77,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import random
 import time
@@ -107,6 +109,7 @@ from engine.models.types import (
     ModelRetried,
     Price,
     Provider,
+    ResponseForm,
     StoredAnswer,
     TransientModelError,
     Usage,
@@ -154,6 +157,8 @@ class Gateway:
     """Where hosted models are reached (`--api-base`); never from a SOP file (see hosted)."""
     max_answer_chars: int = answers.MAX_ANSWER_CHARS
     """`--max-answer-chars`: a longer answer is cut there before it is journaled, and re-asked."""
+    response_format: ResponseForm | None = None
+    """`--response-format`: how hosted servers take the output schema (over `llm.response_format`)."""
     reuse_identical: bool = False
     """`--reuse-identical`: answers keyed by the bare request hash, so an identical request
     is answered once per run (default: by place and occurrence, every request asked)."""
@@ -187,7 +192,8 @@ class Gateway:
 
     def first_request(self, spec: CallSpec) -> ModelRequest:
         """The request `call` sends first for `spec`."""
-        schema_mode = spec.kind == "json" and self.provider(spec.model).supports_schema(spec.model)
+        spec = self._formed(spec)
+        schema_mode = self._schema_mode(self.provider(spec.model), spec)
         rformat = answers.response_format(spec) if schema_mode else None
         return ModelRequest(spec, tuple(answers.first_messages(spec, schema_mode)), rformat, 0)
 
@@ -199,8 +205,9 @@ class Gateway:
     async def call(self, spec: CallSpec) -> CallResult:
         """The accepted answer for `spec`, or ActionFailed / LLMError / BudgetExceeded / ReplayDivergence."""
         _check_spec(spec)
+        spec = self._formed(spec)
         provider = self.provider(spec.model)
-        schema_mode = spec.kind == "json" and provider.supports_schema(spec.model)
+        schema_mode = self._schema_mode(provider, spec)
         rformat = answers.response_format(spec) if schema_mode else None
         messages = answers.first_messages(spec, schema_mode)
         result = CallResult(value=None, text="")
@@ -228,6 +235,20 @@ class Gateway:
                                    hint="raise the action's `max_retries`, simplify its output, or use "
                                         "a stronger model (`sopctl resume` asks the model again)")
             attempt += 1
+
+    def _formed(self, spec: CallSpec) -> CallSpec:
+        """`spec` with `--response-format` (the user's, for the server they chose) over the file's."""
+        if self.response_format is None or spec.response_format == self.response_format:
+            return spec
+        return dataclasses.replace(spec, response_format=self.response_format)
+
+    @staticmethod
+    def _schema_mode(provider: Provider, spec: CallSpec) -> bool:
+        """Whether the schema travels as `response_format`: as declared (`none`: in the prompt
+        only), else where the provider says the model supports it."""
+        if spec.kind != "json" or spec.response_format == "none":
+            return False
+        return spec.response_format is not None or provider.supports_schema(spec.model)
 
     def _may_ask_again(self, spec: CallSpec, messages: list[dict[str, str]],
                        rformat: dict[str, Any] | None) -> bool:

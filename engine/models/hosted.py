@@ -35,6 +35,7 @@ which could send the user's key to its author's host.
 from __future__ import annotations
 
 import email.utils
+import functools
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ from typing import Any
 
 from engine.errors import LLMError, RunError, UsageError
 from engine.load.secrets import scrub
+from engine.models.answers import wire_format
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import (
     CallSpec,
@@ -148,13 +150,19 @@ class LiteLLMProvider:
         return self._prices[model]
 
     def supports_schema(self, model: str) -> bool:
-        try:
-            return bool(litellm_module().supports_response_schema(model=model))
-        except Exception:  # noqa: BLE001 - unknown model: ask in the prompt instead
-            return False
+        """As litellm says; an `openai/` model its cost map does not know (a self-hosted
+        server's) gets the schema too, as through the direct client (engine.models.openai_http)."""
+        if model.startswith("openai/") and _unknown_openai(model):
+            return True
+        return _litellm_says("supports_response_schema", model)
 
     def preflight(self, model: str) -> None:
         """An unknown model string is a usage error; a missing key is named before any call."""
+        if model.startswith(_EMBEDDINGS_ONLY):
+            raise UsageError(f"model '{model}': litellm's `openai_like/` provider sends embeddings only, "
+                             "no chat completions (its answer would be 'Unmapped LLM provider')",
+                             hint=f"write openai/{model.split('/', 1)[1]} with --api-base URL: sopctl's own "
+                                  "client for any OpenAI-compatible server")
         litellm = litellm_module()
         try:
             litellm.get_llm_provider(model=model)
@@ -187,8 +195,9 @@ class LiteLLMProvider:
         kwargs: dict[str, Any] = {"model": model, "messages": list(request.messages),
                                   "num_retries": 0, "drop_params": True,
                                   "timeout": spec.timeout_s or DEFAULT_TIMEOUT_S}
+        rformat = wire_format(request.response_format, spec.response_format)   # a declared form
         for name, value in (("temperature", spec.temperature), ("max_tokens", spec.max_tokens),
-                            ("response_format", request.response_format)):
+                            ("response_format", rformat)):
             if value is not None:
                 kwargs[name] = value
         tools = native_tools(model, spec)
@@ -236,6 +245,21 @@ class LiteLLMProvider:
         return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
 
 
+_EMBEDDINGS_ONLY = ("openai_like/",)
+"""Providers litellm knows only for embeddings (litellm.main: `openai_like` in `embedding` only)."""
+
+
+def _unknown_openai(model: str) -> bool:
+    """An `openai/` model litellm's cost map does not list as OpenAI's (a self-hosted one)."""
+    try:
+        cost = litellm_module().model_cost
+    except Exception:  # noqa: BLE001 - no cost map: nothing is known
+        return True
+    entries = [cost.get(name) for name in (model[len("openai/"):], model)]
+    return not any(isinstance(e, dict) and (e.get("litellm_provider") == "openai" or "alias_of" in e)
+                   for e in entries)
+
+
 def _function_names(spec: CallSpec) -> dict[str, str]:
     """Provider function name -> our command (`editor.write` -> `editor__write`: a provider
     allows only letters, digits, `_` and `-`)."""
@@ -248,12 +272,20 @@ def native_tools(model: str, spec: CallSpec) -> list[dict[str, Any]] | None:
     functions (else None: the JSON command list in the prompt, as for every other model)."""
     if spec.tool_step < 0 or not spec.commands:
         return None
-    try:
-        if not litellm_module().supports_function_calling(model=model):
-            return None
-    except Exception:  # noqa: BLE001 - unknown model: the JSON command list
+    if not _litellm_says("supports_function_calling", model):
         return None
     return tool_list(spec)
+
+
+@functools.cache
+def _litellm_says(question: str, model: str) -> bool:
+    """litellm's `supports_response_schema` or `supports_function_calling` for a model, asked
+    once per process: for `ollama_chat/` and `ollama/` models each question is an HTTP request
+    to the server's /api/show (blocking, on the event loop), which was made for every request."""
+    try:
+        return bool(getattr(litellm_module(), question)(model=model))
+    except Exception:  # noqa: BLE001 - unknown model: the schema (or the command list) in the prompt
+        return False
 
 
 def tool_list(spec: CallSpec) -> list[dict[str, Any]] | None:

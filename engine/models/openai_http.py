@@ -1,11 +1,14 @@
-"""OpenAI-compatible chat servers, asked directly over HTTP (httpx), without litellm.
+"""OpenAI-compatible chat servers, asked with the official `openai` SDK's async client,
+without litellm.
 
 Why: importing litellm takes seconds (its provider SDKs and types), and a run whose model is
 `openai/NAME` (OpenAI itself, or any OpenAI-compatible server: vLLM, llama.cpp's server,
-Ollama's /v1) needs none of it to send a chat completion. So its first request leaves as
-soon as the run is ready; litellm is imported only if an answer needs it (its cost function
-for a model it prices, its token counter for an answer without `usage`), in a background
-thread started once the first request is on the wire.
+Ollama's /v1, Azure OpenAI) needs none of it to send a chat completion. So its first request
+leaves as soon as the run is ready (the SDK, under a second to import, is imported in
+`prepare`'s thread while the SOP compiles); litellm is imported only if an answer needs it
+(its cost function for a model it prices, its token counter for an answer without `usage`),
+in a background thread started once the first request is on the wire. The SDK's own retries
+are off (`max_retries=0`): the gateway retries, and journals.
 
 Which models (`routes_directly`): `openai/NAME` where litellm itself sends a plain chat
 completion: NAME unknown to litellm's cost map (a self-hosted model), or listed there as an
@@ -17,33 +20,38 @@ reasons: `max_completion_tokens`, no temperature), `gpt-4` and `gpt-3.5-turbo-16
 
 What is sent is what litellm sends for the same call (tests/models/test_openai_http.py compares the
 two against one server): the model name without its prefix, the messages, `temperature` and
-`max_tokens` when set, the schema as `response_format` when the model supports it, else a
-tool loop's commands as `tools` with `tool_choice: required` when it calls functions; the
-same server (`--api-base`, else OPENAI_BASE_URL, else OPENAI_API_BASE, else OpenAI's), key
-(OPENAI_API_KEY), organization (OPENAI_ORGANIZATION) and project (OPENAI_PROJECT_ID), the
-same timeout; proxies and CA files from the environment (httpx's `trust_env`). What a model
-supports, and its price, come from litellm's own cost map file, read without importing
-litellm.
+`max_tokens` when set, the schema as `response_format` when the model supports it (a
+self-hosted one always, in the form its server takes: `_negotiated`), else a tool loop's
+commands as `tools` with `tool_choice: required` when it calls functions; the same server
+(`--api-base`, else OPENAI_BASE_URL, else OPENAI_API_BASE, else OpenAI's; its query string on
+every request, an Azure endpoint's key as `api-key`), key (OPENAI_API_KEY), organization
+(OPENAI_ORGANIZATION) and project (OPENAI_PROJECT_ID), the same timeout; proxies and CA files
+from the environment (`trust_env`). What a model supports, and its price, come from
+litellm's own cost map file, read without importing litellm.
 
-Errors fall in the same family as litellm's (engine.models.hosted): 408, 429, 5xx, timeouts,
-connection errors, an answer that is not JSON or has no choices are `TransientModelError`
-(the gateway retries them, after `Retry-After` when given); 401 is a missing or refused key
-(naming the variable, never its value), any other status an `LLMError` with the server's
-message, redacted.
+Errors fall in the same family as litellm's (engine.models.hosted), read as the SDK reads
+them: 408, 409, 429, 5xx (or as the server's `x-should-retry` says), timeouts, connection
+errors, an answer that is not JSON or has no choices are `TransientModelError` (the gateway
+retries them, after `Retry-After` when given); an `error` inside a 200 is an error of its
+`code`, as litellm reads it; 401 is a missing or refused key (naming the variable, never its
+value), any other status an `LLMError` with the server's message, redacted.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import importlib.util
 import json
 import os
-import sys
+import re
 import threading
+import time
+import urllib.parse
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from collections.abc import Mapping
 
 from engine.errors import LLMError, RunError
@@ -61,11 +69,9 @@ from engine.models.hosted import (
     token_count,
     tool_list,
 )
+from engine.models.answers import FORMS, wire_format
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import ModelAnswer, ModelRequest, Price, TransientModelError, price_of
-
-if TYPE_CHECKING:
-    import httpx
 
 __all__ = ["VIA_LITELLM_ENV", "HostedModels", "OpenAIHTTP", "routes_directly", "may_route_directly",
            "catalog_entry", "prepare"]
@@ -152,10 +158,10 @@ _PREPARING: list[threading.Thread] = []
 
 def prepare() -> None:
     """What the first direct request needs, paid off the run's path (a daemon thread started
-    by `sopctl run`): httpx imported, the cost map read."""
+    by `sopctl run`): the openai SDK imported, the cost map read."""
     def work() -> None:
         try:
-            _httpx()
+            _sdk()
             _catalog()
         except Exception:  # noqa: BLE001 - the request itself reports it
             pass
@@ -165,26 +171,33 @@ def prepare() -> None:
         _PREPARING[0].start()
 
 
-_HTTPX_LOCK = threading.Lock()
+_SDK_LOCK = threading.Lock()
 
 
-def _httpx() -> Any:
-    """httpx, imported without its command-line client. Its package imports `httpx._main`
-    (click, rich and pygments: about 55 ms of CPU, a tenth of what a run does before its first
-    request) only to offer `httpx.main`, the `httpx` command, and falls back to a stub of it
-    when that import fails; so the import is made to fail while the package loads, and the
-    module is importable again right after (`import httpx._main` still works)."""
-    with _HTTPX_LOCK:
-        if "httpx" not in sys.modules:
-            blocked = "httpx._main" not in sys.modules
-            if blocked:
-                sys.modules["httpx._main"] = None  # type: ignore[assignment]
-            try:
-                import httpx  # noqa: F401 - cached in sys.modules, returned below
-            finally:
-                if blocked and sys.modules.get("httpx._main", 0) is None:
-                    del sys.modules["httpx._main"]
-    return sys.modules["httpx"]
+def _sdk() -> Any:
+    """The official openai SDK (a dependency of litellm's too), imported once: about 0.6 to
+    1 s, paid in `prepare`'s thread while the SOP compiles, never at `import engine`."""
+    with _SDK_LOCK:
+        import openai  # not at the top: `import engine` and `sopctl validate` never pay for it
+
+        if not _MARKS:
+            _MARKS.append(time.monotonic())
+        return openai
+
+
+_MARKS: list[float] = []
+"""When the SDK was imported, then when the first request began to be made (monotonic)."""
+
+
+def warm_up_wait_left(wait_s: float) -> float:
+    """How much longer a run's warm-up should wait for the first request to be sent: while
+    the SDK imports, a little (ask again); then `wait_s` counted from the import's end, and
+    from the first request's start (its first call builds the SDK's lazy parts). On a busy
+    machine the import alone outlasts a wait counted from the run's start, and the warm-up's
+    CPU would then slow the very request it waits for. 0: nothing to wait for."""
+    if _SDK_LOCK.locked() and not _MARKS:
+        return 0.05
+    return max((mark + wait_s - time.monotonic() for mark in _MARKS), default=0.0)
 
 
 # --------------------------------------------------------------------------- the providers
@@ -228,13 +241,14 @@ class HostedModels:
 
 @dataclass
 class OpenAIHTTP:
-    """Answers `openai/` models with one POST to `{api_base}/chat/completions` per request."""
+    """Answers `openai/` models with the openai SDK's async client, one POST to
+    `{api_base}/chat/completions` per request (the SDK's own retries off: the gateway's)."""
 
     api_base: str | None = None
     """`--api-base`; None: OPENAI_BASE_URL, else OPENAI_API_BASE, else OpenAI's own."""
     api_key: str | None = None
-    """None: OPENAI_API_KEY (a test passes its own)."""
-    _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient] = field(
+    """None: OPENAI_API_KEY (an Azure server: else AZURE_OPENAI_API_KEY; a test passes its own)."""
+    _clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = field(
         default_factory=weakref.WeakKeyDictionary, repr=False)
     _litellm_started: bool = field(default=False, repr=False)
 
@@ -247,7 +261,10 @@ class OpenAIHTTP:
         return Price(float(given), float(taken), int(limit) if limit else None)
 
     def supports_schema(self, model: str) -> bool:
-        return bool((catalog_entry(model) or {}).get("supports_response_schema"))
+        """As litellm's cost map says; a model it does not know (a self-hosted one) is sent the
+        schema too, in the form its server takes (`complete` finds it out)."""
+        entry = catalog_entry(model)
+        return entry is None or bool(entry.get("supports_response_schema"))
 
     def calls_functions(self, model: str) -> bool:
         return bool((catalog_entry(model) or {}).get("supports_function_calling"))
@@ -255,15 +272,16 @@ class OpenAIHTTP:
     def preflight(self, model: str) -> None:
         """A missing key is named before any call (as litellm's validation does)."""
         if not self._key():
-            raise RunError(f"model '{model}' needs OPENAI_API_KEY in the environment",
+            raise RunError(f"model '{model}' needs {self._key_names()} in the environment",
                            hint="API keys are read only from the environment, never from files")
 
-    def body(self, request: ModelRequest) -> dict[str, Any]:
-        """The JSON body of a request: what litellm sends for it (see the module docstring)."""
+    def body(self, request: ModelRequest, form: str | None = None) -> dict[str, Any]:
+        """The JSON body of a request: what litellm sends for it (see the module docstring),
+        its schema in the form `form` (engine.models.answers.wire_format)."""
         spec = request.spec
         body: dict[str, Any] = {"model": spec.model[len(PREFIX):], "messages": list(request.messages)}
         for name, value in (("temperature", spec.temperature), ("max_tokens", spec.max_tokens),
-                            ("response_format", request.response_format)):
+                            ("response_format", wire_format(request.response_format, form))):
             if value is not None:
                 body[name] = value
         tools = tool_list(spec) if spec.tool_step >= 0 and self.calls_functions(spec.model) else None
@@ -276,28 +294,61 @@ class OpenAIHTTP:
         check_real_model_allowed(request.spec)
         if not self._key():   # as litellm's client: refused before sending, never retried
             raise LLMError(f"model '{request.spec.model}' has no valid API key (action "
-                           f"{request.spec.action})", hint=_KEY_HINT)
-        data = await self._post(request)
+                           f"{request.spec.action})", hint=self._key_hint())
+        data = await self._negotiated(request)
         return await self._answer_of(request, data)
 
-    async def _post(self, request: ModelRequest) -> dict[str, Any]:
+    async def _negotiated(self, request: ModelRequest) -> dict[str, Any]:
+        """The answer, its schema sent in a form the server takes. A self-hosted model whose
+        file says nothing is tried as `json_schema`, then `json_object`, then `none`, each
+        time the server says it does not take the form (llama.cpp's Python server: HTTP 500
+        naming `response_format`); what it took is remembered for this server for the rest of
+        the run (`_SERVER_FORMS`). A declared form is sent as declared, and a refusal says so."""
+        declared = request.spec.response_format
+        learning = (declared is None and request.response_format is not None
+                    and catalog_entry(request.spec.model) is None)
+        server = self._url()
+        form = _SERVER_FORMS.get(server, FORMS[0]) if learning else declared
+        while True:
+            try:   # a refusal of the form matters only where a form is tried or declared
+                data = await self._post(request, form, forms=learning or declared is not None)
+            except _FormRefused as exc:
+                if learning and form != FORMS[-1]:
+                    form = FORMS[FORMS.index(form or FORMS[0]) + 1]
+                    continue
+                raise LLMError(exc.message, hint="set the file's `llm.response_format` (or "
+                               "--response-format) to what the server takes: json_schema, json_object "
+                               "or none") from None
+            if learning:
+                _SERVER_FORMS[server] = form or FORMS[0]
+            return data
+
+    async def _post(self, request: ModelRequest, form: str | None, *, forms: bool = False) -> dict[str, Any]:
         """The answer's JSON, or our error family (see the module docstring)."""
-        httpx = _httpx()
+        openai = _sdk()
+        if len(_MARKS) == 1:
+            _MARKS.append(time.monotonic())
         spec = request.spec
         where = f"model '{spec.model}' for action {spec.action}"
         timeout = spec.timeout_s or DEFAULT_TIMEOUT_S
-        content = json.dumps(self.body(request), ensure_ascii=False).encode("utf-8")
+        body = self.body(request, form)
+        token = _SENDING.set(self._on_sent(spec.model))
         try:
-            async with self._client().stream(
-                    "POST", self._url(), content=content, headers=self._headers(), timeout=timeout,
-                    extensions={"trace": self._on_sent(spec.model)}) as streamed:
-                response = await _bounded(httpx, streamed, where)
-        except httpx.TimeoutException as exc:
+            async with self._client().chat.completions.with_streaming_response.create(
+                    **body, timeout=timeout) as streamed:
+                response = await _bounded(streamed.http_response, where)
+        except openai.APITimeoutError as exc:
             raise TransientModelError(f"{where}: Timeout: no answer within {timeout:g} s "
-                                      f"({type(exc).__name__})") from None
-        except httpx.HTTPError as exc:   # connection refused or reset, DNS, a proxy's failure
+                                      f"({type(exc.__cause__ or exc).__name__})") from None
+        except openai.APIConnectionError as exc:   # refused or reset, DNS, a proxy's failure
+            cause = exc.__cause__ or exc
             raise TransientModelError(redact(f"{where}: APIConnectionError: "
-                                             f"{type(exc).__name__}: {exc}")) from None
+                                             f"{type(cause).__name__}: {cause}")) from None
+        except openai.APIStatusError as exc:
+            _refused(request, exc.response, forms and "response_format" in body)
+            raise AssertionError("unreachable") from None   # pragma: no cover
+        finally:
+            _SENDING.reset(token)
         return _checked(request, response)
 
     def _on_sent(self, model: str) -> Any:
@@ -323,9 +374,7 @@ class OpenAIHTTP:
         calls = message.get("tool_calls")
         if calls and spec.tool_step >= 0:
             text = commands_text(spec, text, calls)
-        usage = _object(data.get("usage"))
-        prompt_tokens = token_count(usage.get("prompt_tokens"))
-        completion_tokens = token_count(usage.get("completion_tokens"))
+        prompt_tokens, completion_tokens = usage_of(data)
         counted = prompt_tokens == 0 and completion_tokens == 0
         if counted:   # litellm's tokenizer: imported off the event loop
             litellm = await asyncio.to_thread(litellm_module)
@@ -340,35 +389,91 @@ class OpenAIHTTP:
             cost = await asyncio.to_thread(_cost_by_litellm, spec.model, data, cost)
         return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
 
-    def _client(self) -> httpx.AsyncClient:
-        """One connection pool per event loop (a pool cannot outlive the loop it was made on)."""
-        httpx = _httpx()
+    def _client(self) -> Any:
+        """One SDK client (and connection pool) per event loop (a pool cannot outlive the loop
+        it was made on). Its HTTP client is httpx2's, as the SDK's default, with proxies and CA
+        files from the environment and a hook that gives each request the trace above."""
+        openai = _sdk()
         loop = asyncio.get_running_loop()
         client = self._clients.get(loop)
         if client is None:
-            client = httpx.AsyncClient(trust_env=True, follow_redirects=True,
-                                       limits=httpx.Limits(max_connections=1000,
-                                                           max_keepalive_connections=100))
+            http = openai.DefaultAsyncHttpxClient(trust_env=True, event_hooks={"request": [_traced]})
+            base, query = _split(self._base())
+            if _is_azure(base, query):   # its key goes in `api-key`, never as a Bearer token
+                client = openai.AsyncAzureOpenAI(
+                    api_key=self._key(), base_url=base, api_version=query.pop("api-version", None),
+                    default_query=query or None, max_retries=0, http_client=http,
+                    default_headers={"User-Agent": "sopctl"})
+            else:
+                client = openai.AsyncOpenAI(
+                    api_key=self._key(), base_url=base, default_query=query or None, max_retries=0,
+                    organization=os.environ.get("OPENAI_ORGANIZATION") or os.environ.get("OPENAI_ORG_ID"),
+                    project=os.environ.get("OPENAI_PROJECT_ID"), http_client=http,
+                    default_headers={"User-Agent": "sopctl"})
             self._clients[loop] = client
         return client
 
-    def _url(self) -> str:
-        base = (self.api_base or os.environ.get("OPENAI_BASE_URL")
+    def _base(self) -> str:
+        return (self.api_base or os.environ.get("OPENAI_BASE_URL")
                 or os.environ.get("OPENAI_API_BASE") or OPENAI_API_BASE)
-        return base.rstrip("/") + "/chat/completions"
+
+    def _url(self) -> str:
+        """The server (what `_SERVER_FORMS` remembers a form for)."""
+        return _split(self._base())[0]
+
+    def _azure(self) -> bool:
+        return _is_azure(*_split(self._base()))
 
     def _key(self) -> str:
-        return self.api_key or os.environ.get("OPENAI_API_KEY") or ""
+        key = self.api_key or os.environ.get("OPENAI_API_KEY") or ""
+        return key or (os.environ.get("AZURE_OPENAI_API_KEY", "") if self._azure() else "")
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"Authorization": f"Bearer {self._key()}", "Content-Type": "application/json",
-                   "Accept": "application/json", "User-Agent": "sopctl"}
-        organization = os.environ.get("OPENAI_ORGANIZATION") or os.environ.get("OPENAI_ORG_ID")
-        if organization:
-            headers["OpenAI-Organization"] = organization
-        if os.environ.get("OPENAI_PROJECT_ID"):
-            headers["OpenAI-Project"] = os.environ["OPENAI_PROJECT_ID"]
-        return headers
+    def _key_names(self) -> str:
+        return "OPENAI_API_KEY (or AZURE_OPENAI_API_KEY)" if self._azure() else "OPENAI_API_KEY"
+
+    def _key_hint(self) -> str:
+        return f"set {self._key_names()} in the environment (API keys are read only from there)"
+
+
+_SERVER_FORMS: dict[str, str] = {}
+"""Server URL -> the form of `response_format` it took this run (one failed try per form and
+server, not per request). Not journaled: request hashes never depend on it, so a resume or a
+replay finds its answers whatever a server took; a resume pays one refused try to learn again."""
+
+
+_SENDING: contextvars.ContextVar[Any] = contextvars.ContextVar("sopctl_openai_trace", default=None)
+"""The trace hook of the request being sent (set around the SDK's call, read by `_traced`)."""
+
+
+async def _traced(request: Any) -> None:
+    """httpx2's request hook: the request carries httpcore's trace extension (the SDK has no
+    way to pass one), which says when its body is on the wire."""
+    trace = _SENDING.get()
+    if trace is not None:
+        request.extensions["trace"] = trace
+
+
+def _split(url: str) -> tuple[str, dict[str, str]]:
+    """A base URL without its query string, and the query's parameters (an Azure
+    deployment's `?api-version=...` goes on every request, not inside the path)."""
+    parts = urllib.parse.urlsplit(url)
+    base = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+    return base, dict(urllib.parse.parse_qsl(parts.query))
+
+
+_AZURE_HOSTS = (".openai.azure.com", ".cognitiveservices.azure.com", ".services.ai.azure.com")
+
+
+def _is_azure(base: str, query: Mapping[str, str]) -> bool:
+    """An Azure OpenAI endpoint: by its host, or by the `api-version` only Azure asks for."""
+    host = urllib.parse.urlsplit(base).hostname or ""
+    return host.endswith(_AZURE_HOSTS) or "api-version" in query
+
+
+def usage_of(data: Mapping[str, Any]) -> tuple[int, int]:
+    """Prompt and completion tokens of an answer's `usage` (0, 0: none given)."""
+    usage = _object(data.get("usage"))
+    return token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens"))
 
 
 def _object(value: Any) -> dict[str, Any]:
@@ -395,7 +500,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 (`/dev/zero` over HTTP) from filling memory; the gateway then cuts the text itself."""
 
 
-async def _bounded(httpx: Any, streamed: httpx.Response, where: str) -> httpx.Response:
+async def _bounded(streamed: Any, where: str) -> Any:
     """The streamed response, read whole up to MAX_BODY_BYTES (LLMError past it, never a
     MemoryError); its decoded body in a response `_checked` reads as before."""
     chunks: list[bytes] = []
@@ -409,53 +514,80 @@ async def _bounded(httpx: Any, streamed: httpx.Response, where: str) -> httpx.Re
         chunks.append(chunk)
     headers = [(k, v) for k, v in streamed.headers.multi_items()
                if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
-    return httpx.Response(streamed.status_code, headers=headers, content=b"".join(chunks),
+    return type(streamed)(streamed.status_code, headers=headers, content=b"".join(chunks),
                           request=streamed.request)
 
 
 _KEY_HINT = "set OPENAI_API_KEY in the environment (API keys are read only from there)"
 
-_STATUS_NAMES = {408: "Timeout", 429: "RateLimitError", 500: "InternalServerError",
+_STATUS_NAMES = {408: "Timeout", 409: "ConflictError", 429: "RateLimitError", 500: "InternalServerError",
                  502: "BadGatewayError", 503: "ServiceUnavailableError"}
 
 
-def _checked(request: ModelRequest, response: httpx.Response) -> dict[str, Any]:
-    """The answer's JSON object with at least one choice; anything else our error family."""
+class _FormRefused(LLMError):
+    """The server does not take the form of `response_format` it was sent."""
+
+
+_FORM_WORDS = re.compile(r"response_format|json_schema|json_object", re.I)
+
+
+def _refused(request: ModelRequest, response: Any, had_format: bool) -> None:
+    """Raise what an HTTP error status means (our error family, as through litellm): 401 a
+    refused key, 403 no access, 408, 409, 429 and 5xx transient (or as the server's
+    `x-should-retry` says), a refusal naming `response_format` `_FormRefused`, else an LLMError."""
     spec = request.spec
-    status = response.status_code
+    status = int(response.status_code)
+    message = _server_message(response)
     if status == 401:
         raise LLMError(f"model '{spec.model}' has no valid API key (action {spec.action}): the "
-                       f"server refused it ({_server_message(response)})",
+                       f"server refused it ({message})",
                        hint="check the value of OPENAI_API_KEY in the environment (API keys are "
                             "read only from there)")
     if status == 403:   # a valid key without access: not retried, as through litellm
         raise LLMError(f"model '{spec.model}' failed for action {spec.action}: HTTP 403 "
-                       f"(permission denied): {_server_message(response)}",
+                       f"(permission denied): {message}",
                        hint="the key in OPENAI_API_KEY has no access to this model (or from "
                             "here): check the key's project and the model's name")
-    if status in (408, 429) or status >= 500:
-        name = _STATUS_NAMES.get(status, "InternalServerError")
+    if had_format and status in (400, 422, 500, 501) and _FORM_WORDS.search(message):
+        raise _FormRefused(f"model '{spec.model}' for action {spec.action}: the server refused its "
+                           f"response_format: HTTP {status}: {message}")
+    _raise_status(request, status, message, response.headers)
+
+
+def _raise_status(request: ModelRequest, status: int, message: str, headers: Mapping[str, str]) -> None:
+    spec = request.spec
+    retry = headers.get("x-should-retry")   # the SDK's rule: the server's word first
+    if retry == "true" or (retry != "false" and (status in (408, 409, 429) or status >= 500)):
+        name = _STATUS_NAMES.get(status, "InternalServerError" if status >= 500 else "APIError")
         raise TransientModelError(f"model '{spec.model}' for action {spec.action}: {name}: "
-                                  f"HTTP {status}: {_server_message(response)}",
-                                  retry_after_s=_retry_after_s(status, response.headers))
-    if status >= 400:
-        raise LLMError(f"model '{spec.model}' failed for action {spec.action}: "
-                       f"HTTP {status}: {_server_message(response)}")
+                                  f"HTTP {status}: {message}",
+                                  retry_after_s=_retry_after_s(status, headers))
+    raise LLMError(f"model '{spec.model}' failed for action {spec.action}: HTTP {status}: {message}")
+
+
+def _checked(request: ModelRequest, response: Any) -> dict[str, Any]:
+    """The JSON object of a 200 answer with at least one choice; anything else our error family.
+    An `error` inside it (OpenRouter's way) is an error with its `code` as status, as
+    litellm reads it; an empty one (`null`, `{}`: some servers add it to every answer) is not."""
+    spec = request.spec
     try:
         data = response.json()
     except ValueError as exc:   # a cut or garbled body: asked again, as litellm does
         raise TransientModelError(f"model '{spec.model}' for action {spec.action}: the answer is "
                                   f"not JSON ({exc}): {_excerpt(response.text)}") from None
-    if isinstance(data, dict) and isinstance(data.get("error"), (dict, str)):
-        raise LLMError(f"model '{spec.model}' failed for action {spec.action}: "
-                       f"{_server_message(response)}")
+    error = data.get("error") if isinstance(data, dict) else None
+    if isinstance(error, dict) and (error.get("message") or error.get("code") is not None) or \
+            isinstance(error, str) and error:
+        code = error.get("code") if isinstance(error, dict) else None
+        status = int(code) if isinstance(code, (int, str)) and str(code).isdigit() else 422
+        _raise_status(request, status, _server_message(response), response.headers)
     if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
         raise TransientModelError(f"model '{spec.model}' for action {spec.action}: the answer "
                                   "has no choices (an empty or missing `choices` list)")
     return data
 
 
-def _server_message(response: httpx.Response) -> str:
+def _server_message(response: Any) -> str:
     """The server's own words: `error.message` of an OpenAI-style error body, else the body."""
     try:
         error = response.json().get("error")

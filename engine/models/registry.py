@@ -58,6 +58,7 @@ def resolve_llm(compiled: CompiledSop, role_id: str, action_id: str, override: s
     given = declared.price
     return {"model": choose_model(override, declared.model, pinned_model(compiled, action_id)), "temperature": declared.temperature,
             "max_tokens": declared.max_tokens, "timeout_s": declared.timeout_s,
+            "response_format": declared.response_format,
             "price": price or (Price(given.input_per_million / 1e6, given.output_per_million / 1e6)
                                if given is not None else None)}
 

@@ -42,6 +42,10 @@ FREE = Price(0.0, 0.0)
 """The price of `fake`, `local` and a test's scripted model."""
 
 
+ResponseForm = Literal["json_schema", "json_object", "none"]
+"""How a server takes a JSON action's output schema (`llm.response_format`)."""
+
+
 @dataclass(frozen=True)
 class CallSpec:
     """What one action (or one for_each item, or one react choice) asks of the model."""
@@ -70,6 +74,10 @@ class CallSpec:
     fallback_price: Price | None = None
     """The price the user gave (`--price`, the file's `llm.price`) for a model whose price
     litellm does not know (a self-hosted model); never overrides a known price."""
+    response_format: ResponseForm | None = None
+    """How the server takes the output schema (`llm.response_format`, `--response-format`);
+    None: what the provider says the model supports (engine.models.answers.wire_format).
+    Not in the request hash: the same request, however the schema travels."""
     place: str = ""
     """Where in the run the call is made (the action's idempotency key, its for_each item;
     engine.run.actions): its answers are journaled by place and occurrence (`answer_key`);

@@ -42,6 +42,7 @@ from engine.load.spec import (
 )
 from engine.models.answers import prepare_validator
 from engine.models.gateway import Gateway
+from engine.models.openai_http import warm_up_wait_left
 from engine.models.registry import resolve_llm
 from engine.models.types import CallResult, CallSpec, Price, durable
 from engine.run.events import RunEvent, RunLog
@@ -503,7 +504,7 @@ def model_call(ctx: RunContext, role_id: str, action_id: str, round_: int, **req
     llm = resolve_llm(ctx.compiled, role_id, action_id, ctx.model_override, ctx.price)
     return CallSpec(action=action_id, role=role_id, model=llm["model"], temperature=llm["temperature"],
                     max_tokens=llm["max_tokens"], timeout_s=llm["timeout_s"],
-                    fallback_price=llm["price"], round=round_, place=_PLACE.get(), **request)
+                    response_format=llm["response_format"], fallback_price=llm["price"], round=round_, place=_PLACE.get(), **request)
 
 
 async def _model_value(ctx: RunContext, role_id: str, action_id: str, prompt: str,
@@ -656,6 +657,8 @@ def warm_up(compiled: CompiledSop, after: threading.Event | None = None) -> thre
 def _warm(compiled: CompiledSop, after: threading.Event | None = None) -> None:
     if after is not None:
         after.wait(WARM_UP_WAIT_S)
+        while not after.is_set() and (left := warm_up_wait_left(WARM_UP_WAIT_S)) > 0:
+            after.wait(left)   # the direct client is still getting its first request ready
     precompile_all(compiled.plan.templates, compiled.plan.expressions)   # first: the first call needs its prompt
     for schema in compiled.output_schemas.values():
         if schema is not None:

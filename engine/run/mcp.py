@@ -41,9 +41,11 @@ from collections.abc import Iterator
 from engine.compile.compiler import CompiledSop
 from engine.errors import RunError
 from engine.load.spec import McpServerSpec
+from engine.models.types import AnswerStore, StoredAnswer
 from engine.run.exec import child_env
 from engine.run.reaper import MARK_ENV, reap, subreaper
 from engine.run.tools import Outcome, Tool
+from engine.run.workspace import sha256_text
 
 __all__ = ["McpServerFailed", "McpServers", "MAX_SERVER_TOOLS", "MAX_TOOL_DESCRIPTION_CHARS",
            "MAX_TOOL_SCHEMA_CHARS"]
@@ -103,11 +105,27 @@ class McpServerFailed(RunError):
     """An MCP server could not start, offered bad tools, or died mid-run."""
 
 
-class McpServers:
-    """The run's connected servers and their tools; `start` and `close` in the same task."""
+_TOOL = "tool"
+"""A tool's result in the journal (engine.run.toolloop.TOOL, which imports this module)."""
 
-    def __init__(self, compiled: CompiledSop) -> None:
+
+def tools_key(server: str) -> str:
+    """The journal key of a server's tool list as the run saw it (answers table, origin tool)."""
+    return sha256_text(json.dumps(["mcp-tools", server], ensure_ascii=False))
+
+
+class McpServers:
+    """The run's connected servers and their tools; `start` and `close` in the same task.
+
+    Each server's tool list (names, descriptions, input schemas, annotations) is journaled
+    when it is first listed (`tools_key`), so a replay (`replay=True`), whose tool results
+    all come from the journal, offers the same tools without starting any server; a server
+    whose list the journal lacks (a run recorded before this) is started as in a run."""
+
+    def __init__(self, compiled: CompiledSop, store: AnswerStore | None = None, *, replay: bool = False) -> None:
         self.compiled = compiled
+        self.store = store
+        self.replay = replay
         self._stack = contextlib.AsyncExitStack()
         self._sessions: dict[str, Any] = {}
         self._tools: dict[str, list[Any]] = {}
@@ -121,21 +139,48 @@ class McpServers:
             sdk.addFilter(_OneNoiseLine())
         for name, wanted in self.compiled.plan.servers.items():   # decided when it compiled
             spec = self.compiled.spec.mcp[name]
-            try:   # start_timeout_s bounds starting, initialize and the tool list; call_timeout_s each call
-                session = await self._connect(name, spec)
-                listed = (await asyncio.wait_for(session.list_tools(), spec.start_timeout_s)).tools
-            except McpServerFailed:
-                raise
-            except asyncio.TimeoutError:
-                raise McpServerFailed(f"MCP server {name} did not start and answer within {spec.start_timeout_s:g} s "
-                                      f"(start_timeout_s)", hint=_start_hint(spec)) from None
-            except BaseException as exc:  # noqa: BLE001 - the SDK's own errors, a refused spawn
-                if isinstance(exc, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
-                    raise
-                raise McpServerFailed(f"MCP server {name} could not start: {_why(exc)}",
-                                      hint=_start_hint(spec)) from None
-            self._sessions[name] = session
+            journaled = self.journaled(name) if self.replay else None
+            if journaled is not None:   # a replay: the run's own list, no server started
+                self._tools[name] = self._checked(name, spec, journaled, wanted)
+                continue
+            listed = await self._listed(name, spec)
+            self._record(name, listed)
             self._tools[name] = self._checked(name, spec, listed, wanted)
+
+    def journaled(self, server: str) -> list[dict[str, Any]] | None:
+        """The tool list of `server` the journal holds (None: none, or not readable)."""
+        key = tools_key(server)
+        if self.store is None or not self.store.holds(key):   # a replay's lookup of a miss is a divergence
+            return None
+        stored = self.store.lookup(key)
+        try:
+            listing = json.loads(stored.text) if stored is not None else None
+        except ValueError:
+            return None
+        return listing if isinstance(listing, list) and all(isinstance(t, dict) for t in listing) else None
+
+    def _record(self, server: str, listing: list[dict[str, Any]]) -> None:
+        if self.store is not None:   # the first list wins: what the run's first prompts showed
+            self.store.record(tools_key(server), f"mcp.{server}", StoredAnswer(
+                json.dumps(listing, ensure_ascii=False), 0, 0, 0.0, model=_TOOL))   # key order kept: the prompt shows it
+
+    async def _listed(self, name: str, spec: McpServerSpec) -> list[dict[str, Any]]:
+        """Start the server and list its tools (as plain JSON, what the journal keeps)."""
+        try:   # start_timeout_s bounds starting, initialize and the tool list; call_timeout_s each call
+            session = await self._connect(name, spec)
+            listed = (await asyncio.wait_for(session.list_tools(), spec.start_timeout_s)).tools
+        except McpServerFailed:
+            raise
+        except asyncio.TimeoutError:
+            raise McpServerFailed(f"MCP server {name} did not start and answer within {spec.start_timeout_s:g} s "
+                                  f"(start_timeout_s)", hint=_start_hint(spec)) from None
+        except BaseException as exc:  # noqa: BLE001 - the SDK's own errors, a refused spawn
+            if isinstance(exc, (KeyboardInterrupt, SystemExit, asyncio.CancelledError)):
+                raise
+            raise McpServerFailed(f"MCP server {name} could not start: {_why(exc)}",
+                                  hint=_start_hint(spec)) from None
+        self._sessions[name] = session
+        return [_listing(tool) for tool in listed]
 
     async def _connect(self, name: str, spec: McpServerSpec) -> Any:
         from mcp import ClientSession  # the optional `mcp` extra: a missing one is a clear error at start
@@ -178,39 +223,39 @@ class McpServers:
         client = create_mcp_http_client(headers=headers)
         return streamable_http_client(spec.url or "", http_client=client)
 
-    def _checked(self, name: str, spec: McpServerSpec, listed: list[Any],
+    def _checked(self, name: str, spec: McpServerSpec, listed: list[dict[str, Any]],
                  wanted: frozenset[str] | None) -> list[Any]:
         # not at the top: every run imports this module, and its first request goes out before jsonschema
         from jsonschema import Draft202012Validator, SchemaError
 
-        offered = {tool.name: tool for tool in listed}
+        offered = {tool["name"]: tool for tool in listed}
         missing = sorted(t for t in (wanted or set()) | set(spec.tools or ()) if t not in offered)
         if missing:
             raise McpServerFailed(f"MCP server {name} does not offer {', '.join(missing)}; it offers "
                                   f"{', '.join(offered) or 'no tool'}")
-        chosen = [tool for tool in listed if wanted is None or tool.name in wanted]
+        chosen = [tool for tool in listed if wanted is None or tool["name"] in wanted]
         if len(chosen) > MAX_SERVER_TOOLS:
             raise McpServerFailed(f"MCP server {name} offers {len(chosen):,} tools, more than the "
                                   f"{MAX_SERVER_TOOLS} an action may be shown",
                                   hint=f"list the ones the roles use in the server's `tools:` (/mcp/{name}/tools)")
         tools = []
         for tool in chosen:
-            schema = dict(tool.input_schema or {"type": "object"})
+            schema = dict(tool.get("inputSchema") or {"type": "object"})
             if len(json.dumps(schema, ensure_ascii=False, default=str)) > MAX_TOOL_SCHEMA_CHARS:
-                raise McpServerFailed(f"MCP server {name}: tool {tool.name}'s input schema is larger "
+                raise McpServerFailed(f"MCP server {name}: tool {tool['name']}'s input schema is larger "
                                       f"than {MAX_TOOL_SCHEMA_CHARS:,} characters")
             try:
                 Draft202012Validator.check_schema(schema)
             except SchemaError as exc:
-                raise McpServerFailed(f"MCP server {name}: tool {tool.name} has an invalid input "
+                raise McpServerFailed(f"MCP server {name}: tool {tool['name']} has an invalid input "
                                       f"schema: {exc.message}") from None
-            hints = tool.annotations
+            hints = tool.get("annotations")
             # MCP's default is a tool that may change things: only one that says it reads runs beside
             # its neighbours; the rest run one at a time, in the order given
-            readonly = bool(hints is not None and hints.read_only_hint)
-            destructive = not readonly and (hints is None or hints.destructive_hint is not False)
-            about = _cut(tool.description or "") + (" [may delete or overwrite]" if destructive and hints else "")
-            tools.append(Tool(f"{name}.{tool.name}", about, schema, readonly=readonly, server=name))
+            readonly = bool(hints is not None and hints.get("readOnlyHint"))
+            destructive = not readonly and (hints is None or hints.get("destructiveHint") is not False)
+            about = _cut(tool.get("description") or "") + (" [may delete or overwrite]" if destructive and hints else "")
+            tools.append(Tool(f"{name}.{tool['name']}", about, schema, readonly=readonly, server=name))
         return tools
 
     def tools(self, server: str) -> list[Any]:
@@ -239,6 +284,16 @@ def _cut(description: str) -> str:
     if len(description) <= MAX_TOOL_DESCRIPTION_CHARS:
         return description
     return description[:MAX_TOOL_DESCRIPTION_CHARS] + f" [description cut at {MAX_TOOL_DESCRIPTION_CHARS:,} characters]"
+
+
+def _listing(tool: Any) -> dict[str, Any]:
+    """What the run needs to know of an SDK tool, as JSON (MCP's own field names)."""
+    hints = tool.annotations
+    entry: dict[str, Any] = {"name": tool.name, "description": tool.description or "",
+                             "inputSchema": tool.input_schema}
+    if hints is not None:
+        entry["annotations"] = {"readOnlyHint": hints.read_only_hint, "destructiveHint": hints.destructive_hint}
+    return entry
 
 
 def _text(result: Any) -> str:

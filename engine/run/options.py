@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 from engine.errors import UsageError, did_you_mean
 from engine.models.gateway import Gateway
-from engine.models.types import AnswerStore, Price
+from engine.models.types import AnswerStore, Price, ResponseForm
 from engine.run.events import RunObserver
 from engine.run.experience import ExperiencePool
 from engine.run.inputs import check_limits
@@ -90,6 +90,9 @@ class ResumeOptions(ReplayOptions):
     """`--budget`: instead of the file's team.budget_usd (0 = no limit)."""
     api_base: str | None = None
     """`--api-base`: where hosted models are reached (never recorded)."""
+    response_format: ResponseForm | None = None
+    """`--response-format`: how that server takes an output schema, over the file's
+    `llm.response_format` (never recorded)."""
     price: Price | None = None
     """`--price`: for models litellm cannot price (never recorded)."""
     max_answer_chars: int | None = None
@@ -160,6 +163,8 @@ def _fits(value: object, expected: Any) -> bool:
     origin = typing.get_origin(expected)
     if origin in (typing.Union, types.UnionType):
         return any(_fits(value, arg) for arg in typing.get_args(expected))
+    if origin is typing.Literal:
+        return any(value == arg and type(value) is type(arg) for arg in typing.get_args(expected))
     if origin is Sequence:           # a str is a sequence of str, and certainly a mistake here
         (item,) = typing.get_args(expected)
         return isinstance(value, (list, tuple)) and all(_fits(v, item) for v in value)
@@ -190,4 +195,6 @@ def _describe(expected: Any) -> str:
         return " or ".join(_describe(arg) for arg in typing.get_args(expected))
     if origin is Sequence:
         return f"a list of {_describe(typing.get_args(expected)[0])}"
+    if origin is typing.Literal:
+        return " or ".join(repr(arg) for arg in typing.get_args(expected))
     return "None" if expected is type(None) else getattr(expected, "__name__", str(expected))

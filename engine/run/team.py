@@ -158,7 +158,8 @@ class Team:
         self.workspace = Workspace(root)
         self._artifacts: dict[str, str] = {}
         gateway = options.gateway or Gateway(store=options.store, replay=options.replay,
-                                             api_base=options.api_base)
+                                             api_base=options.api_base,
+                                             response_format=options.response_format)
         gateway.budget_usd = self.budget  # the gateway is the one place the budget is checked
         if options.max_answer_chars is not None:
             gateway.max_answer_chars = options.max_answer_chars
@@ -245,7 +246,7 @@ class Team:
         for extra, users in missing.items():
             raise RunError(f"this SOP's tools need the `{extra}` extra, which is not installed: {', '.join(users)}",
                            hint=f"pip install 'sopctl[{extra}]'")
-        hosts = plan.mcp_hosts
+        hosts = {} if self.options.replay else plan.mcp_hosts   # a replay's servers: _start_mcp
         refused = [f"{host} (mcp server {name})" for name, host in hosts.items()
                    if host not in self.options.allow_hosts]
         if refused:
@@ -337,8 +338,28 @@ class Team:
     async def _start_mcp(self) -> None:
         """Start the MCP servers some action uses and learn their tools (before any model call)."""
         if self.compiled.plan.servers:
-            self.ctx.mcp = McpServers(self.compiled)
+            self.ctx.mcp = McpServers(self.compiled, self.ctx.gateway.store, replay=self.options.replay)
+            if self.options.replay:
+                self._check_unjournaled_servers(self.ctx.mcp)
             await self.ctx.mcp.start()
+
+    def _check_unjournaled_servers(self, servers: McpServers) -> None:
+        """A replay starts no MCP server whose tool list the journal holds; one recorded before
+        sopctl journaled them is started, and needs the flags a run needs."""
+        spec = self.compiled.spec
+        for name in self.compiled.plan.servers:
+            server = spec.mcp[name]
+            if servers.journaled(name) is not None:
+                continue
+            if server.command and not self.options.allow_exec:
+                raise RunError(f"the journal has no tool list of MCP server {name} (recorded by an older "
+                               "sopctl): the replay must start it, and that needs --allow-exec",
+                               hint="read what it runs first; then pass --allow-exec")
+            host = self.compiled.plan.mcp_hosts.get(name)
+            if host and host not in self.options.allow_hosts:
+                raise RunError(f"the journal has no tool list of MCP server {name} (recorded by an older "
+                               f"sopctl): the replay must reach it, and that needs --allow-host {host}",
+                               hint="pass --allow-host for each host you trust")
 
     async def _loop(self) -> RunStatus:
         while True:

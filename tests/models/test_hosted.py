@@ -32,6 +32,7 @@ class FakeServer:
     def __init__(self) -> None:
         self.replies: list[tuple[int, dict[str, str], Any]] = []
         self.requests: list[dict[str, Any]] = []
+        self.seen: list[tuple[str, dict[str, str]]] = []     # each request's path and headers
         self.stop = threading.Event()
         server = self
 
@@ -42,6 +43,7 @@ class FakeServer:
             def do_POST(self) -> None:
                 size = int(self.headers.get("content-length", 0))
                 server.requests.append(json.loads(self.rfile.read(size) or b"{}"))
+                server.seen.append((self.path, {k.lower(): v for k, v in self.headers.items()}))
                 status, headers, body = server.replies.pop(0) if server.replies else (500, {}, {})
                 if body is None:
                     server.stop.wait()

@@ -13,7 +13,7 @@ from engine import api
 from engine.compile.compiler import compile_text
 from engine.models.types import CallSpec
 from engine.run.events import ToolCalled
-from engine.testing import ScriptedModel
+from engine.testing import ScriptedModel, use_model
 
 pytest.importorskip("mcp")
 
@@ -205,3 +205,75 @@ def test_a_streamable_http_server_on_an_allowed_host(tmp_path: Path, monkeypatch
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+# ----------------------------------------------------------------------------- replay without servers
+
+
+def _recorded_run(tmp_path: Path) -> Path:
+    """A finished run that called the stdio server (echo), its file on disk."""
+    path = tmp_path / "mcp_test.sop.yaml"
+    path.write_text(flaky_sop().source.text)
+    model = ScriptedModel([step("flaky.echo", {"text": "hi"}), done()])
+    with use_model(model):
+        result = api.run(api.load(path), {"idea": "x"}, api.RunOptions(workspace=tmp_path / "ws", allow_exec=True))
+    assert result.status == "idle", result.error
+    return tmp_path / "ws"
+
+
+def _no_server(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replay that starts a server fails the test."""
+    from engine.run.mcp import McpServers
+
+    async def refuse(self: Any, name: str, spec: Any) -> Any:
+        raise AssertionError(f"a replay started MCP server {name}")
+
+    monkeypatch.setattr(McpServers, "_connect", refuse)
+
+
+def test_a_replay_needs_no_allow_exec_and_starts_no_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tool lists the run saw are journaled: the replay offers the same tools (so the same
+    prompts, so every answer is found) and serves the calls from the journal."""
+    ws = _recorded_run(tmp_path)
+    _no_server(monkeypatch)
+    with use_model(ScriptedModel([])):   # the run's provider (so its prompts), asked nothing
+        replayed = api.replay(ws, tmp_path / "again")          # no allow_exec
+        again = api.replay(tmp_path / "again", tmp_path / "third")   # the replay's journal replays too
+    assert not replayed.diverged and replayed.result.status == "idle", replayed.result.error
+    from engine.journal.store import Journal
+
+    with Journal.open(tmp_path / "again") as journal:
+        calls = [e.data for e in journal.events() if e.type == "ToolCalled"]
+    assert [(c["tool"], c["output"], c["reused"]) for c in calls] == [("flaky.echo", "echo: hi", True)]
+    assert not again.diverged and again.result.status == "idle", again.result.error
+
+
+def test_sopctl_replay_of_an_mcp_run_without_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    from run_helpers import sopctl_in_process
+
+    ws = _recorded_run(tmp_path)
+    _no_server(monkeypatch)
+    with use_model(ScriptedModel([])):
+        code, out, err = sopctl_in_process(capsys, "replay", str(ws), "--out", str(tmp_path / "again"))
+    assert code == 0, err
+    assert "--allow-exec" not in err
+
+
+def test_a_journal_without_tool_lists_needs_the_flags_as_before(tmp_path: Path) -> None:
+    """A run recorded before tool lists were journaled: its replay starts the server, so it
+    needs --allow-exec, and says why."""
+    import sqlite3
+
+    from engine.journal.run_folder import journal_path
+    from engine.run.mcp import tools_key
+
+    ws = _recorded_run(tmp_path)
+    with sqlite3.connect(journal_path(ws)) as db:
+        assert db.execute("DELETE FROM answers WHERE request_hash = ?", (tools_key("flaky"),)).rowcount == 1
+    with use_model(ScriptedModel([])):
+        refused = api.replay(ws, tmp_path / "again")
+        replayed = api.replay(ws, tmp_path / "third", api.ReplayOptions(allow_exec=True))
+    assert refused.result.status == "failed"
+    assert "no tool list of MCP server flaky" in refused.result.error and "--allow-exec" in refused.result.error
+    assert not replayed.diverged and replayed.result.status == "idle", replayed.result.error
