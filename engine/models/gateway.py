@@ -307,7 +307,8 @@ class Gateway:
             answer, seconds = await self._complete(provider, request, result)
             event = _answered(request, key, answer.prompt_tokens, answer.completion_tokens,
                               max(float(answer.cost_usd or 0.0), 0.0), round(seconds, 3),
-                              unpriced=not answer.priced, finish_reason=answer.finish_reason)
+                              unpriced=not answer.priced, finish_reason=answer.finish_reason,
+                              cached_tokens=answer.cached_tokens)
             self._count(event, result)  # before the admission slot frees: the budget sees it
         if self.store is not None:  # recorded before it is reported or parsed: never lost
             self.store.record(key, request.spec.action, StoredAnswer(
@@ -420,11 +421,11 @@ class Gateway:
 
 def _answered(request: ModelRequest, key: str, prompt_tokens: int, completion_tokens: int,
               cost: float, seconds: float, *, reused: bool = False,
-              unpriced: bool = False, finish_reason: str = "") -> ModelAnswered:
+              unpriced: bool = False, finish_reason: str = "", cached_tokens: int = 0) -> ModelAnswered:
     spec = request.spec
     return ModelAnswered(spec.round, spec.role, spec.action, request.attempt, key, prompt_tokens,
                          completion_tokens, cost, seconds, reused, unpriced, spec.model,
-                         finish_reason)
+                         finish_reason, cached_tokens)
 
 
 def _prompt_token_bound(request: ModelRequest) -> int:
