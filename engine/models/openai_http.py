@@ -53,6 +53,7 @@ from engine.models.hosted import (
     LiteLLMProvider,
     _count_tokens,
     _litellm_cost,
+    cached_tokens,
     commands_text,
     import_litellm_in_background,
     litellm_module,
@@ -243,7 +244,9 @@ class OpenAIHTTP:
         if given is None or taken is None:
             return None
         limit = entry.get("max_output_tokens") or entry.get("max_tokens")
-        return Price(float(given), float(taken), int(limit) if limit else None)
+        cached = entry.get("cache_read_input_token_cost")
+        return Price(float(given), float(taken), int(limit) if limit else None,
+                     float(cached) if cached is not None else None)
 
     def supports_schema(self, model: str) -> bool:
         return bool((catalog_entry(model) or {}).get("supports_response_schema"))
@@ -324,6 +327,7 @@ class OpenAIHTTP:
         usage = _object(data.get("usage"))
         prompt_tokens = int(usage.get("prompt_tokens") or 0)
         completion_tokens = int(usage.get("completion_tokens") or 0)
+        cached = cached_tokens(usage)
         counted = prompt_tokens == 0 and completion_tokens == 0
         if counted:   # litellm's tokenizer: imported off the event loop
             litellm = await asyncio.to_thread(litellm_module)
@@ -332,11 +336,12 @@ class OpenAIHTTP:
         price = price_of(self, spec)
         if price is None:
             return ModelAnswer(text, prompt_tokens, completion_tokens, 0.0, priced=False,
-                               finish_reason=finish)
-        cost = price.cost(prompt_tokens, completion_tokens)
+                               finish_reason=finish, cached_tokens=cached)
+        cost = price.cost(prompt_tokens, completion_tokens, cached)
         if not counted and price is not spec.fallback_price:   # litellm's price of the answer
             cost = await asyncio.to_thread(_cost_by_litellm, spec.model, data, cost)
-        return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
+        return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish,
+                           cached_tokens=cached)
 
     def _client(self) -> httpx.AsyncClient:
         """One connection pool per event loop (a pool cannot outlive the loop it was made on)."""
