@@ -173,7 +173,15 @@ def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
     labels_scale = {"chars_100_over_10": "prompt characters, 100 files / 10 files (shipped SOP)",
                     "chars_300_over_100": "prompt characters, 300 files / 100 files (shipped SOP)",
                     "per_call_1000_over_100": "wall time per call on fake, 1,000 files / 100 files",
-                    "rss_1000_over_100": "peak RSS on fake, 1,000 files / 100 files"}
+                    "rss_1000_over_100": "peak RSS on fake, 1,000 files / 100 files",
+                    "chars_100_over_10_none": "prompt characters, 100 / 10 files, design without "
+                                              "`Interfaces per file`",
+                    "chars_300_over_100_none": "prompt characters, 300 / 100 files, design without "
+                                               "`Interfaces per file`",
+                    "chars_100_over_10_half": "prompt characters, 100 / 10 files, `Interfaces per file` "
+                                              "half filled",
+                    "chars_300_over_100_half": "prompt characters, 300 / 100 files, `Interfaces per file` "
+                                               "half filled"}
     for key, label in labels_scale.items():
         value = (scale.get("ratios") or {}).get(key)
         if isinstance(value, (int, float)):

@@ -257,13 +257,16 @@ class ToolLoop:
     async def run(self, prompt: str, system: str) -> Any:
         if self.action.tool_top_k is not None:
             self._recommend(prompt, self.action.tool_top_k)
+        # the system prompt and first message of every request of the loop, quick think's too
+        # (its note after them): each request begins as the one before it did
+        system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
+        first = self._first_message(prompt)
         if self.action.quick_think and self.state.from_user:   # RoleZero: only the user's requests
-            quick = await self._quick_answer(prompt, system)
+            quick = await self._quick_answer(first, system)
             if quick is not None:   # RoleZero publishes it to the user, whatever the action's send_to
                 reply_to_human(self.ctx, role=self.role_id, action=self.action_id, round_=self.round, text=quick)
                 return quick
-        system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
-        value = await self._steps(self._first_message(prompt), system)
+        value = await self._steps(first, system)
         if self.commands_run and self.commands_failed == self.commands_run:
             self.ctx.emit(RunLog(round=self.round, level="warning", role=self.role_id, action=self.action_id,
                                  message=f"every command it ran failed ({self.commands_failed} of "

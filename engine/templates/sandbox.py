@@ -398,6 +398,42 @@ def _where(rows: Any, key: Any, value: Any) -> list[Any]:
     return [row for row in rows if _has_cell(row, key) and row[key] in wanted]
 
 
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _about(diagram: Any, files: Any, whole_below: int = 3000) -> str:
+    """`{{ diagram | about([filename] + imports) }}`: the lines of a mermaid diagram (a class
+    diagram, a call flow) that name one of `files`' modules or classes (`game_logic.py`:
+    game_logic, GameLogic, in any case), a class block whole, the header line first; the whole
+    diagram when shorter than `whole_below` characters. What a file's prompt quotes when the
+    design leaves out its optional per-file rows: its own part, not the whole diagram, so the
+    prompts of a run stay linear in files."""
+    text = "" if diagram is None else str(diagram)
+    if len(text) < whole_below:
+        return text
+    wanted = {_module_key(f) for f in (files if isinstance(files, (list, tuple)) else [files])}
+    lines, kept, block = text.splitlines(), [], False
+    for index, line in enumerate(lines):
+        named = any(_module_key(word) in wanted for word in _IDENTIFIER.findall(line))
+        if index == 0 or block or named:
+            kept.append(line)
+        if named and line.rstrip().endswith("{"):
+            block = True
+        elif block and line.strip() == "}":
+            block = False
+    if len(kept) <= 1:
+        kept.append(f"    %% the design names nothing of {', '.join(map(str, files))} here "
+                    f"({len(lines) - 1} lines not shown)")
+    return "\n".join(kept)
+
+
+def _module_key(name: Any) -> str:
+    """A module or class name compared loosely: `pkg/game_logic.py`, GameLogic -> gamelogic."""
+    stem = str(name).rsplit("/", 1)[-1]
+    stem = stem[:-3] if stem.endswith(".py") else stem
+    return stem.replace("_", "").lower()
+
+
 def _has_cell(row: Any, key: Any) -> bool:
     if isinstance(row, dict):
         return key in row
@@ -415,6 +451,7 @@ def environment() -> ImmutableSandboxedEnvironment:
     env.filters["slug"] = _slug
     env.filters["file_name"] = _file_name
     env.filters["where"] = _where
+    env.filters["about"] = _about
     env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals["range"] = _bounded_range
     env.globals["lipsum"] = _bounded_lipsum
