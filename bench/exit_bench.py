@@ -60,7 +60,7 @@ def _gap(code: str, args: list[str], env: dict[str, str]) -> float:
     return ended - last
 
 
-def _side(model: str, folder: Path, env: dict[str, str], api_base: str) -> dict[str, Any]:
+def _side(model: str, folder: Path, env: dict[str, str], api_base: str, repeats: int) -> dict[str, Any]:
     sop = folder / "exit.sop.yaml"
     sop.write_text(SOP)
     args = ["run", str(sop), "--model", model, "--idea", "a game", "--format", "json"]
@@ -68,7 +68,7 @@ def _side(model: str, folder: Path, env: dict[str, str], api_base: str) -> dict[
         args += ["--api-base", api_base]
     out: dict[str, Any] = {}
     for name, code in _ENTRY.items():
-        gaps = [_gap(code, [*args, "--out", str(folder / f"ws-{model.replace('/', '-')}-{name}-{i}")], env) for i in range(REPEATS)]
+        gaps = [_gap(code, [*args, "--out", str(folder / f"ws-{model.replace('/', '-')}-{name}-{i}")], env) for i in range(repeats)]
         out[name] = {"min": min(gaps), "median": statistics.median(gaps), "max": max(gaps)}
     out["ratio"] = out["now"]["median"] / max(out["before"]["median"], 1e-6)
     return out
@@ -77,6 +77,7 @@ def _side(model: str, folder: Path, env: dict[str, str], api_base: str) -> dict[
 def main(size_factor: float = 1.0) -> dict[str, Any]:
     from bench.hosted_bench import _env, _Stub
 
+    repeats = REPEATS if size_factor >= 1 else 1
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}/v1"
@@ -84,19 +85,19 @@ def main(size_factor: float = 1.0) -> dict[str, Any]:
     try:
         with tempfile.TemporaryDirectory(prefix="sopctl-exit-") as tmp:
             env = {**_env(False), "SOPCTL_FAKE_LATENCY_MS": "0"}
-            sides["fake"] = _side("fake", Path(tmp), env, "")
+            sides["fake"] = _side("fake", Path(tmp), env, "", repeats)
             try:
                 from engine.models.local import model_path
 
                 if not model_path().exists():
                     raise FileNotFoundError(model_path())
-                sides["local"] = _side("local", Path(tmp), env, "")
+                sides["local"] = _side("local", Path(tmp), env, "", repeats)
             except (ImportError, OSError, RuntimeError) as exc:
                 sides["local"] = {"skipped": f"{type(exc).__name__}: {exc}"[:200]}
-            sides["litellm"] = _side("openai/stub", Path(tmp), _env(True), base)
+            sides["litellm"] = _side("openai/stub", Path(tmp), _env(True), base, repeats)
     finally:
         server.shutdown()
-    rows = [f"Seconds from the last line printed to the process's end ({REPEATS} runs each; "
+    rows = [f"Seconds from the last line printed to the process's end ({repeats} runs each; "
             "`before`: the same run ended by the interpreter's whole shutdown):", "",
             "| model | now: min | median | max | before: median | now / before |", "|---|---|---|---|---|---|"]
     for name, side in sides.items():
