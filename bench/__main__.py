@@ -48,6 +48,8 @@ BENCHES: list[tuple[str, str, str]] = [
     ("memory", "bench.memory_bench", "Prompt size as a run grows: whole memory against a memory window"),
     ("scale", "bench.scale_bench", "Scale: 10 to 1,000 files on fake"),
     ("toolloop", "bench.toolloop_bench", "Tool loops: engine time and CPU per step, beside MetaGPT main's RoleZero"),
+    ("prefix", "bench.prefix_bench", "Provider prompt caching: prefix reuse, and the input tokens a user pays"),
+    ("exit", "bench.exit_bench", "A prompt exit: from the last line printed to the end of the process"),
     ("hosted", "bench.hosted_bench", "A hosted model's first request: direct client and litellm, against a local OpenAI-compatible server"),
 ]
 
@@ -89,6 +91,8 @@ def run_one(name: str, module: str, size_factor: float, skip_metagpt: bool) -> d
         return entry
     main: Callable[..., Any] = mod.main
     kwargs: dict[str, Any] = {"size_factor": size_factor}
+    if name == "prefix":
+        kwargs["with_metagpt"] = not skip_metagpt
     if name in ("compare", "toolloop"):
         kwargs["with_metagpt"] = not skip_metagpt
         if size_factor < 1:
@@ -133,12 +137,13 @@ def _metagpt_version() -> str:
 
 
 def _verdict(value: float, target: str) -> str:
-    """'yes' / '**no**' for targets written `<= x`, `< x` or `~1` (within 15%); else blank."""
-    m = re.match(r"\s*(<=|<|~)\s*([0-9.]+)", target)
+    """'yes' / '**no**' for targets written `<= x`, `< x`, `>= x` or `~1` (within 15%); else blank."""
+    m = re.match(r"\s*(<=|<|>=|~)\s*([0-9.]+)", target)
     if not m:
         return ""
     op, bound = m.group(1), float(m.group(2))
-    ok = {"<=": value <= bound, "<": value < bound, "~": abs(value - bound) <= 0.15 * bound}[op]
+    ok = {"<=": value <= bound, "<": value < bound, ">=": value >= bound,
+          "~": abs(value - bound) <= 0.15 * bound}[op]
     return "yes" if ok else "**no**"
 
 
@@ -173,7 +178,15 @@ def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
     labels_scale = {"chars_100_over_10": "prompt characters, 100 files / 10 files (shipped SOP)",
                     "chars_300_over_100": "prompt characters, 300 files / 100 files (shipped SOP)",
                     "per_call_1000_over_100": "wall time per call on fake, 1,000 files / 100 files",
-                    "rss_1000_over_100": "peak RSS on fake, 1,000 files / 100 files"}
+                    "rss_1000_over_100": "peak RSS on fake, 1,000 files / 100 files",
+                    "chars_100_over_10_none": "prompt characters, 100 / 10 files, design without "
+                                              "`Interfaces per file`",
+                    "chars_300_over_100_none": "prompt characters, 300 / 100 files, design without "
+                                               "`Interfaces per file`",
+                    "chars_100_over_10_half": "prompt characters, 100 / 10 files, `Interfaces per file` "
+                                              "half filled",
+                    "chars_300_over_100_half": "prompt characters, 300 / 100 files, `Interfaces per file` "
+                                               "half filled"}
     for key, label in labels_scale.items():
         value = (scale.get("ratios") or {}).get(key)
         if isinstance(value, (int, float)):
@@ -183,6 +196,13 @@ def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
         found.append((f"routing: exponent of time vs messages ({r['roles']:,} roles, "
                       f"{r['curve'][0]['messages']:,}-{r['curve'][-1]['messages']:,} messages)",
                       r["exponent"], "~1 (linear)"))
+    prefix = res.get("prefix") or {}
+    for key, label in (("loop", "10-step tool loop"), ("mgx", "the MGX team's tool loops on fake")):
+        side = prefix.get(key) or {}
+        for stat in ("min", "median"):
+            if isinstance(side.get(stat), (int, float)):
+                found.append((f"exact-prefix share of consecutive requests, {label} ({stat} of "
+                              f"{side['n']} pairs)", side[stat], ">= 0.9"))
     cpu = (((res.get("validate") or {}).get("cold") or {}).get("cpu") or {}).get("ratio")
     if isinstance(cpu, (int, float)):
         found.append(("cold `sopctl validate` / bare imports of pydantic, jinja2, networkx (CPU)", cpu, "<= 2"))

@@ -120,8 +120,9 @@ class ScriptedModel:
         return len(self.requests)
 
     def prompts(self) -> list[str]:
-        """The last user message of every request (what the model was asked each time)."""
-        return [next((m["content"] for m in reversed(r.messages) if m["role"] == "user"), "")
+        """What the model was asked each time: every message of the request but the system
+        prompt, in order (a tool loop's earlier steps are earlier messages of its request)."""
+        return ["\n\n".join(m["content"] for m in r.messages if m["role"] != "system")
                 for r in self.requests]
 
     def asked(self, kind: str | None = None) -> list[str]:

@@ -217,3 +217,15 @@ def test_the_quick_report_runs_the_tool_loop_bench(tmp_path: Path) -> None:
     assert bench_main(["--quick", "--only", "toolloop", "--out", str(out)]) == 0
     text = out.read_text()
     assert "toolloop" in text and "TypeError" not in text and "failed" not in text.lower()
+
+
+def test_prefix_share_and_openai_caching_rule() -> None:
+    from bench.prefix_bench import billed_input, prefix_shares
+
+    shares = prefix_shares([("a", "abcd"), ("b", "zz"), ("a", "abcdefgh"), ("a", "abXX")])
+    assert shares == [0.5, 0.5]                       # per group: the later request's share
+    first, again = list(range(2000)), list(range(1500)) + [-1] * 500
+    paid = billed_input([first, again], rate=0.5)
+    assert paid["cached_tokens"] == 1024 + 3 * 128    # 1,500 shared: 1,024 then whole 128-steps
+    assert paid["billed_equivalent"] == 4000 - 1408 + 1408 * 0.5
+    assert billed_input([list(range(1000)), list(range(1000))])["cached_tokens"] == 0   # under 1,024

@@ -12,7 +12,7 @@ DOCS = ROOT / "docs"
 
 README_MAX_LINES = 300
 
-PAGES_FROM_OTHER_BRANCHES = frozenset({"docs/performance.md"})
+PAGES_FROM_OTHER_BRANCHES = frozenset()
 """Pages the README links to that are written on other branches (each from the README section
 it replaces). Until they are merged their links are allowed from the README alone; once one
 exists it is checked like any other, so this set can be emptied after the merge."""

@@ -1,7 +1,5 @@
 """`python -m engine.cli ...` is `sopctl ...`."""
 
-import sys
+from engine.cli.commands import entry
 
-from engine.cli.commands import main
-
-sys.exit(main())
+entry()

@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import shlex
 import contextlib
+import logging
 import json
 import os
 import signal
 import sys
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 from collections.abc import Callable, Iterator, Sequence
 
 from engine.cli.parser import COMMANDS, build_parser, parse_args
@@ -434,6 +435,43 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 _SIGTERM_EXIT = 128 + 15
+
+
+def entry() -> None:
+    """The `sopctl` program: `main`, then the process ends at once (`exit_promptly`)."""
+    exit_promptly(main())
+
+
+def exit_promptly(code: int) -> NoReturn:
+    """End the process with `code` as soon as its work is done, without the interpreter's
+    shutdown (freeing every module object, litellm's atexit hooks: from half a second with
+    `fake` to several with litellm loaded). By the time `main` returns the journal is closed
+    (every answer and event on disk), traces are flushed and MCP servers stopped; what is
+    left is printed output, logging and the local model, closed here, so nothing is lost.
+    Work still going on that the shutdown would wait for or end (a thread that is not a
+    daemon, a child process, Ray) gets the ordinary exit."""
+    if _still_working():
+        sys.exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):   # a closed pipe: nothing left to say
+            stream.flush()
+    logging.shutdown()
+    local = sys.modules.get("engine.models.local")
+    if local is not None:
+        with contextlib.suppress(Exception):   # freeing the model is courtesy, not data
+            local._unload()
+    os._exit(code)
+
+
+def _still_working() -> bool:
+    """Whether something the interpreter's shutdown takes care of is still running."""
+    if any(t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        return True
+    children = sys.modules.get("multiprocessing")
+    if children is not None and children.active_children():
+        return True
+    ray = sys.modules.get("ray")
+    return ray is not None and bool(getattr(ray, "is_initialized", lambda: False)())
 
 
 def main(argv: Sequence[str] | None = None) -> int:

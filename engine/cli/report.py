@@ -50,7 +50,7 @@ def _run_totals(state: RunState) -> dict[str, Any]:
     usage, pending = state.usage, state.waiting_for
     return {"model": state.model, "ended_at": format_time(state.ended_at) if state.ended_at else None,
             "error": state.error, "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
+            "completion_tokens": usage.completion_tokens, "cached_tokens": usage.cached_tokens,
             "tokens": usage.prompt_tokens + usage.completion_tokens,
             "retries": usage.retries, "reasks": usage.reasks,
             "journaled_calls": state.journaled_calls, "unpriced_calls": state.unpriced_calls,
@@ -72,6 +72,7 @@ def result_object(state: RunState) -> dict[str, Any]:
         "reused_calls": usage.reused_calls,
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
         "cost_usd": round(usage.cost_usd, 6),
         "workspace": str(Path(state.run_dir).resolve()) if state.run_dir else state.workspace,
         "artifacts": sorted(state.artifacts),
@@ -114,7 +115,7 @@ def _action_json(stats: ActionStats) -> dict[str, Any]:
     return {"action": stats.action, "roles": stats.roles, "runs": stats.runs,
             "completed": stats.completed, "calls": usage.llm_calls, "reused": usage.reused_calls,
             "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
-            "cost_usd": round(usage.cost_usd, 6), "retries": usage.retries, "reasks": usage.reasks}
+            "cached_tokens": usage.cached_tokens, "cost_usd": round(usage.cost_usd, 6), "retries": usage.retries, "reasks": usage.reasks}
 
 
 def format_time(ts: float) -> str:
@@ -167,7 +168,7 @@ def format_show(state: RunState) -> str:
     lines.append(f"total: {usage.llm_calls} model calls, {usage.reused_calls} reused, "
                  f"{usage.retries} retries, {usage.reasks} re-asks, "
                  f"{state.journaled_calls} journaled, {usage.prompt_tokens}+"
-                 f"{usage.completion_tokens} tokens, ${usage.cost_usd:.4f}")
+                 f"{usage.completion_tokens} tokens{cached_note(usage)}, ${usage.cost_usd:.4f}")
     if state.unpriced_calls:
         lines.append(f"cost unknown: {state.unpriced_calls} model call(s) priced $0 because "
                      "their model's price is unknown (give one with --price or the file's "
@@ -201,8 +202,8 @@ def _action_line(record: ActionRecord, invocations: int = 1) -> str:
     usage = record.usage
     trouble = "".join(f"  {note}" for note in usage_notes(usage, reused=False))
     return (f"  {record.role}.{record.action}  [{mark}]  calls {usage.llm_calls}  reused "
-            f"{usage.reused_calls}  tokens {usage.prompt_tokens}+{usage.completion_tokens}  "
-            f"${usage.cost_usd:.4f}{trouble}")
+            f"{usage.reused_calls}  tokens {usage.prompt_tokens}+{usage.completion_tokens}"
+            f"{cached_note(usage)}  ${usage.cost_usd:.4f}{trouble}")
 
 
 def _message_line(message: dict[str, Any]) -> str:
@@ -224,6 +225,12 @@ def _stats_line(s: ActionStats) -> str:
             f"{u.reused_calls:>6} {u.retries:>7} {u.reasks:>7} {tokens:>13} ${u.cost_usd:>8.4f}")
 
 
+def cached_note(usage: Usage) -> str:
+    """` (N of the prompt tokens cached)`: read from the provider's prompt cache, billed lower;
+    nothing when none were (fake, local, a provider without a cache)."""
+    return f" ({usage.cached_tokens} of the prompt tokens cached)" if usage.cached_tokens else ""
+
+
 def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
     """The `sopctl runs` table; an unreadable journal is a row saying why, not a failure."""
     header = f"{'id':<24} {'sop':<20} {'status':<12} {'rounds':>6} {'calls':>5} {'cost':>9}  {'when':<20} dir"
@@ -236,7 +243,8 @@ def format_runs(rows: list[tuple[Path, RunState | JournalError]]) -> str:
         lines.append(f"{item.run_id[:24]:<24} {item.sop_name[:20]:<20} {item.status:<12} "
                      f"{item.rounds:>6} {item.usage.llm_calls:>5} ${item.usage.cost_usd:>8.4f}  "
                      f"{format_time(item.started_at):<20} {path}"
-                     + (f"  (waits for {waits})" if (waits := _waiting_id(item)) else ""))
+                     + (f"  (waits for {waits})" if (waits := _waiting_id(item)) else "")
+                     + (f"  ({item.usage.cached_tokens} prompt tokens cached)" if item.usage.cached_tokens else ""))
     return "\n".join(lines + _runs_total(rows))
 
 
@@ -247,7 +255,7 @@ def _runs_total(rows: list[tuple[Path, RunState | JournalError]]) -> list[str]:
         return []
     usage = sum((s.usage for s in states), Usage())
     return [f"total: {len(states)} runs, {usage.llm_calls} model calls, "
-            f"{usage.prompt_tokens}+{usage.completion_tokens} tokens, ${usage.cost_usd:.4f}"]
+            f"{usage.prompt_tokens}+{usage.completion_tokens} tokens{cached_note(usage)}, ${usage.cost_usd:.4f}"]
 
 
 def summary(result: RunResult) -> str:
@@ -257,7 +265,8 @@ def summary(result: RunResult) -> str:
         f"status:    {result.status}" + _why(result),
         f"rounds:    {result.rounds}",
         f"llm calls: {result.llm_calls}" + _call_notes(result.usage),
-        f"tokens:    {result.prompt_tokens} prompt + {result.completion_tokens} completion",
+        f"tokens:    {result.prompt_tokens} prompt + {result.completion_tokens} completion"
+        + cached_note(result.usage),
         f"cost:      ${result.cost_usd:.4f}",
         f"workspace: {result.workspace}",
         f"messages:  {len(result.messages)}",

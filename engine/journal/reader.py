@@ -10,6 +10,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 from typing import Any
+from collections.abc import Callable
 
 from typing_extensions import Self
 
@@ -132,7 +133,9 @@ class JournalReader:
             if not self._has_table("exchanges"):
                 return {}
             rows = self._conn.execute("SELECT request_hash, data FROM exchanges").fetchall()
-        return {key: unpack_exchange(key, data) for key, data in rows}
+        stored = {key: unpack_exchange(key, data) for key, data in rows}
+        memo: dict[str, dict[str, Any]] = {}
+        return {key: resolve_exchange(key, stored.get, memo) or value for key, value in stored.items()}
 
     def exchanges_of_action(self, action: str) -> list[dict[str, Any]]:
         """What was sent for each of an action's answers, in the order they were recorded."""
@@ -142,13 +145,23 @@ class JournalReader:
             rows = self._conn.execute(
                 "SELECT e.request_hash, e.data FROM answers a JOIN exchanges e ON e.request_hash = a.request_hash "
                 "WHERE a.action = ? ORDER BY a.seq", (action,)).fetchall()
-        return [unpack_exchange(key, data) for key, data in rows]
+        own = {key: unpack_exchange(key, data) for key, data in rows}
+
+        def lookup(key: str) -> dict[str, Any] | None:   # a base of another action's: its row
+            return own[key] if key in own else self._stored(key)
+        memo: dict[str, dict[str, Any]] = {}
+        return [resolve_exchange(key, lookup, memo) or own[key] for key, _ in rows]
 
     def exchange(self, request_hash: str) -> dict[str, Any] | None:
         """What was sent for one answer, or None when the journal did not keep it."""
         with guard(self.path, "read"):
             if not self._has_table("exchanges"):
                 return None
+        return resolve_exchange(request_hash, self._stored, {})
+
+    def _stored(self, request_hash: str) -> dict[str, Any] | None:
+        """One exchange as its row holds it (a step's may hold only what it adds to another's)."""
+        with guard(self.path, "read"):
             row = self._conn.execute("SELECT data FROM exchanges WHERE request_hash = ?",
                                      (request_hash,)).fetchone()
         return unpack_exchange(request_hash, row[0]) if row else None
@@ -156,3 +169,34 @@ class JournalReader:
     def _has_table(self, name: str) -> bool:
         return self._conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
                                   (name,)).fetchone() is not None
+
+
+def resolve_exchange(key: str, lookup: Callable[[str], dict[str, Any] | None],
+                     memo: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
+    """The exchange under `key` with all its messages. A tool loop's step is journaled as what
+    it adds to the step before (`base`: that exchange's key, `keep`: how many of its messages
+    this request begins with; engine.journal.store); the chain is followed back, without
+    recursion, and each exchange resolved is kept in `memo`. A base the journal lacks shows as
+    one line saying how many messages are not there."""
+    chain: list[tuple[str, dict[str, Any]]] = []
+    seen: set[str] = set()
+    current: str | None = key
+    while current is not None and current not in memo and current not in seen:
+        value = lookup(current)
+        if value is None:
+            break
+        seen.add(current)
+        chain.append((current, value))
+        base = value.get("base")
+        current = base if isinstance(base, str) else None
+    for name, value in reversed(chain):
+        base = value.get("base")
+        if isinstance(base, str):
+            keep = int(value.get("keep") or 0)
+            found = memo.get(base)
+            head = list(found["messages"][:keep]) if found is not None else \
+                [{"role": "user", "content": f"[{keep} earlier message(s) not in the journal]"}]
+            value = {**{k: v for k, v in value.items() if k not in ("base", "keep")},
+                     "messages": head + list(value["messages"])}
+        memo[name] = value
+    return memo.get(key)

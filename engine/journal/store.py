@@ -120,6 +120,10 @@ def _crash_point(name: str) -> int:
     return int(raw) if raw.isdigit() else 0
 
 
+
+_THREADS = 256
+"""The tool loops (first two messages) whose last exchange the journal remembers for _delta."""
+
 class Journal(JournalReader):
     """A run's durable record: observer, completed-actions lookup and answer store in one.
 
@@ -132,6 +136,8 @@ class Journal(JournalReader):
     def __init__(self, path: Path, conn: sqlite3.Connection, *, writable: bool) -> None:
         super().__init__(path, conn, writable=writable)
         self._secrets = secret_values()
+        self._threads: dict[tuple[str, str], tuple[str, list[Any]]] = {}
+        """The last exchange recorded per first two messages (see _delta), the newest last."""
         self._events_written = 0
         self._answers_written = 0
         self._crash_event = _crash_point(CRASH_AFTER_EVENT_ENV)
@@ -527,10 +533,35 @@ class Journal(JournalReader):
             os._exit(_CRASH_EXIT)
 
     def _insert_exchange(self, request_hash: str, exchange: dict[str, Any]) -> None:
-        """What was sent for an answer, secrets redacted, compressed when long (the first wins)."""
-        text = scrub(json.dumps(exchange, ensure_ascii=False), self._secrets)
+        """What was sent for an answer, secrets redacted, compressed when long (the first wins);
+        a request that begins with the messages of one recorded before (a tool loop's next
+        step) keeps only what it adds (`_delta`)."""
+        text = scrub(json.dumps(self._delta(request_hash, exchange), ensure_ascii=False), self._secrets)
         self._conn.execute("INSERT OR IGNORE INTO exchanges VALUES (?, ?)",
                            (request_hash, pack_exchange(text)))
+
+    def _delta(self, request_hash: str, exchange: dict[str, Any]) -> dict[str, Any]:
+        """`exchange`, or what it adds to the last exchange recorded with the same two first
+        messages (system prompt and first user message: the same tool loop): `base` (that
+        one's key), `keep` (how many of its messages begin this one) and the new messages.
+        A 40-step loop then stores its prompt once and each step's answer and results once,
+        not the whole growing prompt 40 times (engine.journal.reader.resolve_exchange)."""
+        messages = exchange.get("messages")
+        if not isinstance(messages, list) or len(messages) < 2 or not all(isinstance(m, dict) for m in messages[:2]):
+            return exchange
+        head = (str(messages[0].get("content")), str(messages[1].get("content")))
+        before = self._threads.pop(head, None)
+        self._threads[head] = (request_hash, messages)
+        if len(self._threads) > _THREADS:
+            del self._threads[next(iter(self._threads))]
+        if before is None or before[0] == request_hash:
+            return exchange
+        keep, old = 0, before[1]
+        while keep < min(len(old), len(messages)) and old[keep] == messages[keep]:
+            keep += 1
+        if keep < 2:
+            return exchange
+        return {**exchange, "messages": messages[keep:], "base": before[0], "keep": keep}
 
     def _require_writable(self) -> None:
         if not self._writable:

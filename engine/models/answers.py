@@ -158,11 +158,16 @@ def wire_format(rformat: dict[str, Any] | None, form: str | None) -> dict[str, A
 
 
 def first_messages(spec: CallSpec, schema_mode: bool) -> list[dict[str, str]]:
-    """System prompt (the role's prefix) and the action's prompt with our answer instructions."""
+    """System prompt (the role's prefix), the action's prompt with our answer instructions,
+    then the call's earlier turns (a tool loop's steps), so that every request of a loop
+    begins with the one before it, word for word (what providers cache)."""
     messages = [{"role": "system", "content": spec.system}] if spec.system else []
-    tail = _instructions(spec, schema_mode)
+    tail = _instructions(spec, schema_mode, spec.prompt_schema)
     content = f"{spec.prompt.rstrip()}\n\n{tail}" if tail else spec.prompt
-    return [*messages, {"role": "user", "content": content}]
+    turns = list(spec.turns)
+    if turns and turns[0].get("role") == "user":   # no two user messages in a row
+        content = f"{content.rstrip()}\n\n{turns.pop(0)['content']}"
+    return [*messages, {"role": "user", "content": content}, *turns]
 
 
 def reask_messages(
@@ -177,9 +182,9 @@ def reask_messages(
     return [*messages, {"role": "assistant", "content": shown}, {"role": "user", "content": fix.rstrip()}]
 
 
-def _instructions(spec: CallSpec, schema_mode: bool) -> str:
+def _instructions(spec: CallSpec, schema_mode: bool, schema: dict[str, Any] | None = None) -> str:
     if spec.kind == "json":
-        return _json_instructions(spec, schema_mode)
+        return _json_instructions(spec, schema_mode, schema)
     if spec.kind == "code":
         lang = spec.code_lang or ""
         return (f"## Answer format\nWrite the complete {lang or 'source'} code in one fenced code "
@@ -191,8 +196,8 @@ def _instructions(spec: CallSpec, schema_mode: bool) -> str:
     return ""
 
 
-def _json_instructions(spec: CallSpec, schema_mode: bool) -> str:
-    schema = spec.schema or {}
+def _json_instructions(spec: CallSpec, schema_mode: bool, described: dict[str, Any] | None = None) -> str:
+    schema = described or spec.schema or {}
     mode = "schema" if schema_mode else spec.format
     examples = shows_examples(spec.model)
     text: str = _per_schema(schema, f"instructions:{mode}:{examples}",

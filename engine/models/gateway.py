@@ -336,7 +336,7 @@ class Gateway:
             event = _answered(request, key, answer.prompt_tokens, answer.completion_tokens,
                               max(float(answer.cost_usd or 0.0), 0.0), round(seconds, 3),
                               unpriced=not answer.priced, finish_reason=answer.finish_reason,
-                              text=answer.text)
+                              text=answer.text, cached_tokens=answer.cached_tokens)
             self._count(event, result)  # before the admission slot frees: the budget sees it
         text = answers.cut_answer(answer.text, self.max_answer_chars)   # bounded from here on
         if self.store is not None:  # recorded before it is reported or parsed: never lost
@@ -450,11 +450,13 @@ class Gateway:
 
 def _answered(request: ModelRequest, key: str, prompt_tokens: int, completion_tokens: int,
               cost: float, seconds: float, *, reused: bool = False,
-              unpriced: bool = False, finish_reason: str = "", text: str = "") -> ModelAnswered:
+              unpriced: bool = False, finish_reason: str = "", text: str = "",
+              cached_tokens: int = 0) -> ModelAnswered:
     spec = request.spec
     return ModelAnswered(spec.round, spec.role, spec.action, request.attempt, key, prompt_tokens,
                          completion_tokens, cost, seconds, reused, unpriced, spec.model,
-                         finish_reason, AnswerContent(request.messages, text))
+                         finish_reason, cached_tokens=cached_tokens,
+                         content=AnswerContent(request.messages, text))
 
 
 def _prompt_token_bound(request: ModelRequest) -> int:

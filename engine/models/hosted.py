@@ -60,7 +60,8 @@ from engine.models.types import (
 )
 
 __all__ = ["LiteLLMProvider", "REQUEST_SENT", "litellm_module", "import_litellm_in_background", "redact",
-           "DEFAULT_TIMEOUT_S", "commands_text", "native_tools", "tool_list"]
+           "DEFAULT_TIMEOUT_S", "commands_text", "native_tools", "tool_list", "cached_tokens",
+           "cache_points"]
 
 
 DEFAULT_TIMEOUT_S = 120.0
@@ -204,6 +205,9 @@ class LiteLLMProvider:
         if tools:   # a tool loop's step: the provider's own tool calling, not the JSON list
             kwargs.pop("response_format", None)
             kwargs.update(tools=tools, tool_choice="required")
+        points = cache_points(model)
+        if points:
+            kwargs["cache_control_injection_points"] = points
         return {**kwargs, **self.completion_kwargs}
 
     def _convert(self, exc: Exception, spec: CallSpec) -> LLMError:
@@ -231,6 +235,7 @@ class LiteLLMProvider:
         if calls and spec.tool_step >= 0:
             text = commands_text(spec, text, calls)
         prompt_tokens, completion_tokens = _usage_of(response)
+        cached = cached_tokens(getattr(response, "usage", None))
         counted = prompt_tokens == 0 and completion_tokens == 0   # no usage: litellm says 0, 0
         if counted:
             prompt_tokens, completion_tokens = _count_tokens(litellm, model, request, text)
@@ -238,11 +243,12 @@ class LiteLLMProvider:
         price = price_of(self, spec)
         if price is None:  # unknown to litellm and no price given: 0, and said so
             return ModelAnswer(text, prompt_tokens, completion_tokens, 0.0, priced=False,
-                               finish_reason=finish)
-        cost = price.cost(prompt_tokens, completion_tokens)
+                               finish_reason=finish, cached_tokens=cached)
+        cost = price.cost(prompt_tokens, completion_tokens, cached)
         if not counted and price is not spec.fallback_price:  # litellm's own price
             cost = _litellm_cost(litellm, response, cost)
-        return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
+        return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish,
+                           cached_tokens=cached)
 
 
 _EMBEDDINGS_ONLY = ("openai_like/",)
@@ -265,6 +271,22 @@ def _function_names(spec: CallSpec) -> dict[str, str]:
     allows only letters, digits, `_` and `-`)."""
     names = {re.sub(r"[^A-Za-z0-9_-]", "_", name.replace(".", "__"))[:64]: name for name, _ in spec.commands}
     return names if len(names) == len(spec.commands) else {}
+
+
+_MARKED_CACHE_PROVIDERS = ("anthropic", "bedrock", "vertex_ai", "gemini", "azure_ai", "openrouter",
+                           "databricks", "dashscope", "minimax", "zai")
+"""Providers that cache a prompt only up to a marked point (litellm's `cache_control`);
+OpenAI, DeepSeek and xAI cache every long prefix by themselves."""
+
+
+def cache_points(model: str) -> list[dict[str, Any]]:
+    """Where litellm marks a request for the provider's prompt cache: the system prompt (the
+    role, its commands: the same in every request of the role) and the last message (the
+    whole request: the next step of a tool loop begins with it). None for the others."""
+    provider = model.split("/", 1)[0] if "/" in model else ("anthropic" if model.startswith("claude") else "")
+    if provider not in _MARKED_CACHE_PROVIDERS:
+        return []
+    return [{"location": "message", "role": "system"}, {"location": "message", "index": -1}]
 
 
 def native_tools(model: str, spec: CallSpec) -> list[dict[str, Any]] | None:
@@ -373,6 +395,20 @@ def token_count(value: Any) -> int:
     return int(value)
 
 
+def cached_tokens(usage: Any) -> int:
+    """The prompt tokens a provider read from its prompt cache, from an answer's `usage` (an
+    object, as litellm gives it, or the JSON dict of an OpenAI-compatible body): OpenAI's
+    `prompt_tokens_details.cached_tokens`, else Anthropic's `cache_read_input_tokens` (litellm
+    reports both; DeepSeek's `prompt_cache_hit_tokens` too). The one place they are read."""
+    def get(value: Any, name: str) -> Any:
+        return value.get(name) if isinstance(value, dict) else getattr(value, name, None)
+    for found in (get(get(usage, "prompt_tokens_details"), "cached_tokens"),
+                  get(usage, "cache_read_input_tokens"), get(usage, "prompt_cache_hit_tokens")):
+        if isinstance(found, (int, float)) and found > 0:
+            return int(found)
+    return 0
+
+
 def _count_tokens(litellm: Any, model: str, request: ModelRequest, text: str) -> tuple[int, int]:
     """Tokens of a request and its answer, counted locally (litellm's tokenizer for the model,
     else its default one; at worst a quarter of the characters)."""
@@ -434,4 +470,6 @@ def _litellm_price(model: str) -> Price | None:
     if given is None or taken is None:
         return None
     limit = info.get("max_output_tokens") or info.get("max_tokens")
-    return Price(float(given), float(taken), int(limit) if limit else None)
+    cached = info.get("cache_read_input_token_cost")
+    return Price(float(given), float(taken), int(limit) if limit else None,
+                 float(cached) if cached is not None else None)

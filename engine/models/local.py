@@ -361,8 +361,13 @@ def _size(schema: Any) -> tuple[int, int]:
 
 
 def fit_messages(messages: list[dict[str, Any]], budget: int, count: Any) -> list[dict[str, Any]]:
-    """Cut the middle of the longest non-system message until the prompt fits `budget` tokens."""
+    """Cut the middle of the longest non-system message until the prompt fits `budget` tokens;
+    a tool loop's many steps (one message each) first lose their oldest ones, whole, between
+    the first user message and the newest step, so the beginning the model's cache holds stays."""
     fitted = [dict(m) for m in messages]
+    first = next((i for i, m in enumerate(fitted) if m.get("role") == "user"), 0)
+    while len(fitted) > first + 3 and sum(count(str(m.get("content") or "")) + 8 for m in fitted) > budget:
+        del fitted[first + 1:first + 3]   # the oldest answer and what came back after it
     for _ in range(6):
         sizes = [count(str(m.get("content") or "")) + 8 for m in fitted]
         over = sum(sizes) - budget

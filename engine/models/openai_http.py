@@ -61,6 +61,7 @@ from engine.models.hosted import (
     LiteLLMProvider,
     _count_tokens,
     _litellm_cost,
+    cached_tokens,
     commands_text,
     import_litellm_in_background,
     litellm_module,
@@ -258,7 +259,9 @@ class OpenAIHTTP:
         if given is None or taken is None:
             return None
         limit = entry.get("max_output_tokens") or entry.get("max_tokens")
-        return Price(float(given), float(taken), int(limit) if limit else None)
+        cached = entry.get("cache_read_input_token_cost")
+        return Price(float(given), float(taken), int(limit) if limit else None,
+                     float(cached) if cached is not None else None)
 
     def supports_schema(self, model: str) -> bool:
         """As litellm's cost map says; a model it does not know (a self-hosted one) is sent the
@@ -375,6 +378,7 @@ class OpenAIHTTP:
         if calls and spec.tool_step >= 0:
             text = commands_text(spec, text, calls)
         prompt_tokens, completion_tokens = usage_of(data)
+        cached = cached_tokens(_object(data.get("usage")))
         counted = prompt_tokens == 0 and completion_tokens == 0
         if counted:   # litellm's tokenizer: imported off the event loop
             litellm = await asyncio.to_thread(litellm_module)
@@ -383,11 +387,12 @@ class OpenAIHTTP:
         price = price_of(self, spec)
         if price is None:
             return ModelAnswer(text, prompt_tokens, completion_tokens, 0.0, priced=False,
-                               finish_reason=finish)
-        cost = price.cost(prompt_tokens, completion_tokens)
+                               finish_reason=finish, cached_tokens=cached)
+        cost = price.cost(prompt_tokens, completion_tokens, cached)
         if not counted and price is not spec.fallback_price:   # litellm's price of the answer
             cost = await asyncio.to_thread(_cost_by_litellm, spec.model, data, cost)
-        return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish)
+        return ModelAnswer(text, prompt_tokens, completion_tokens, cost, finish_reason=finish,
+                           cached_tokens=cached)
 
     def _client(self) -> Any:
         """One SDK client (and connection pool) per event loop (a pool cannot outlive the loop

@@ -34,8 +34,15 @@ class Price:
     output_per_token: float
     max_output_tokens: int | None = None
 
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return prompt_tokens * self.input_per_token + completion_tokens * self.output_per_token
+    cached_input_per_token: float | None = None
+    """What a prompt token read from the provider's cache costs (litellm's cost map:
+    `cache_read_input_token_cost`); None: cached tokens cost what the others do."""
+
+    def cost(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> float:
+        """`cached_tokens` of the `prompt_tokens` were read from the provider's cache."""
+        cached = min(cached_tokens, prompt_tokens) if self.cached_input_per_token is not None else 0
+        return ((prompt_tokens - cached) * self.input_per_token + cached * (self.cached_input_per_token or 0.0)
+                + completion_tokens * self.output_per_token)
 
 
 FREE = Price(0.0, 0.0)
@@ -78,6 +85,14 @@ class CallSpec:
     """How the server takes the output schema (`llm.response_format`, `--response-format`);
     None: what the provider says the model supports (engine.models.answers.wire_format).
     Not in the request hash: the same request, however the schema travels."""
+    turns: tuple[dict[str, str], ...] = ()
+    """Messages after the first user message: a tool loop's earlier steps, each answer (an
+    `assistant` message) and what came back (a `user` message), the newest last. Consecutive
+    requests then share their beginning exactly, which providers cache (a first `user` turn
+    is joined to the first user message; engine.models.answers.first_messages)."""
+    prompt_schema: dict[str, Any] | None = None
+    """The schema the first message's answer instructions describe, when not `schema`: a tool
+    loop's last step offers only `end`, and its first message stays that of every step."""
     place: str = ""
     """Where in the run the call is made (the action's idempotency key, its for_each item;
     engine.run.actions): its answers are journaled by place and occurrence (`answer_key`);
@@ -100,6 +115,7 @@ class Usage:
     reused_cost_usd: float = 0.0     # recorded cost of reused answers (counts toward the budget)
     retries: int = 0                 # requests sent again after a transient error
     reasks: int = 0                  # re-asks after an invalid answer
+    cached_tokens: int = 0           # of the paid prompt tokens, read from the provider's cache
 
     def __add__(self, other: Usage) -> Usage:
         if not isinstance(other, Usage):
@@ -108,15 +124,16 @@ class Usage:
                      self.prompt_tokens + other.prompt_tokens,
                      self.completion_tokens + other.completion_tokens,
                      self.cost_usd + other.cost_usd, self.reused_cost_usd + other.reused_cost_usd,
-                     self.retries + other.retries, self.reasks + other.reasks)
+                     self.retries + other.retries, self.reasks + other.reasks,
+                     self.cached_tokens + other.cached_tokens)
 
     @classmethod
     def of_answer(cls, prompt_tokens: int, completion_tokens: int, cost_usd: float, *,
-                  reused: bool = False) -> Usage:
+                  reused: bool = False, cached_tokens: int = 0) -> Usage:
         """One answer: paid now (a model call), or reused from the journal (paid when recorded)."""
         if reused:
             return cls(0, 1, 0, 0, 0.0, cost_usd)
-        return cls(1, 0, prompt_tokens, completion_tokens, cost_usd)
+        return cls(1, 0, prompt_tokens, completion_tokens, cost_usd, cached_tokens=cached_tokens)
 
     @property
     def budget_spent_usd(self) -> float:
@@ -290,13 +307,14 @@ class ModelAnswered(Event):
     unpriced: bool = False         # the model's price is unknown: cost_usd 0 is not a real cost
     model: str = ""                # the model asked ("" in journals older than issue 14)
     finish_reason: str = ""        # why the model stopped (`stop`, `length`...), "" if not told
+    cached_tokens: int = 0         # of prompt_tokens, read from the provider's prompt cache
     content: AnswerContent | None = field(default=None, compare=False, repr=False, metadata=LIVE_ONLY)
     """The request's messages and the answer's text, live only (see AnswerContent)."""
 
     @property
     def usage(self) -> Usage:
         return Usage.of_answer(self.prompt_tokens, self.completion_tokens, self.cost_usd,
-                               reused=self.reused)
+                               reused=self.reused, cached_tokens=self.cached_tokens)
 
 
 @dataclass(frozen=True)
@@ -387,6 +405,8 @@ class ModelAnswer:
     """False: the model's price is unknown and `cost_usd` is 0 for want of one."""
     finish_reason: str = ""
     """Why the model stopped, as the provider says (`stop`, `length`, ...); "" if it does not."""
+    cached_tokens: int = 0
+    """Of `prompt_tokens`, those the provider read from its prompt cache (billed lower)."""
 
 
 class Provider(Protocol):

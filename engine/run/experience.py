@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 from collections.abc import Awaitable, Callable
 
 from engine.models.types import AnswerStore, CallResult, CallSpec, StoredAnswer
@@ -82,9 +82,12 @@ def signature(spec: CallSpec, scope: str = "") -> str:
 
 def request_key(spec: CallSpec, scope: str = "") -> str:
     """The request as the pool keys it: action, signature (with the SOP file's scope), system
-    prompt and prompt (no model)."""
-    return sha256_text(json.dumps([spec.action, signature(spec, scope), spec.system, spec.prompt],
-                                  ensure_ascii=False))
+    prompt and prompt, and a tool step's earlier turns (no model); without turns, the key
+    pools made before tool steps had turns."""
+    what: list[Any] = [spec.action, signature(spec, scope), spec.system, spec.prompt]
+    if spec.turns:   # each step of a loop is a request of its own
+        what.append(list(spec.turns))
+    return sha256_text(json.dumps(what, ensure_ascii=False))
 
 
 def similarity(a: str, b: str) -> float:

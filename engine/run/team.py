@@ -112,8 +112,8 @@ class RunResult:
         data = {
             "status": self.status, "rounds": self.rounds, "llm_calls": self.llm_calls,
             "reused_calls": self.reused_calls, "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens, "cost_usd": round(self.cost_usd, 6),
-            "workspace": self.workspace, "artifacts": self.artifacts, "history": self.history,
+            "completion_tokens": self.completion_tokens, "cached_tokens": self.usage.cached_tokens,
+            "cost_usd": round(self.cost_usd, 6), "workspace": self.workspace, "artifacts": self.artifacts, "history": self.history,
             "run_id": self.run_id, "retries": self.usage.retries, "reasks": self.usage.reasks,
         }
         if self.error:

@@ -94,7 +94,13 @@ TOOL = "tool"
 
 
 _FULL_STEPS = 5
-"""The newest steps are shown in full; older steps' outputs are cut (RoleZero keeps 5)."""
+"""When the history is cut, the newest steps stay in full (RoleZero keeps 5)."""
+
+
+_HISTORY_CHARS = 48_000
+"""What the steps so far may take before the outputs of all but the newest _FULL_STEPS
+steps are cut, all at once: a history cut at every step would differ from the last
+request's at every step, and a provider's prompt cache needs the same beginning."""
 
 
 MAX_COMMANDS = 20
@@ -230,6 +236,8 @@ class _Step:
     outputs: list[str] = field(default_factory=list)
     done: bool = False
     """Its commands are not run: its outputs are already what the model is shown (stuck)."""
+    asked: str = ""
+    """The step's own message as sent, without the results of the step before (see _turns)."""
 
 
 _NOT_DONE = object()
@@ -252,6 +260,12 @@ class ToolLoop:
         self.builtins = Builtins(ctx, role_id, action_id, round_, plan)
         self.earlier = self.state.earlier(working_memory(ctx.compiled.spec, role_id, action_id))
         self.steps: list[_Step] = []
+        self.turns: list[dict[str, str]] = []
+        """The steps so far as messages (each step's message, then its answer), never
+        rewritten but all at once when they pass _HISTORY_CHARS (`cut_through`)."""
+        self.cut_through = 0
+        """Steps up to this number are shown with their outputs cut."""
+        self.first = ""
         self.limit = self.action.max_steps
         """The last step's number: max_steps, and as many again each time a person says go on."""
         self.commands_run = 0
@@ -260,13 +274,16 @@ class ToolLoop:
     async def run(self, prompt: str, system: str) -> Any:
         if self.action.tool_top_k is not None:
             self._recommend(prompt, self.action.tool_top_k)
+        # the system prompt and first message of every request of the loop, quick think's too
+        # (its note after them): each request begins as the one before it did
+        system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
+        first = self._first_message(prompt)
         if self.action.quick_think and self.state.from_user:   # RoleZero: only the user's requests
-            quick = await self._quick_answer(prompt, system)
+            quick = await self._quick_answer(first, system)
             if quick is not None:   # RoleZero publishes it to the user, whatever the action's send_to
                 reply_to_human(self.ctx, role=self.role_id, action=self.action_id, round_=self.round, text=quick)
                 return quick
-        system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
-        value = await self._steps(prompt, system)
+        value = await self._steps(first, system)
         if self.commands_run and self.commands_failed == self.commands_run:
             self.ctx.emit(RunLog(round=self.round, level="warning", role=self.role_id, action=self.action_id,
                                  message=f"every command it ran failed ({self.commands_failed} of "
@@ -290,6 +307,7 @@ class ToolLoop:
                 return current
             value = _NOT_DONE if current.done else await self._run_step(step, current)
             self.steps.append(current)
+            self._add_turns(current)
             if value is not _NOT_DONE:
                 return value
             if self.builtins.human.stopped:
@@ -314,14 +332,15 @@ class ToolLoop:
         note = ""
         for reask in range(_REASKS + 1):
             try:
-                answer = await self._ask(self._prompt(prompt, step, note), system, step, last)
+                asked = self._step_message(step, note)
+                answer = await self._ask(prompt, system, step, last, asked)
             except ActionFailed as exc:
                 if not last:
                     raise
                 return self._unfinished(f"it reached max_steps ({self.action.max_steps}) and its answer to "
                                         f"the last step was still invalid: {exc.message}")
             current = _Step(str(answer.get("thought", "")),
-                            [c for c in answer["commands"] if isinstance(c, dict)])
+                            [c for c in answer["commands"] if isinstance(c, dict)], asked=asked)
             if last or not self._repeats(current.commands):
                 return current
             note = (f"Your commands are the same as at one of your last steps (asked again: {reask + 1} "
@@ -362,7 +381,7 @@ class ToolLoop:
             return self._stopped()
         return _Step(current.thought, current.commands, [
             "Not run: these commands repeat an earlier step's. A person was asked what you should do "
-            f"instead, and answered: {answer}"], done=True)
+            f"instead, and answered: {answer}"], done=True, asked=current.asked)
 
     async def _go_on(self, step: int) -> bool:
         """At the limit (max_steps of 10 or more): whether the person says go on."""
@@ -438,17 +457,21 @@ class ToolLoop:
                 f"\nGive independent commands together in one step (at most {MAX_COMMANDS})." + rule +
                 f" When the work is done, give `{END}` with your final answer as its args.")
 
-    def _prompt(self, prompt: str, step: int, note: str = "") -> str:
+    def _first_message(self, prompt: str) -> str:
+        """What every step's request begins with after the system prompt: the action's prompt
+        and the role's earlier work (the same at every step: a provider caches it)."""
         parts = [prompt.rstrip()]
         if self.earlier:
             parts.append("## Your earlier work\nWhat you did and were sent before this, oldest first:\n\n" +
                          earlier_text(self.earlier))
+        return "\n\n".join(parts)
+
+    def _step_message(self, step: int, note: str = "") -> str:
+        """The step's own message, the last of its request: what the step before gave back
+        (`_results`, added by _turns), the plan's status, which step this is, a re-ask's note."""
+        parts = []
         if any(name.startswith("plan.") for name in self.tools):
             parts.append("## Plan status\n" + self.builtins.plan.status())
-        if self.steps:
-            parts.append("## Your steps so far\n" + "\n\n".join(
-                self._step_text(n, s, full=len(self.steps) - n < _FULL_STEPS)
-                for n, s in enumerate(self.steps, 1)))
         if step < self.limit:
             parts.append(f"## Step {step} of at most {self.limit}\nGive your next commands.")
         else:
@@ -458,19 +481,49 @@ class ToolLoop:
             parts.append(f"## Note\n{note}")
         return "\n\n".join(parts)
 
-    def _step_text(self, number: int, step: _Step, *, full: bool) -> str:
-        shown = [o if full else cut(o, OLD_OUTPUT_CHARS)
-                 for o in step.outputs]
-        given = json.dumps(step.commands, ensure_ascii=False)
-        if len(given) > MAX_OUTPUT_CHARS:   # a whole file written is not repeated at every step
-            given = given[:MAX_OUTPUT_CHARS] + f" [... {len(given) - MAX_OUTPUT_CHARS} characters cut]"
-        return f"### Step {number}\nCommands: {given}\n" + "\n".join(shown)
+    def _turns(self, asked: str) -> tuple[dict[str, str], ...]:
+        """The steps so far as messages, then this step's (`asked`, after the last step's results)."""
+        results = self._results(len(self.steps), self.steps[-1], full=True) if self.steps else ""
+        return (*self.turns, {"role": "user", "content": "\n\n".join(filter(None, [results, asked]))})
 
-    async def _ask(self, prompt: str, system: str, step: int, last: bool) -> dict[str, Any]:
-        """One step's answer; on the last step only `end` is offered (a grammar-bound model must finish)."""
+    def _add_turns(self, done: _Step) -> None:
+        """The finished step's message and answer join the history; past _HISTORY_CHARS, the
+        history is rebuilt once with every step but the newest _FULL_STEPS cut."""
+        number = len(self.steps)
+        before = self._results(number - 1, self.steps[-2], full=number - 1 > self.cut_through) \
+            if number > 1 else ""
+        self.turns += [{"role": "user", "content": "\n\n".join(filter(None, [before, done.asked]))},
+                       {"role": "assistant", "content": self._answer_text(done)}]
+        if sum(len(t["content"]) for t in self.turns) <= _HISTORY_CHARS or number <= _FULL_STEPS:
+            return
+        self.cut_through = number - _FULL_STEPS
+        self.turns = []
+        for index, step in enumerate(self.steps, 1):
+            before = self._results(index - 1, self.steps[index - 2], full=index - 1 > self.cut_through) \
+                if index > 1 else ""
+            self.turns += [{"role": "user", "content": "\n\n".join(filter(None, [before, step.asked]))},
+                           {"role": "assistant", "content": self._answer_text(step)}]
+
+    @staticmethod
+    def _results(number: int, step: _Step, *, full: bool) -> str:
+        shown = [o if full else cut(o, OLD_OUTPUT_CHARS) for o in step.outputs]
+        return f"## Step {number}: what came back\n" + "\n".join(shown)
+
+    @staticmethod
+    def _answer_text(step: _Step) -> str:
+        """The step's answer as the history shows it: a whole file written is cut (it is in
+        the workspace), so it is not repeated in every later request."""
+        commands = [{**c, "args": _shown_args(c["args"])} if isinstance(c.get("args"), dict) else c
+                    for c in step.commands]
+        return json.dumps({"thought": step.thought, "commands": commands}, ensure_ascii=False)
+
+    async def _ask(self, first: str, system: str, step: int, last: bool, asked: str) -> dict[str, Any]:
+        """One step's answer; on the last step only `end` is offered (a grammar-bound model must
+        finish), its first message still that of every step (so the prefix stays the same)."""
         offered = [self.tools[END]] if last else list(self.tools.values())
         spec = model_call(self.ctx, self.role_id, self.action_id, self.round, system=system,
-                          prompt=prompt, kind="json", schema=self.last_schema if last else self.schema,
+                          prompt=first, kind="json", schema=self.last_schema if last else self.schema,
+                          prompt_schema=self.schema if last else None, turns=self._turns(asked),
                           format="json", retries=self.action.max_retries, tool_step=step - 1,
                           commands=tuple((t.name, t.args) for t in offered))
         result = await call_gateway(self.ctx, spec)

@@ -229,6 +229,8 @@ class TracingObserver:
         if event.reused:
             attributes.update({"sopctl.recorded_input_tokens": event.prompt_tokens,
                                "sopctl.recorded_output_tokens": event.completion_tokens})
+        if event.cached_tokens and not event.reused:   # read from the provider's prompt cache
+            attributes["gen_ai.usage.cache_read.input_tokens"] = event.cached_tokens
         if event.finish_reason:
             attributes["gen_ai.response.finish_reasons"] = [event.finish_reason]
         if provider:

@@ -397,7 +397,81 @@ def _where(rows: Any, key: Any, value: Any) -> list[Any]:
     if not isinstance(rows, (list, tuple)):
         raise TypeError(f"where: expected a list of rows, got {type(rows).__name__}")
     wanted = list(value) if isinstance(value, (list, tuple)) else [value]
-    return [row for row in rows if _has_cell(row, key) and row[key] in wanted]
+    index = _where_index(rows, key) if len(rows) >= _INDEX_FROM else None
+    if index is None or not all(isinstance(v, _HASHABLE) for v in wanted):
+        return [row for row in rows if _has_cell(row, key) and row[key] in wanted]
+    found = sorted({i for v in wanted for i in index.get(v, ())})
+    return [rows[i] for i in found]
+
+
+_INDEX_FROM = 32
+"""From this many rows, `where` looks values up in an index of the list instead of scanning
+it: a for_each over N files that picks each file's row from an N-row list would otherwise
+cost N x N (a 1,000-file design: a million comparisons per action)."""
+
+_HASHABLE = (str, int, float, bool, type(None))
+_WHERE_INDEXES: dict[tuple[int, Any], tuple[Any, int, dict[Any, list[int]] | None]] = {}
+
+
+def _where_index(rows: Any, key: Any) -> dict[Any, list[int]] | None:
+    """The rows' positions by their `key` cell, built once per list (the same list object, a
+    message's answer, for every item of a fan-out; it is kept referenced, so its id is not
+    another's); None where a cell is not a plain value (then `where` scans)."""
+    if not isinstance(key, _HASHABLE):
+        return None
+    entry = _WHERE_INDEXES.get((id(rows), key))
+    if entry is not None and entry[0] is rows and entry[1] == len(rows):
+        return entry[2]
+    index: dict[Any, list[int]] = {}
+    plain = True
+    for position, row in enumerate(rows):
+        if not _has_cell(row, key):
+            continue
+        cell = row[key]
+        if not isinstance(cell, _HASHABLE):
+            plain = False
+            break
+        index.setdefault(cell, []).append(position)
+    if len(_WHERE_INDEXES) >= 256:
+        _WHERE_INDEXES.clear()
+    _WHERE_INDEXES[(id(rows), key)] = (rows, len(rows), index if plain else None)
+    return index if plain else None
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _about(diagram: Any, files: Any, whole_below: int = 3000) -> str:
+    """`{{ diagram | about([filename] + imports) }}`: the lines of a mermaid diagram (a class
+    diagram, a call flow) that name one of `files`' modules or classes (`game_logic.py`:
+    game_logic, GameLogic, in any case), a class block whole, the header line first; the whole
+    diagram when shorter than `whole_below` characters. What a file's prompt quotes when the
+    design leaves out its optional per-file rows: its own part, not the whole diagram, so the
+    prompts of a run stay linear in files."""
+    text = "" if diagram is None else str(diagram)
+    if len(text) < whole_below:
+        return text
+    wanted = {_module_key(f) for f in (files if isinstance(files, (list, tuple)) else [files])}
+    lines, kept, block = text.splitlines(), [], False
+    for index, line in enumerate(lines):
+        named = any(_module_key(word) in wanted for word in _IDENTIFIER.findall(line))
+        if index == 0 or block or named:
+            kept.append(line)
+        if named and line.rstrip().endswith("{"):
+            block = True
+        elif block and line.strip() == "}":
+            block = False
+    if len(kept) <= 1:
+        kept.append(f"    %% the design names nothing of {', '.join(map(str, files))} here "
+                    f"({len(lines) - 1} lines not shown)")
+    return "\n".join(kept)
+
+
+def _module_key(name: Any) -> str:
+    """A module or class name compared loosely: `pkg/game_logic.py`, GameLogic -> gamelogic."""
+    stem = str(name).rsplit("/", 1)[-1]
+    stem = stem[:-3] if stem.endswith(".py") else stem
+    return stem.replace("_", "").lower()
 
 
 def _has_cell(row: Any, key: Any) -> bool:
@@ -419,6 +493,7 @@ def environment() -> ImmutableSandboxedEnvironment:
     env.filters["where"] = _where
     env.filters.update(FILTERS)   # JSON, RE2, zip, enumerate, seeded shuffle and choice
     env.filters["random"] = FILTERS["choice"]   # jinja's own is unseeded: a resume would pick again
+    env.filters["about"] = _about
     env.filters = {name: _bounded_filter(name, f) for name, f in env.filters.items()}
     env.globals["range"] = _bounded_range
     env.globals["lipsum"] = _bounded_lipsum

@@ -254,7 +254,7 @@ def test_a_resumed_loop_scrolls_on_from_the_window_in_the_journal(tmp_path: Path
              step(END)]
 
     def killed_before_the_scroll(spec: Any, attempt: int) -> Any:
-        if "Command editor.open executed" in spec.prompt:
+        if any("Command editor.open executed" in turn["content"] for turn in spec.turns):
             raise KeyboardInterrupt   # the process dies while step 2 is asked
         return steps[0]
     with use_model(ScriptedModel(killed_before_the_scroll)), pytest.raises(KeyboardInterrupt):

@@ -200,7 +200,7 @@ def test_a_persons_stop_ends_the_role(tmp_path: Path) -> None:
 def repeating(spec: CallSpec, attempt: int) -> Any:
     if spec.action == "Lead":
         return step(publish("work")) if spec.tool_step == 0 else end("assigned")
-    if "answered: read b.md instead" in spec.prompt:
+    if any("answered: read b.md instead" in turn["content"] for turn in spec.turns):   # the newest step
         return end("unstuck")
     return step(("editor.list", {"path": "."}))
 

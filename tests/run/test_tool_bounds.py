@@ -76,7 +76,7 @@ def test_a_steps_outputs_together_are_bounded(tmp_path: Path) -> None:
     model = ScriptedModel([step(*reads), end()])
     result = run_sop(sop_text(WRITER), model, workspace)
     assert result.status == "idle", result.error
-    shown = model.prompts()[1].split("## Your steps so far", 1)[1]
+    shown = model.prompts()[1].split("## Step 1: what came back", 1)[1]
     assert len(shown) < MAX_STEP_OUTPUT_CHARS + MAX_COMMANDS * 400
     assert shown.count("[output not shown: this step's outputs passed") >= MAX_COMMANDS // 2
     assert "Command editor.read executed" in shown              # the first ones are shown

@@ -1,0 +1,264 @@
+"""Provider prompt caching: what consecutive requests share, and what a user would pay.
+
+Two figures (issue 28, targets 1 and 2):
+
+- exact-prefix share of consecutive requests of one role and action (the steps of a tool
+  loop): the characters the request shares, from its first, with the one before it, over its
+  own length (system prompt and messages in order, as sent); min / median / max. Scenarios:
+  a 10-step tool loop whose plan changes twice (`plan` and `editor` commands, a scripted
+  model), and the shipped MGX team on `fake` (every tool loop of it). Target: at least 0.9.
+- what a user pays for input: the recorded requests of a run, replayed in order through
+  OpenAI's published caching rule (a request's longest exact prefix, in tokens, shared with
+  any earlier request of the run, is cached when it is at least 1,024 tokens, counted in
+  128-token steps; every request within the cache's lifetime), priced at gpt-4o's cached
+  rate (half the input price; `CACHED_RATE`). Billed-equivalent input tokens = uncached +
+  cached x rate. sopctl's software company (without QA, MetaGPT's team; the widened `fake`
+  of bench.compare) against MetaGPT 0.8.2's on the same task list, the same tokenizer
+  (cl100k_base) for both. Target: at most 0.25x MetaGPT's. The MGX team beside MetaGPT
+  main's is not measured here (its venv is not built by any bench).
+
+    python -m bench.prefix_bench
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+__all__ = ["main", "prefix_shares", "billed_input"]
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARE_TARGET = 0.9
+BILLED_TARGET = 0.25
+CACHED_RATE = 0.5
+"""gpt-4o's cached input price over its input price (litellm's cost map: 1.25e-6 / 2.5e-6)."""
+MIN_CACHED, STEP = 1024, 128
+"""OpenAI's rule: prompts from 1,024 tokens, cache hits in 128-token increments."""
+
+LOOP_SOP = """
+apiVersion: sop/v1
+name: prefix_bench
+inputs:
+  idea: {required: true}
+actions:
+  Work:
+    prompt: "Build {{ inputs.idea }}: plan it, write it, check it."
+    tools: [plan, editor]
+    max_steps: 20
+roles:
+  Worker:
+    actions: [Work]
+    watch: [UserRequirement]
+"""
+
+
+def _loop_answers() -> list[dict[str, Any]]:
+    """Ten steps; the plan changes at steps 1 and 6 (and its status with it)."""
+    def step(name: str, args: dict[str, Any]) -> dict[str, Any]:
+        return {"thought": f"next: {name}", "commands": [{"command_name": name, "args": args}]}
+    code = "def main() -> None:\n    print('hello')\n" * 20
+    return [step("plan.append_task", {"task_id": "1", "instruction": "write the game"}),
+            step("editor.write", {"path": "game.py", "content": code}),
+            step("editor.read", {"path": "game.py"}),
+            step("editor.write", {"path": "util.py", "content": code}),
+            step("editor.read", {"path": "util.py"}),
+            step("plan.finish_current_task", {}),
+            step("editor.list", {"path": "."}),
+            step("editor.read", {"path": "game.py"}),
+            step("editor.search", {"pattern": "main"}),
+            {"thought": "done", "commands": [{"command_name": "end", "args": {"answer": "built"}}]}]
+
+
+def request_text(messages: Sequence[dict[str, Any]]) -> str:
+    """A request as one text, in the order the provider reads it."""
+    return "".join(f"<|{m.get('role')}|>{m.get('content') or ''}" for m in messages)
+
+
+def _common(a: Sequence[Any], b: Sequence[Any]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefix_shares(requests: list[tuple[str, str]]) -> list[float]:
+    """For each request (group, text) after the first of its group: the share of it that is
+    the exact beginning of the group's request before it."""
+    last: dict[str, str] = {}
+    shares = []
+    for group, text in requests:
+        if group in last and text:
+            shares.append(_common(last[group], text) / len(text))
+        last[group] = text
+    return shares
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    return {"n": len(values), "min": round(min(values), 3), "median": round(statistics.median(values), 3),
+            "max": round(max(values), 3)}
+
+
+class _Recorder:
+    """Wraps a provider: keeps each request's (role.action, text)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.requests = inner, []
+
+    def supports_schema(self, model: str) -> bool:
+        return bool(self.inner.supports_schema(model))
+
+    async def complete(self, request: Any) -> Any:
+        self.requests.append((f"{request.spec.role}.{request.spec.action}.{request.spec.place}",
+                              request_text(request.messages)))
+        return await self.inner.complete(request)
+
+
+def _run(compiled: Any, inputs: dict[str, str], provider: Any, name: str, folder: Path,
+         allow_exec: bool = False) -> None:
+    from engine import api
+    from engine.models.gateway import Gateway
+
+    options = api.RunOptions(gateway=Gateway(providers={name: provider}), workspace=folder, model=name,
+                             allow_exec=allow_exec)
+    result = api.run(compiled, inputs, options, journal=False)
+    if result.status != "idle":
+        raise RuntimeError(f"{compiled.spec.name} ended {result.status}: {result.error}")
+
+
+def loop_shares() -> list[float]:
+    from engine.compile.compiler import compile_text
+    from engine.testing import ScriptedModel
+
+    recorder = _Recorder(ScriptedModel(_loop_answers()))
+    with tempfile.TemporaryDirectory() as folder:
+        _run(compile_text(LOOP_SOP), {"idea": "a game"}, recorder, "local", Path(folder) / "ws")
+    return prefix_shares(recorder.requests)
+
+
+def mgx_shares() -> list[float]:
+    """Every tool loop of the shipped MGX team on `fake`: consecutive steps of one loop."""
+    from engine.compile.compiler import compile_path
+    from engine.models.fake import FakeModel
+
+    recorder = _Recorder(FakeModel())
+    compiled = compile_path(ROOT / "sops" / "mgx_team.sop.yaml")
+    inputs = {name: "a command-line 2048 game" for name, spec in compiled.spec.inputs.items()
+              if getattr(spec, "required", False)}
+    with tempfile.TemporaryDirectory() as folder:
+        _run(compiled, inputs, recorder, "fake", Path(folder) / "ws", allow_exec=True)   # a scratch folder
+    return prefix_shares(recorder.requests)
+
+
+# --------------------------------------------------------------------------- what a user pays
+
+def billed_input(prompts: list[list[int]], rate: float = CACHED_RATE) -> dict[str, float]:
+    """Input tokens of a run's requests (token lists, in order) under OpenAI's caching rule:
+    total, cached, and billed-equivalent (uncached + cached x rate)."""
+    total = cached = 0
+    for index, tokens in enumerate(prompts):
+        total += len(tokens)
+        shared = max((_common(tokens, earlier) for earlier in prompts[:index]), default=0)
+        shared = min(shared, len(tokens) - 1)   # the request's last token is always computed
+        hit = MIN_CACHED + (shared - MIN_CACHED) // STEP * STEP if shared >= MIN_CACHED else 0
+        cached += hit
+    return {"input_tokens": total, "cached_tokens": cached,
+            "billed_equivalent": round(total - cached + cached * rate, 1)}
+
+
+def _encode(texts: list[str]) -> tuple[list[list[int]], str]:
+    from bench.compare import _tokenizer
+
+    enc = _tokenizer()
+    if enc is None:   # characters / 4, split as tokens would be (the rule needs positions)
+        return [[ord(c) for c in t[::4]] for t in texts], "chars/4"
+    return [list(enc.encode(t, disallowed_special=())) for t in texts], "cl100k_base"
+
+
+def pays(files: int, with_metagpt: bool) -> dict[str, Any]:
+    """sopctl's and MetaGPT 0.8.2's software company, replayed through the caching rule."""
+    from bench import compare
+
+    out: dict[str, Any] = {"files": files}
+    with tempfile.TemporaryDirectory() as folder:
+        sop = compare.no_qa_variant(compare.SOP, Path(folder) / "no_qa.sop.yaml")
+        ours = compare.run_sopctl(files, 0.0, sop=sop)["prompts"]
+    tokens, method = _encode(ours)
+    out["sopctl"], out["tokenizer"] = billed_input(tokens), method
+    out["sopctl"]["requests"] = len(ours)
+    out["sopctl_at_0.1"] = billed_input(tokens, 0.1)
+    if not with_metagpt:
+        out["metagpt"] = {"skipped": "not asked for"}
+        return out
+    try:
+        from bench import metagpt_baseline
+
+        metagpt_baseline.ensure_installed(log=lambda *a: print(*a, file=sys.stderr))
+        theirs = metagpt_baseline.run_team(files, 0.0)["prompts"]
+    except (RuntimeError, OSError, ValueError) as exc:
+        out["metagpt"] = {"skipped": f"MetaGPT 0.8.2 failed: {str(exc).splitlines()[0][:300]}"}
+        return out
+    their_tokens = _encode(theirs)[0]
+    out["metagpt"] = {**billed_input(their_tokens), "requests": len(theirs)}
+    out["metagpt_at_0.1"] = billed_input(their_tokens, 0.1)
+    out["ratio"] = round(out["sopctl"]["billed_equivalent"] / out["metagpt"]["billed_equivalent"], 3)
+    out["ratio_at_0.1"] = round(out["sopctl_at_0.1"]["billed_equivalent"]
+                                / out["metagpt_at_0.1"]["billed_equivalent"], 3)
+    out["input_ratio"] = round(out["sopctl"]["input_tokens"] / out["metagpt"]["input_tokens"], 3)
+    return out
+
+
+def main(size_factor: float = 1.0, with_metagpt: bool = True) -> dict[str, Any]:
+    files = 10 if size_factor >= 1 else 3
+    loop, mgx = _spread(loop_shares()), _spread(mgx_shares())
+    paid = pays(files, with_metagpt)
+    figures: dict[str, Any] = {"loop": loop, "mgx": mgx, "pays": paid}
+    lines = ["Exact-prefix share of consecutive requests of one role and action (the later request's "
+             "characters that begin as the earlier one does, over its length):", "",
+             "| scenario | pairs | min | median | max | target |", "|---|---|---|---|---|---|"]
+    for label, side in (("10-step tool loop, the plan changing twice (scripted model)", loop),
+                        ("the shipped MGX team's tool loops (`fake`)", mgx)):
+        if side["n"]:
+            met = "met" if side["min"] >= SHARE_TARGET else \
+                ("median met" if side["median"] >= SHARE_TARGET else "not met")
+            lines.append(f"| {label} | {side['n']} | {side['min']:.3f} | {side['median']:.3f} | "
+                         f"{side['max']:.3f} | >= {SHARE_TARGET} ({met}) |")
+    lines += ["", f"Input tokens a user pays, the software company with {files} files, every request "
+              f"replayed through OpenAI's caching rule (from {MIN_CACHED:,} tokens, {STEP}-token steps), "
+              f"tokens by {paid['tokenizer']}:", "",
+              "| engine | requests | input tokens | cached | billed-equivalent at 0.5 (gpt-4o) | at 0.1 |",
+              "|---|---|---|---|---|---|"]
+    for name, key in (("sopctl", "sopctl"), ("MetaGPT 0.8.2", "metagpt")):
+        side = paid[key]
+        if "skipped" in side:
+            lines.append(f"| {name} | skipped: {side['skipped']} | | | | |")
+            continue
+        lines.append(f"| {name} | {side['requests']} | {side['input_tokens']:,} | {side['cached_tokens']:,} | "
+                     f"{side['billed_equivalent']:,.0f} | {paid[key + '_at_0.1']['billed_equivalent']:,.0f} |")
+    if "ratio" in paid:
+        figures.update(ratio=paid["ratio"], target=f"<= {BILLED_TARGET}", ratio_label=(
+            "billed-equivalent input tokens under OpenAI's prompt caching, software company "
+            "(sopctl / MetaGPT 0.8.2)"))
+        lines += ["", f"sopctl / MetaGPT: **{paid['ratio']:.3f}** billed-equivalent at 0.5 "
+                  f"({paid['ratio_at_0.1']:.3f} at 0.1; {paid['input_ratio']:.3f} before caching); "
+                  f"target <= {BILLED_TARGET}."]
+    if paid["metagpt"].get("cached_tokens") == 0:
+        lines += ["", "None of MetaGPT's requests shares 1,024 tokens of prefix with an earlier one "
+                  "(its prompts begin with the time to the second)."]
+    figures["markdown"] = "\n".join(lines)
+    print(figures["markdown"])
+    print(json.dumps({k: v for k, v in figures.items() if k != "markdown"}), file=sys.stderr)
+    return figures
+
+
+if __name__ == "__main__":
+    main()

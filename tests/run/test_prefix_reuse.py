@@ -1,0 +1,56 @@
+"""A tool loop's requests begin as the one before them did (what providers' prompt caches
+need), and cached prompt tokens are read, priced and reported."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from run_helpers import EDITOR_WRITER, run_sop, sop_text
+
+from engine.models.hosted import cache_points, cached_tokens
+from engine.models.types import Price, Usage
+from engine.testing import ScriptedModel
+
+WRITER = EDITOR_WRITER.replace("tools: [editor]", "tools: [editor, plan]")
+
+
+def step(*commands: tuple[str, dict[str, Any]]) -> dict[str, Any]:
+    return {"thought": "t", "commands": [{"command_name": n, "args": a} for n, a in commands]}
+
+
+def test_each_step_request_begins_with_the_whole_request_before_it(tmp_path: Path) -> None:
+    model = ScriptedModel([step(("plan.append_task", {"task_id": "1", "instruction": "write it"})),
+                           step(("editor.write", {"path": "a.md", "content": "one"})),
+                           step(("editor.read", {"path": "a.md"})),
+                           step(("end", {"Summary": "done"}))])      # step 4 of 4: the last
+    result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    requests = [list(r.messages) for r in model.requests]
+    assert len(requests) == 4
+    for before, after in zip(requests, requests[1:], strict=False):
+        assert after[:len(before)] == before      # nothing earlier rewritten: only new messages
+        assert [m["role"] for m in after[len(before):]] == ["assistant", "user"]
+    last = requests[-1][-1]["content"]
+    assert "## Plan status" in last and "This is your last step" in last   # the volatile part last
+    assert "Command editor.read executed" in last                # what the step before gave back
+
+
+def test_cached_tokens_are_read_from_either_provider_shape() -> None:
+    assert cached_tokens({"prompt_tokens": 2000, "prompt_tokens_details": {"cached_tokens": 1024}}) == 1024
+    assert cached_tokens({"prompt_tokens": 9, "cache_read_input_tokens": 7}) == 7
+    assert cached_tokens(None) == 0 and cached_tokens({"prompt_tokens": 5}) == 0
+
+
+def test_cached_tokens_are_priced_at_the_cache_rate_and_counted() -> None:
+    price = Price(1e-6, 2e-6, cached_input_per_token=1e-7)
+    assert abs(price.cost(1000, 10, cached_tokens=800) - (200e-6 + 800e-7 + 20e-6)) < 1e-12
+    assert Price(1e-6, 2e-6).cost(1000, 0, cached_tokens=800) == 1000e-6    # no cache price: full
+    total = Usage.of_answer(100, 1, 0.0, cached_tokens=60) + Usage.of_answer(50, 1, 0.0)
+    assert total.cached_tokens == 60
+    assert Usage.of_answer(100, 1, 0.0, reused=True, cached_tokens=60).cached_tokens == 0   # not paid now
+
+
+def test_cache_points_are_marked_only_where_the_provider_wants_them() -> None:
+    assert cache_points("anthropic/claude-3-5-sonnet") == [{"location": "message", "role": "system"},
+                                                           {"location": "message", "index": -1}]
+    assert cache_points("openai/gpt-4o") == [] and cache_points("gpt-4o") == []
