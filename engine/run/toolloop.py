@@ -513,7 +513,7 @@ class ToolLoop:
     def _answer_text(step: _Step) -> str:
         """The step's answer as the history shows it: a whole file written is cut (it is in
         the workspace), so it is not repeated in every later request."""
-        commands = [{**c, "args": _shown_args(c["args"])} if isinstance(c.get("args"), dict) else c
+        commands = [{**c, "args": shown_args(c["args"])} if isinstance(c.get("args"), dict) else c
                     for c in step.commands]
         return json.dumps({"thought": step.thought, "commands": commands}, ensure_ascii=False)
 
