@@ -7,28 +7,91 @@ keys: what each is (type, default, range) and what it means, as an editor would 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["reference_text"]
+__all__ = ["key_examples", "reference_text"]
+
+Examples = dict[str, dict[str, str]]
+"""A real use of each key: by model (its schema definition's name) and key as written."""
 
 
 _HEADER = """# The SOP language: every key
 
 Generated from the pydantic models (engine/load/spec.py) by `python -m engine.load.schema_gen`,
 with the JSON Schema of the same command (`sopctl schema`); do not edit by hand. [Writing and checking an SOP](writing.md)
-tells how the keys work together; this page lists each one.
+tells how the keys work together; this page lists each one, with its first use in the shipped
+files (sops/, then examples/) where one uses it.
 """
 
 
-def reference_text(document: dict[str, Any]) -> str:
-    """The reference page of a schema document (the root, then its definitions by title)."""
+def reference_text(document: dict[str, Any], examples: Examples | None = None) -> str:
+    """The reference page of a schema document (the root, then its definitions by title), each
+    key with a real use of it from `examples` where a shipped file has one."""
     defs = document.get("$defs", {})
-    sections = [_section(document, defs, level=2)]
+    found = examples or {}
+    sections = [_section(document, defs, level=2, examples=found.get("Sop", {}))]
     actions = document["properties"]["actions"]["additionalProperties"]
     sections.append(_union_section(actions, defs))
     named = sorted(((d.get("title", name), name) for name, d in defs.items()), key=_order)
-    sections += [_section(defs[name], defs, level=2) for _, name in named]
+    sections += [_section(defs[name], defs, level=2, examples=found.get(name, {})) for _, name in named]
     return _HEADER + "\n" + "\n\n".join(sections) + "\n"
+
+
+def key_examples(files: Iterable[Path]) -> Examples:
+    """The first use of each key in `files` (the shipped SOPs, in the order given): a value
+    that is known to validate, since each file does. A file the models refuse is skipped."""
+    # not at the top: the generator alone reads SOP files here, and spec imports this module's callers
+    from pydantic import BaseModel, ValidationError
+    from engine.load.source import load_path  # the generator alone loads files here
+    from engine.load.spec import Sop  # the generator alone needs the models here
+
+    found: Examples = {}
+
+    def visit(value: Any, where: str) -> None:
+        if isinstance(value, BaseModel):
+            uses = found.setdefault(type(value).__name__, {})
+            for name, info in type(value).model_fields.items():
+                if name in value.model_fields_set:
+                    item = getattr(value, name)
+                    uses.setdefault(info.alias or name, f"{_snippet(item)} ({where})")
+                    visit(item, where)
+        elif isinstance(value, dict):
+            for item in value.values():
+                visit(item, where)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item, where)
+
+    for path in files:
+        try:
+            visit(Sop.model_validate(load_path(path).data), path.name.removesuffix(".sop.yaml"))
+        except (ValidationError, ValueError, OSError):
+            continue
+    return found
+
+
+_SNIPPET_CHARS = 60
+
+
+def _snippet(value: Any) -> str:
+    """A value as one short line of YAML flow (JSON is YAML), cut with an ellipsis."""
+    # not at the top: see key_examples
+    from pydantic import BaseModel
+
+    def plain(item: Any) -> Any:
+        if isinstance(item, BaseModel):
+            return item.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        if isinstance(item, dict):
+            return {k: plain(v) for k, v in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [plain(v) for v in item]
+        return item
+
+    text = json.dumps(plain(value), ensure_ascii=False, default=str)
+    text = text if len(text) <= _SNIPPET_CHARS else text[:_SNIPPET_CHARS - 1] + "…"
+    return f"`{text}`"
 
 
 _FIRST = ("Role", "Action (kind llm)", "Action (kind exec)", "Action (kind ask)", "Action (kind reply)",
@@ -50,7 +113,7 @@ def _union_section(node: dict[str, Any], defs: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _section(node: dict[str, Any], defs: dict[str, Any], level: int) -> str:
+def _section(node: dict[str, Any], defs: dict[str, Any], level: int, examples: dict[str, str]) -> str:
     lines = [f"{'#' * level} {node.get('title', '')}", "", _escape(node.get("description", ""))]
     for branch in node.get("oneOf", []):
         if "required" in branch:
@@ -58,10 +121,11 @@ def _section(node: dict[str, Any], defs: dict[str, Any], level: int) -> str:
     properties = node.get("properties", {})
     if properties:
         required = set(node.get("required", []))
-        lines += ["", "| key | value | meaning |", "|---|---|---|"]
+        lines += ["", "| key | value | meaning | example (from a shipped file) |", "|---|---|---|---|"]
         for key, prop in properties.items():
             shown = f"`{key}`" + (" (required)" if key in required else "")
-            lines.append(f"| {shown} | {_cell(_value(prop, defs))} | {_cell(_meaning(prop, defs))} |")
+            lines.append(f"| {shown} | {_cell(_value(prop, defs))} | {_cell(_meaning(prop, defs))} | "
+                         f"{_cell(examples.get(key, ''))} |")
     return "\n".join(lines)
 
 

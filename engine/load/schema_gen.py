@@ -147,11 +147,14 @@ def schema_text() -> str:
 def generate(root: Path = ROOT) -> dict[str, str]:
     """Every generated file's path (relative to the checkout) and its text; the how-to page's
     is its own text with the "keys at a glance" table made anew."""
-    from engine.load.reference import reference_text, with_glance  # only the generator writes the docs
+    from engine.load.reference import key_examples, reference_text, with_glance  # only the generator writes the docs
 
     text, document = schema_text(), schema_document()
     page = with_glance((root / GLANCE_FILE).read_text(encoding="utf-8"), document)
-    return {**{path: text for path in SCHEMA_FILES}, REFERENCE_FILE: reference_text(document), GLANCE_FILE: page}
+    shipped = [ROOT / "sops/software_company.sop.yaml", *sorted((ROOT / "sops").glob("*.sop.yaml")),
+               *sorted((ROOT / "examples").glob("*.sop.yaml"))]   # the classic SOP's uses first
+    reference = reference_text(document, key_examples(shipped))   # examples from this checkout's files
+    return {**{path: text for path in SCHEMA_FILES}, REFERENCE_FILE: reference, GLANCE_FILE: page}
 
 
 def stale(root: Path = ROOT) -> list[str]:

@@ -89,6 +89,24 @@ def test_check_mode_names_the_command_and_fails_on_a_stale_copy(tmp_path: Path) 
     assert schema_gen.stale(tmp_path) == ["schemas/sop.schema.json"]
 
 
+def test_the_reference_shows_a_real_use_of_a_key_from_the_shipped_files(tmp_path: Path) -> None:
+    """docs/language.md's example column: each key's first use in a shipped file, named, cut
+    to one short line; a file the models refuse gives none."""
+    from engine.load.reference import key_examples
+
+    good = tmp_path / "tiny.sop.yaml"
+    good.write_text("apiVersion: sop/v1\nname: tiny\nteam: {max_rounds: 3}\nactions:\n  Say: {prompt: '"
+                    + "x" * 200 + "'}\nroles:\n  R: {actions: [Say], watch: [UserRequirement]}\n", encoding="utf-8")
+    bad = tmp_path / "bad.sop.yaml"
+    bad.write_text("apiVersion: sop/v1\nname: bad\nteam: {max_rounds: -1}\n", encoding="utf-8")
+    found = key_examples([bad, good])
+    assert found["TeamSpec"]["max_rounds"] == "`3` (tiny)"
+    prompt = found["LlmAction"]["prompt"]
+    assert prompt.startswith('`"xxx') and prompt.endswith("…` (tiny)") and len(prompt) < 80
+    text = (ROOT / "docs" / "language.md").read_text(encoding="utf-8")
+    assert "| `max_rounds` |" in text and "(software_company) |" in text
+
+
 def test_definitions_are_titled_after_the_thing() -> None:
     """An editor's hover names the role, the action's kind or the output node."""
     defs = sop_schema.schema()["$defs"]
