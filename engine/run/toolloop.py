@@ -512,10 +512,14 @@ class ToolLoop:
     @staticmethod
     def _answer_text(step: _Step) -> str:
         """The step's answer as the history shows it: a whole file written is cut (it is in
-        the workspace), so it is not repeated in every later request."""
+        the workspace), so it is not repeated in every later request; commands past
+        MAX_COMMANDS (never run, and told so in the step's results) are left out, and the
+        text is bounded like a step's output, so one huge answer cannot swell every later
+        request."""
         commands = [{**c, "args": shown_args(c["args"])} if isinstance(c.get("args"), dict) else c
-                    for c in step.commands]
-        return json.dumps({"thought": step.thought, "commands": commands}, ensure_ascii=False)
+                    for c in step.commands[:MAX_COMMANDS]]
+        text = json.dumps({"thought": step.thought, "commands": commands}, ensure_ascii=False)
+        return cut(text, MAX_STEP_OUTPUT_CHARS)
 
     async def _ask(self, first: str, system: str, step: int, last: bool, asked: str) -> dict[str, Any]:
         """One step's answer; on the last step only `end` is offered (a grammar-bound model must
