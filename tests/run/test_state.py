@@ -304,25 +304,48 @@ roles:
     assert asked == ["Write a poem about rain."]
 
 
-def test_the_werewolf_example_plays_its_rules_to_a_winner(tmp_path: Path) -> None:
-    """Scripted players: the wolves kill Ann, then Fay; the village exiles Ben, then Eve."""
+def _werewolf_players(wolves_seen: list[str]) -> Any:
+    """Scripted players who play well whatever the hand: the wolves kill the first living
+    villager named, the seer checks the first player named, everyone votes for a wolf (known
+    from the wolves' prompt, which comes first: the seer checks while the wolves pick)."""
     def model(spec: CallSpec, attempt: int) -> str:
-        day = 1 if "day 1" in spec.prompt.lower() or "night 1" in spec.prompt.lower() else 2
+        alive = spec.prompt.split("Still in the game: ")[-1].split(".")[0].split(", ")
         if spec.action == "WolfKill":
-            return '{"Target": "%s", "Reason": "r"}' % ("Ann" if day == 1 else "Fay")
+            pack = spec.prompt.split("Your pack: ")[1].split(".")[0].split(", ")
+            wolves_seen[:] = pack
+            return '{"Target": "%s", "Reason": "r"}' % next(p for p in alive if p not in pack)
         if spec.action == "SeerCheck":
-            return '{"Target": "Ben"}'
+            return '{"Target": "%s"}' % alive[0]
         if spec.action == "Vote":
-            return '{"Target": "%s", "Reason": "r"}' % ("Ben" if day == 1 else "Eve")
+            living = spec.prompt.split("exile (")[1].split(")")[0].split(", ")
+            return '{"Target": "%s", "Reason": "r"}' % next(w for w in wolves_seen if w in living)
         return '{"Speech": "I suspect someone."}'
-    result = _run(ROOT / "examples" / "werewolf.sop.yaml", tmp_path / "ws", ScriptedModel(model))
-    assert result.status == "idle", result.error
-    assert result.state["winner"] == "villagers" and result.state["fallen"] == ["Ann", "Ben", "Fay", "Eve"]
-    assert result.state["checked"] == {"Ben": "werewolf"}
-    last = result.messages[-1]
-    assert last.cause_by == "GameOver" and "the villagers found every werewolf" in last.content
-    assert any(m.cause_by == "Night" and "The village exiled Ben, who was a werewolf" in m.content
-               for m in result.messages)
+    return model
+
+
+def test_the_werewolf_example_deals_a_shuffled_hand_and_plays_its_rules_to_a_winner(tmp_path: Path) -> None:
+    """The hand is the run's (a seeded shuffle): the same run id deals the same hand, other
+    ids other hands; scripted players then kill two villagers and exile both wolves."""
+    hands = []
+    for n, run_id in enumerate(["hand-a", "hand-b", "hand-c", "hand-a"]):
+        wolves_seen: list[str] = []
+        result = _run(ROOT / "examples" / "werewolf.sop.yaml", tmp_path / f"ws{n}",
+                      ScriptedModel(_werewolf_players(wolves_seen)), run_id=run_id)
+        assert result.status == "idle", result.error
+        roles, wolves = result.state["roles"], result.state["wolves"]
+        assert sorted(roles.values()) == ["seer", "villager", "villager", "villager", "werewolf", "werewolf"]
+        assert wolves == [p for p, identity in roles.items() if identity == "werewolf"] == wolves_seen
+        assert result.state["winner"] == "villagers"
+        fallen = result.state["fallen"]
+        assert len(fallen) == 4 and [p for p in fallen if p in wolves] == wolves
+        assert len(result.state["checked"]) == 2
+        assert all(roles[p] == identity for p, identity in result.state["checked"].items())
+        last = result.messages[-1]
+        assert last.cause_by == "GameOver" and "the villagers found every werewolf" in last.content
+        assert any(m.cause_by == "Night" and f"The village exiled {wolves[0]}, who was a werewolf" in m.content
+                   for m in result.messages)
+        hands.append(roles)
+    assert hands[0] == hands[3] and len({str(h) for h in hands}) > 1
 
 
 class _Logs:
