@@ -115,8 +115,8 @@ def _templates(spec: Sop) -> Iterator[_Template]:
                 if text is not None:
                     yield _Template(aid, f"{here}/join/{key}", text, joined)
         for i, address in enumerate(action.send_to):
-            if is_template(address):  # resolved per role from `role` alone, so checked exactly
-                yield _Template(aid, f"{here}/send_to/{i}", address, frozenset({"role"}))
+            if is_template(address):  # from `role` alone: checked exactly; from `state`: at run time
+                yield _Template(aid, f"{here}/send_to/{i}", address, frozenset({"role", "state"}))
         yield from _shaping_templates(aid, action, frozenset(base), frozenset(per_item))
     yield from _role_templates(spec)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from engine.check.graph import runners, send_to_for
+from engine.check.graph import reads_state, runners, send_to_for
 from engine.check.references import address_problem, idea_addresses
 from engine.load.catalog import (
     Command,
@@ -66,6 +66,8 @@ class Route:
 
     send_to: tuple[str, ...] = ()
     error: str = ""
+    by_state: bool = False
+    """Some item reads `state`: it stays a template here, rendered when the action publishes."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,8 @@ def _routes(spec: Sop, run_by: dict[str, list[str]]) -> dict[tuple[str, str], Ro
     for aid, roles in run_by.items():
         for rid in roles:
             try:
-                routes[(aid, rid)] = Route(tuple(send_to_for(spec, aid, rid)))
+                items = tuple(send_to_for(spec, aid, rid))
+                routes[(aid, rid)] = Route(items, by_state=any(reads_state(item) for item in items))
             except TemplateFailure as exc:
                 routes[(aid, rid)] = Route(error=str(exc))
     return routes

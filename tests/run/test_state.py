@@ -5,6 +5,7 @@ bound, and a run that starts by asking a person. Resume and replay restore the s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -313,12 +314,12 @@ def _werewolf_players(wolves_seen: list[str]) -> Any:
         if spec.action == "WolfKill":
             pack = spec.prompt.split("Your pack: ")[1].split(".")[0].split(", ")
             wolves_seen[:] = pack
-            return '{"Target": "%s", "Reason": "r"}' % next(p for p in alive if p not in pack)
+            return json.dumps({"Target": next(p for p in alive if p not in pack), "Reason": "r"})
         if spec.action == "SeerCheck":
-            return '{"Target": "%s"}' % alive[0]
+            return json.dumps({"Target": alive[0]})
         if spec.action == "Vote":
             living = spec.prompt.split("exile (")[1].split(")")[0].split(", ")
-            return '{"Target": "%s", "Reason": "r"}' % next(w for w in wolves_seen if w in living)
+            return json.dumps({"Target": next(w for w in wolves_seen if w in living), "Reason": "r"})
         return '{"Speech": "I suspect someone."}'
     return model
 
@@ -430,3 +431,49 @@ roles:
     result = _run(_sop(tmp_path, text), tmp_path / "ws", ScriptedModel(model))
     assert result.status == "idle", result.error
     assert prompts == ["Task 1; finished:", "Task 2; finished: 1"]
+
+
+ROUTED = """\
+apiVersion: sop/v1
+name: routed
+state:
+  turn: {type: str, default: Ann}
+team: {max_rounds: 8}
+actions:
+  Call:
+    kind: compute
+    when: "news[0].cause_by in ['UserRequirement', 'Answer'] and (msgs.Answer | length) < 3"
+    content: "your turn, {{ state.turn }}"
+    send_to: ["{{ state.turn }}"]
+    set: {turn: "'Ben' if state.turn == 'Ann' else 'Ann'"}
+  Answer:
+    kind: compute
+    content: "{{ role.id }} answers"
+    send_to: [Moderator]
+roles:
+  Moderator: {watch: [UserRequirement, Answer], actions: [Call]}
+  Ann: {watch: [Call], actions: [Answer]}
+  Ben: {watch: [Call], actions: [Answer]}
+"""
+
+
+def test_a_send_to_template_reads_the_state_when_the_action_publishes(tmp_path: Path) -> None:
+    path = _sop(tmp_path, ROUTED)
+    assert check_text(ROUTED, str(path)).diagnostics == ()   # `state` is a send_to template's variable
+    result = _run(path, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    calls = [(sorted(m.send_to), m.content) for m in result.messages if m.cause_by == "Call"]
+    assert calls == [(["Ann"], "your turn, Ann"), (["Ben"], "your turn, Ben"), (["Ann"], "your turn, Ann")]
+    assert [m.sent_from for m in result.messages if m.cause_by == "Answer"] == ["Ann", "Ben", "Ann"]
+
+
+def test_a_send_to_template_reading_an_undeclared_state_variable_is_refused(tmp_path: Path) -> None:
+    text = ROUTED.replace('send_to: ["{{ state.turn }}"]', 'send_to: ["{{ state.trun }}"]')
+    assert [d.code for d in check_text(text, "s.sop.yaml").diagnostics] == ["SOP411"]
+
+
+def test_a_send_to_template_giving_an_unknown_address_from_the_state_fails_located(tmp_path: Path) -> None:
+    result = _run(_sop(tmp_path, ROUTED.replace("default: Ann}", "default: Zed}")), tmp_path / "ws")
+    assert result.status == "failed"
+    assert "s.sop.yaml:11:15: error[SOP203]" in str(result.error)   # located at the send_to item
+    assert "unknown address 'Zed'" in str(result.error)
