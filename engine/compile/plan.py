@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from engine.check.graph import reads_state, runners, send_to_for
-from engine.check.references import address_problem, idea_addresses
+from engine.check.references import address_problem, idea_addresses, known_addresses
 from engine.load.catalog import (
     Command,
     expand_tools,
@@ -66,8 +66,10 @@ class Route:
 
     send_to: tuple[str, ...] = ()
     error: str = ""
-    by_state: bool = False
-    """Some item reads `state`: it stays a template here, rendered when the action publishes."""
+    by_state: tuple[int, ...] = ()
+    """The items that read `state`: they stay templates here, rendered when the action publishes."""
+    addresses: tuple[str, ...] = ()
+    """Every address an item may give (when some item reads `state`): what the run checks it against."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +211,9 @@ def _routes(spec: Sop, run_by: dict[str, list[str]]) -> dict[tuple[str, str], Ro
         for rid in roles:
             try:
                 items = tuple(send_to_for(spec, aid, rid))
-                routes[(aid, rid)] = Route(items, by_state=any(reads_state(item) for item in items))
+                by_state = tuple(i for i, item in enumerate(items) if reads_state(item))
+                routes[(aid, rid)] = Route(items, by_state=by_state,
+                                           addresses=tuple(known_addresses(spec)) if by_state else ())
             except TemplateFailure as exc:
                 routes[(aid, rid)] = Route(error=str(exc))
     return routes
