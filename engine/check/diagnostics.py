@@ -98,6 +98,7 @@ CODES: dict[str, str] = {
     "SOP411": "`state.X` or `set: {X: ...}` names a state variable the file does not declare under `state:`",
     "SOP412": "a state variable's `default`, or a `set` value (a constant, or another state variable), that is not of the variable's type",
     "SOP413": "warning: a role is woken by a message its one action never shows (not in its `context`, not read as `news` or `msgs.X`)",
+    "SOP414": "a `file('...')` path that is absolute, leaves the SOP's folder (..), or (the SOP's path known) names no regular file there, or one over 100,000 bytes",
     # run time (engine/run/): a failed run names the place in the file that failed
     "SOP501": "a template failed while running (prompt, command item, artifact path or content)",
     "SOP502": "the workspace refused an artifact (outside it, through a symlink, into `.sopctl/`, a folder, a name over 255 bytes) or could not write it",

@@ -22,16 +22,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from jinja2 import meta
+
 from engine.load.catalog import team_reach
 from engine.load.spec import USER_REQUIREMENT, Sop, is_template
 from engine.templates.render import render_template
-from engine.templates.sandbox import TemplateFailure
+from engine.templates.sandbox import TemplateFailure, parse
 
 if TYPE_CHECKING:
     import networkx as nx  # ~0.3 s to import: paid only by a file whose checks reach its graph
 
 __all__ = ["Cycle", "action_node", "build", "cycles", "delivered", "reachable_roles", "role_node", "runners",
-           "render_address", "send_to_for", "send_targets", "to_dot", "to_json", "to_mermaid", "unbounded_cycles", "format_graph", "cycle_edges", "bound_text"]
+           "reads_state", "render_address", "send_to_for", "send_targets", "to_dot", "to_json", "to_mermaid", "unbounded_cycles", "format_graph", "cycle_edges", "bound_text"]
 
 
 def action_node(action_id: str) -> str:
@@ -73,17 +75,29 @@ def runners(spec: Sop) -> dict[str, list[str]]:
     return table
 
 
-def send_to_for(spec: Sop, action_id: str, role_id: str) -> list[str]:
+def send_to_for(spec: Sop, action_id: str, role_id: str, state: dict[str, Any] | None = None) -> list[str]:
     """The action's `send_to` as role `role_id` sends it: each template item rendered with the
-    role's `role` variable (its vars). Raises the sandbox's TemplateFailure; the checker
-    renders every (action, role) pair first, so at run time it does not fail."""
-    return [render_address(spec, item, role_id) if is_template(item) else item
+    role's `role` variable (its vars). An item that reads `state` is rendered only when the
+    state is given (at run time, when the action publishes); without it, it stays as written.
+    Raises the sandbox's TemplateFailure; the checker renders every (action, role) pair of the
+    items that read only `role` first, so at run time those do not fail."""
+    return [item if not is_template(item) or (state is None and reads_state(item))
+            else render_address(spec, item, role_id, state)
             for item in spec.actions[action_id].send_to]
 
 
-def render_address(spec: Sop, item: str, role_id: str) -> str:
+def render_address(spec: Sop, item: str, role_id: str, state: dict[str, Any] | None = None) -> str:
     """One template `send_to` item as role `role_id` sends it (raises TemplateFailure)."""
-    return render_template(item, {"role": spec.role_view(role_id)}, limit=1024).strip()
+    return render_template(item, {"role": spec.role_view(role_id), "state": state or {}}, limit=1024).strip()
+
+
+def reads_state(item: str) -> bool:
+    """Whether a template `send_to` item reads `state` (so its address is known only at run
+    time); an item that does not parse reads nothing (the checker reports it, SOP401)."""
+    try:
+        return is_template(item) and "state" in meta.find_undeclared_variables(parse(item))
+    except TemplateFailure:
+        return False
 
 
 def send_targets(spec: Sop, action_id: str) -> list[str]:
@@ -92,9 +106,11 @@ def send_targets(spec: Sop, action_id: str) -> list[str]:
     if not any(is_template(item) for item in items):
         return list(items)
     found: list[str] = [item for item in items if not is_template(item)]
+    if any(reads_state(item) for item in items):   # its address is the state's: it may be anyone
+        found.append("<all>")
     for rid in runners(spec).get(action_id, []):
         try:
-            found += send_to_for(spec, action_id, rid)
+            found += [a for a in send_to_for(spec, action_id, rid) if not reads_state(a)]
         except TemplateFailure:  # the checker reports it (templates.send_to_templates)
             continue
     return list(dict.fromkeys(found))

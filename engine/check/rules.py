@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import Diagnostic, did_you_mean
@@ -22,6 +23,8 @@ class Context:
     spec: Sop
     graph: nx.DiGraph | None = None
     cache: dict[str, Any] = field(default_factory=dict)
+    folder: Path | None = None
+    """The SOP file's folder, when the checker knows it (not for an SOP given as text)."""
 
 
 Rule = Callable[[Context], Iterator[Diagnostic]]

@@ -37,6 +37,7 @@ from engine.load.spec import (
     is_template,
     output_of,
 )
+from engine.templates.filters import file_problem, refusal
 from engine.templates.sandbox import TemplateFailure, environment, parse
 from engine.templates.code import expression_text
 
@@ -115,8 +116,8 @@ def _templates(spec: Sop) -> Iterator[_Template]:
                 if text is not None:
                     yield _Template(aid, f"{here}/join/{key}", text, joined)
         for i, address in enumerate(action.send_to):
-            if is_template(address):  # resolved per role from `role` alone, so checked exactly
-                yield _Template(aid, f"{here}/send_to/{i}", address, frozenset({"role"}))
+            if is_template(address):  # from `role` alone: checked exactly; from `state`: at run time
+                yield _Template(aid, f"{here}/send_to/{i}", address, frozenset({"role", "state"}))
         yield from _shaping_templates(aid, action, frozenset(base), frozenset(per_item))
     yield from _role_templates(spec)
 
@@ -169,6 +170,8 @@ class _Analysis:
     """(tag, line) of include/import/extends: a sandboxed SOP template has no files to load."""
     whole: set[str] = field(default_factory=set)
     """Names read as a whole, not only through `a.b[c]` (`msgs | tojson`, `msgs[name]`)."""
+    files: list[tuple[str, int]] = field(default_factory=list)
+    """(path, line) of each `file('...')` call whose path is a constant."""
 
     @property
     def free(self) -> set[str]:
@@ -195,6 +198,8 @@ def _analyse(ast: Any) -> _Analysis:
             found.stores.add(node.name)
         elif isinstance(node, (nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)):
             found.loads_files.append((type(node).__name__.lower(), node.lineno))
+        elif _is_file_call(node):
+            found.files.append((node.args[0].value, node.lineno))
         if isinstance(node, (nodes.Getattr, nodes.Getitem)):
             chain = _chain(node)
             beside = _beside_chain(node)
@@ -206,6 +211,13 @@ def _analyse(ast: Any) -> _Analysis:
             continue
         stack.extend(node.iter_child_nodes())
     return found
+
+
+def _is_file_call(node: Any) -> bool:
+    """`file('a/b.md')`: the global's call with one constant string (a computed path is the
+    run's to check)."""
+    return (isinstance(node, nodes.Call) and isinstance(node.node, nodes.Name) and node.node.name == "file"
+            and len(node.args) == 1 and isinstance(node.args[0], nodes.Const) and isinstance(node.args[0].value, str))
 
 
 def _chain(node: Any) -> tuple[str, list[Any], int] | None:
@@ -706,8 +718,22 @@ def _path_problem(path: str) -> str:
     return ""
 
 
+@rule("SOP414")
+def file_paths(ctx: Context) -> Iterator[Diagnostic]:
+    """A `file('...')` path is relative without `..`; when the checker knows the SOP's folder,
+    it names a regular UTF-8-sized file there (what the run's `file()` would refuse)."""
+    for template, found in _parsed(ctx):
+        if isinstance(found, Exception):
+            continue
+        for rel, line in found.files:
+            problem = refusal(rel) or (file_problem(ctx.folder, rel) if ctx.folder is not None else "")
+            if problem:
+                yield error("SOP414", template.pointer, problem,
+                            "name a file inside the SOP's folder, e.g. file('prompts/write.md')", line=line)
+
+
 RULES = (template_syntax, template_variables, template_references, for_each_lists, for_each_item_keys,
-         context_reachable, wakers_shown, artifact_paths)
+         context_reachable, wakers_shown, artifact_paths, file_paths)
 """This phase's rules, in the order they run."""
 
 

@@ -89,6 +89,7 @@ def result_object(state: RunState) -> dict[str, Any]:
         "reasks": usage.reasks,
         "unpriced_calls": state.unpriced_calls,
         **_person_json(state),
+        **({"state": state.shared} if state.shared else {}),   # as `run --format json` has it
     }
 
 
@@ -175,8 +176,20 @@ def format_show(state: RunState) -> str:
                      "llm.price)")
     if state.artifacts:
         lines.append("artifacts: " + ", ".join(sorted(state.artifacts)))
+    lines += _state_lines(state)
     lines += _person_lines(state)
     return "\n".join(lines)
+
+
+def _state_lines(state: RunState) -> list[str]:
+    """The shared state as the run ended, one variable a line (its value as JSON, shortened)."""
+    if not state.shared:
+        return []
+    lines = ["state:"]
+    for name, value in state.shared.items():
+        text = json.dumps(value, ensure_ascii=False)
+        lines.append(f"  {name} = {text if len(text) <= 200 else text[:197] + '...'}")
+    return lines
 
 
 def _person_lines(state: RunState) -> list[str]:

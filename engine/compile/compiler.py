@@ -289,7 +289,7 @@ def _pipeline(source: Source) -> tuple[list[Diagnostic], CompiledSop | None, nx.
     spec, found = _structure(source.data)
     if spec is None:
         return found, None, None
-    ctx = Context(spec=spec)
+    ctx = Context(spec=spec, folder=None if source.file.startswith("<") else Path(source.file).resolve().parent)
     for phase, rules in PHASES:
         if phase == "graph":
             ctx.graph = build_graph(spec)

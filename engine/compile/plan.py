@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from engine.check.graph import runners, send_to_for
-from engine.check.references import address_problem, idea_addresses
+from engine.check.graph import reads_state, runners, send_to_for
+from engine.check.references import address_problem, idea_addresses, known_addresses
 from engine.load.catalog import (
     Command,
     expand_tools,
@@ -66,6 +66,10 @@ class Route:
 
     send_to: tuple[str, ...] = ()
     error: str = ""
+    by_state: tuple[int, ...] = ()
+    """The items that read `state`: they stay templates here, rendered when the action publishes."""
+    addresses: tuple[str, ...] = ()
+    """Every address an item may give (when some item reads `state`): what the run checks it against."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +210,10 @@ def _routes(spec: Sop, run_by: dict[str, list[str]]) -> dict[tuple[str, str], Ro
     for aid, roles in run_by.items():
         for rid in roles:
             try:
-                routes[(aid, rid)] = Route(tuple(send_to_for(spec, aid, rid)))
+                items = tuple(send_to_for(spec, aid, rid))
+                by_state = tuple(i for i, item in enumerate(items) if reads_state(item))
+                routes[(aid, rid)] = Route(items, by_state=by_state,
+                                           addresses=tuple(known_addresses(spec)) if by_state else ())
             except TemplateFailure as exc:
                 routes[(aid, rid)] = Route(error=str(exc))
     return routes

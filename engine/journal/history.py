@@ -171,6 +171,9 @@ class RunState:
     last_event_at: float = 0.0     # the journal's last event: where an unended run stopped
     sop_path: str = ""             # the SOP file's absolute path, as the journal remembers it
     include_dirs: list[str] = field(default_factory=list)          # the run's --include-path
+    shared: dict[str, Any] = field(default_factory=dict)
+    """The shared state (`state:`) at the last invocation's end (RunEnded); empty when the
+    file declares none, or the run never ended."""
     invocation_list: list[Invocation] = field(default_factory=list)
     """Every invocation in order, with how it ended (a resumed run's earlier failures too)."""
     models: dict[str, int] = field(default_factory=dict)
@@ -322,6 +325,7 @@ def _apply_row(state: RunState, row: EventRow, invocation: _Invocation,
         _on_person_event(state, event)
     elif isinstance(event, RunEnded):
         state.status, state.rounds, state.error = event.status, event.rounds, event.error
+        state.shared = dict(event.shared)
         state.ended_at = row.ts
         if state.invocation_list:
             current = state.invocation_list[-1]

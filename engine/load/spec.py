@@ -345,7 +345,8 @@ class ActionBase(_Model):
         default_factory=lambda: ["<all>"], description=(
             "Addresses of the published message: role ids or names, `<all>` (default), `<self>`, `<none>`, or a "
             "template using only `role` (e.g. \"{{ role.vars.opponent }}\"), resolved for each role that runs the "
-            "action and checked by validate."))
+            "action and checked by validate, or one reading `state` (e.g. \"{{ state.turn }}\"), rendered when the "
+            "action publishes."))
     artifacts: list[ArtifactSpec] = Field(default_factory=list, description=(
         "Files written into the workspace when the action succeeds."))
     for_each: str | None = Field(default=None, description=(

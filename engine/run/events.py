@@ -135,6 +135,9 @@ class RunEnded(Event):
     status: RunStatus              # never RUNNING
     rounds: int
     error: str = ""
+    shared: dict[str, Any] = field(default_factory=dict)
+    """The shared state (the file's `state:`) as the run ended: what `sopctl show` prints;
+    empty when the file declares none (and in journals written before it was kept)."""
 
 
 def event_type(event: RunEvent) -> str:

@@ -13,6 +13,7 @@ import re
 from collections import Counter
 from typing import Any
 
+from engine.compile.plan import Route
 from engine.errors import ActionFailed
 from engine.load.source import join_pointer
 from engine.load.spec import ExecAction, PlannerSpec, RoleSpec, retries_of
@@ -33,6 +34,8 @@ from engine.run.memory import Memory
 from engine.run.message import ALL, HUMAN, Message, message_id, resolve_send_to
 from engine.run.plans import PlanError, order_plan, plan_view
 from engine.run.rolestate import RoleState
+from engine.templates.render import render_template
+from engine.templates.sandbox import TemplateFailure
 
 __all__ = ["Role", "choice_prompt", "parse_choice", "order_plan", "PlanError"]
 
@@ -342,12 +345,31 @@ class Role:
         if route.error:  # validate renders every (action, role) pair first: never, in practice
             raise ActionFailed(action_id, f"send_to template: {route.error}", code="SOP501",
                                pointer=join_pointer("/actions", action_id, "send_to"))
-        send_to = frozenset({HUMAN}) if self._direct else resolve_send_to(route.send_to, self.id)
+        targets = self._state_addresses(action_id, route) if route.by_state else route.send_to
+        send_to = frozenset({HUMAN}) if self._direct else resolve_send_to(targets, self.id)
         message = Message(id=message_id(self._round, self.id, self._seq), content=content,
                           cause_by=action_id, sent_from=self.id,
                           send_to=send_to, round=self._round, out=out)
         self._seq += 1
         return message
+
+    def _state_addresses(self, action_id: str, route: Route) -> list[str]:
+        """The `send_to` items that read `state`, rendered with the state the action read
+        (before its own `set`), each checked as validate checks the others (SOP203)."""
+        variables = {"role": self.ctx.compiled.spec.role_view(self.id),
+                     "state": self.ctx.shared.view(self.id) if self.ctx.shared is not None else {}}
+        targets = list(route.send_to)
+        for i in route.by_state:
+            where = join_pointer("/actions", action_id, "send_to", str(i))
+            try:
+                address = render_template(targets[i], variables, limit=1024).strip()
+            except TemplateFailure as exc:
+                raise ActionFailed(action_id, f"send_to template: {exc}", code="SOP501", pointer=where) from None
+            if address not in route.addresses:
+                raise ActionFailed(action_id, f"send_to gives unknown address '{address}'", code="SOP203",
+                                   pointer=where, hint=f"addresses: {', '.join(route.addresses)}")
+            targets[i] = address
+        return targets
 
     def _team_message(self, action_id: str, content: str, target: str) -> Message:
         """A message sent with the `team` tool (MGX's publish_team_message) to one role."""

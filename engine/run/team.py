@@ -432,7 +432,8 @@ class Team:
 
     def _end(self, status: RunStatus, error: str) -> None:
         try:
-            self._emit(RunEnded(status=status, rounds=self.rounds, error=error))
+            shared = dict(self.ctx.shared.values) if self.ctx.shared is not None else {}
+            self._emit(RunEnded(status=status, rounds=self.rounds, error=error, shared=shared))
         except Exception:  # noqa: BLE001 - a broken observer must not hide how the run ended
             pass
 

@@ -26,8 +26,8 @@ from jinja2.runtime import Context
 from engine.load.files import FileRefused, read_bounded
 from engine.load.patterns import PatternError, compiled
 
-__all__ = ["FILTERS", "GLOBALS", "MAX_FILTER_INPUT", "MAX_FILE_BYTES", "MAX_JSON_DEPTH", "reading_beside",
-           "read_beside"]
+__all__ = ["FILTERS", "GLOBALS", "MAX_FILTER_INPUT", "MAX_FILE_BYTES", "MAX_JSON_DEPTH", "file_problem",
+           "reading_beside", "read_beside", "refusal"]
 
 
 MAX_FILTER_INPUT = 1_000_000
@@ -185,6 +185,21 @@ def refusal(rel: str) -> str:
         return f"file('{rel}'): the path must be relative, with / separators"
     if ".." in PurePosixPath(rel).parts:
         return f"file('{rel}'): the path leaves the SOP's folder (..)"
+    return ""
+
+
+def file_problem(folder: Path, rel: str) -> str:
+    """Why `validate` expects `file(rel)` to fail in `folder` ('' when it does not): missing,
+    not a regular file, leaving the folder through a symlink, or over MAX_FILE_BYTES."""
+    path = (folder / rel).resolve()
+    if not path.is_relative_to(folder.resolve()):
+        return f"file('{rel}'): the path leaves the SOP's folder through a symlink"
+    if not path.exists():
+        return f"file('{rel}'): no such file in the SOP's folder"
+    if not path.is_file():
+        return f"file('{rel}'): not a regular file"
+    if path.stat().st_size > MAX_FILE_BYTES:
+        return f"file('{rel}'): the file is larger than {MAX_FILE_BYTES:,} bytes"
     return ""
 
 

@@ -222,3 +222,38 @@ def test_runs_json_gives_each_runs_totals(runs: dict[str, Any], capsys: pytest.C
     assert done["question"] is None and done["ended_at"] and done["journaled_calls"] == 8
     code, text, _ = cli(capsys, "runs", str(runs["root"]))
     assert code == 0 and "total: 2 runs" in text
+
+
+def test_show_prints_the_runs_final_shared_state(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file with `state:`: show prints the state as the run ended (from the journal's
+    RunEnded), and `show --format json` has it as `run --format json` does."""
+    sop = tmp_path / "count.sop.yaml"
+    sop.write_text("""\
+apiVersion: sop/v1
+name: count
+state:
+  count: {type: int}
+  seen: {type: list}
+actions:
+  Count:
+    kind: compute
+    content: "counted"
+    set: {count: "state.count + 2", seen: "state.seen + ['idea']"}
+roles:
+  Counter: {watch: [UserRequirement], actions: [Count]}
+""", encoding="utf-8")
+    code, out, _ = cli(capsys, "run", str(sop), "--idea", "x", "--model", "fake", "--out", str(tmp_path / "ws"),
+                       "--format", "json")
+    assert code == 0 and json.loads(out)["state"] == {"count": 2, "seen": ["idea"]}
+    code, out, _ = cli(capsys, "show", str(tmp_path / "ws"))
+    assert code == 0
+    assert "state:\n  count = 2\n  seen = [\"idea\"]" in out
+    code, out, _ = cli(capsys, "show", str(tmp_path / "ws"), "--format", "json")
+    assert code == 0 and json.loads(out)["state"] == {"count": 2, "seen": ["idea"]}
+
+
+def test_show_of_a_run_without_state_prints_none(runs: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(capsys, "show", str(runs["root"] / "a-done"))
+    assert code == 0 and "state:" not in out
+    code, out, _ = cli(capsys, "show", str(runs["root"] / "a-done"), "--format", "json")
+    assert "state" not in json.loads(out)

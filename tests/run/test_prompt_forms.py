@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from run_helpers import default_answer, run_sop, sop_text
 
-from engine.compile.compiler import compile_path
+from engine.compile.compiler import check_text, compile_path
 from engine.models.registry import choose_model
 from engine.run.people import Question
 from engine.run.prompts import role_prefix, with_role_fields
@@ -278,3 +278,34 @@ def test_a_templated_human_that_gives_true_asks_the_person(tmp_path: Path) -> No
     model = ScriptedModel(default_answer)
     result = run_sop(sop_text(text), model, tmp_path, idea="verbs", person=ScriptedPerson(person))
     assert result.status == "idle" and model.requests == [] and asked and "Teach verbs" in asked[0]
+
+
+FILE_SOP = """\
+apiVersion: sop/v1
+name: files
+actions:
+  Write:
+    prompt: "{{ file('%s') }}"
+roles:
+  Writer: {watch: [UserRequirement], actions: [Write]}
+"""
+
+
+def test_validate_checks_a_file_path_beside_the_sop(tmp_path: Path) -> None:
+    """SOP414: what the run's file() would refuse, found by validate when it knows the folder."""
+    (tmp_path / "persona.md").write_text("You teach.", encoding="utf-8")
+    (tmp_path / "big.md").write_text("x" * 100_001, encoding="utf-8")
+    (tmp_path / "prompts").mkdir()
+    cases = {"persona.md": "", "big.md": "larger than 100,000 bytes", "prompts": "not a regular file",
+             "gone.md": "no such file", "/etc/passwd": "must be relative", "a/../../x.md": "leaves the SOP's folder"}
+    for rel, problem in cases.items():
+        path = tmp_path / "s.sop.yaml"
+        path.write_text(FILE_SOP % rel, encoding="utf-8")
+        found = [(d.code, d.message, d.line) for d in check_text(FILE_SOP % rel, str(path)).diagnostics]
+        assert found == ([("SOP414", found[0][1], 5)] if problem else []), rel
+        assert not problem or problem in found[0][1], (rel, found)
+
+
+def test_validate_of_an_sop_given_as_text_checks_only_the_path_shape() -> None:
+    assert check_text(FILE_SOP % "gone.md").diagnostics == ()   # no folder to look in
+    assert [d.code for d in check_text(FILE_SOP % "../x.md").diagnostics] == ["SOP414"]

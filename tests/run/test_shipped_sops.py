@@ -59,6 +59,8 @@ IDEAS = {
     "data_interpreter_tool": "Just call the magic function with arg1 'A' and arg2 2. Tell me the result.",
 }
 DEFAULT_IDEA = "a command-line 2048 game"
+RUN_IDS = {"werewolf": "golden-werewolf"}
+"""Fixed run ids for SOPs whose `shuffle` is seeded by the run's id (the golden's hand)."""
 
 
 def _ids(paths: list[Path]) -> list[str]:
@@ -98,6 +100,7 @@ def _run(path: Path, workspace: Path, **options: Any) -> api.RunResult:
     options.setdefault("allow_exec", _needs_exec(path))
     options.setdefault("allow_hosts", _hosts_needed(path))
     options.setdefault("person", ScriptedPerson(_approve_or_fill))
+    options.setdefault("run_id", RUN_IDS.get(name))
     return api.run(api.load(path), {"idea": IDEAS.get(name, DEFAULT_IDEA)},
                    api.RunOptions(workspace=workspace, **options))
 

@@ -5,6 +5,7 @@ bound, and a run that starts by asking a person. Resume and replay restore the s
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -304,25 +305,48 @@ roles:
     assert asked == ["Write a poem about rain."]
 
 
-def test_the_werewolf_example_plays_its_rules_to_a_winner(tmp_path: Path) -> None:
-    """Scripted players: the wolves kill Ann, then Fay; the village exiles Ben, then Eve."""
+def _werewolf_players(wolves_seen: list[str]) -> Any:
+    """Scripted players who play well whatever the hand: the wolves kill the first living
+    villager named, the seer checks the first player named, everyone votes for a wolf (known
+    from the wolves' prompt, which comes first: the seer checks while the wolves pick)."""
     def model(spec: CallSpec, attempt: int) -> str:
-        day = 1 if "day 1" in spec.prompt.lower() or "night 1" in spec.prompt.lower() else 2
+        alive = spec.prompt.split("Still in the game: ")[-1].split(".")[0].split(", ")
         if spec.action == "WolfKill":
-            return '{"Target": "%s", "Reason": "r"}' % ("Ann" if day == 1 else "Fay")
+            pack = spec.prompt.split("Your pack: ")[1].split(".")[0].split(", ")
+            wolves_seen[:] = pack
+            return json.dumps({"Target": next(p for p in alive if p not in pack), "Reason": "r"})
         if spec.action == "SeerCheck":
-            return '{"Target": "Ben"}'
+            return json.dumps({"Target": alive[0]})
         if spec.action == "Vote":
-            return '{"Target": "%s", "Reason": "r"}' % ("Ben" if day == 1 else "Eve")
+            living = spec.prompt.split("exile (")[1].split(")")[0].split(", ")
+            return json.dumps({"Target": next(w for w in wolves_seen if w in living), "Reason": "r"})
         return '{"Speech": "I suspect someone."}'
-    result = _run(ROOT / "examples" / "werewolf.sop.yaml", tmp_path / "ws", ScriptedModel(model))
-    assert result.status == "idle", result.error
-    assert result.state["winner"] == "villagers" and result.state["fallen"] == ["Ann", "Ben", "Fay", "Eve"]
-    assert result.state["checked"] == {"Ben": "werewolf"}
-    last = result.messages[-1]
-    assert last.cause_by == "GameOver" and "the villagers found every werewolf" in last.content
-    assert any(m.cause_by == "Night" and "The village exiled Ben, who was a werewolf" in m.content
-               for m in result.messages)
+    return model
+
+
+def test_the_werewolf_example_deals_a_shuffled_hand_and_plays_its_rules_to_a_winner(tmp_path: Path) -> None:
+    """The hand is the run's (a seeded shuffle): the same run id deals the same hand, other
+    ids other hands; scripted players then kill two villagers and exile both wolves."""
+    hands = []
+    for n, run_id in enumerate(["hand-a", "hand-b", "hand-c", "hand-a"]):
+        wolves_seen: list[str] = []
+        result = _run(ROOT / "examples" / "werewolf.sop.yaml", tmp_path / f"ws{n}",
+                      ScriptedModel(_werewolf_players(wolves_seen)), run_id=run_id)
+        assert result.status == "idle", result.error
+        roles, wolves = result.state["roles"], result.state["wolves"]
+        assert sorted(roles.values()) == ["seer", "villager", "villager", "villager", "werewolf", "werewolf"]
+        assert wolves == [p for p, identity in roles.items() if identity == "werewolf"] == wolves_seen
+        assert result.state["winner"] == "villagers"
+        fallen = result.state["fallen"]
+        assert len(fallen) == 4 and [p for p in fallen if p in wolves] == wolves
+        assert len(result.state["checked"]) == 2
+        assert all(roles[p] == identity for p, identity in result.state["checked"].items())
+        last = result.messages[-1]
+        assert last.cause_by == "GameOver" and "the villagers found every werewolf" in last.content
+        assert any(m.cause_by == "Night" and f"The village exiled {wolves[0]}, who was a werewolf" in m.content
+                   for m in result.messages)
+        hands.append(roles)
+    assert hands[0] == hands[3] and len({str(h) for h in hands}) > 1
 
 
 class _Logs:
@@ -407,3 +431,49 @@ roles:
     result = _run(_sop(tmp_path, text), tmp_path / "ws", ScriptedModel(model))
     assert result.status == "idle", result.error
     assert prompts == ["Task 1; finished:", "Task 2; finished: 1"]
+
+
+ROUTED = """\
+apiVersion: sop/v1
+name: routed
+state:
+  turn: {type: str, default: Ann}
+team: {max_rounds: 8}
+actions:
+  Call:
+    kind: compute
+    when: "news[0].cause_by in ['UserRequirement', 'Answer'] and (msgs.Answer | length) < 3"
+    content: "your turn, {{ state.turn }}"
+    send_to: ["{{ state.turn }}"]
+    set: {turn: "'Ben' if state.turn == 'Ann' else 'Ann'"}
+  Answer:
+    kind: compute
+    content: "{{ role.id }} answers"
+    send_to: [Moderator]
+roles:
+  Moderator: {watch: [UserRequirement, Answer], actions: [Call]}
+  Ann: {watch: [Call], actions: [Answer]}
+  Ben: {watch: [Call], actions: [Answer]}
+"""
+
+
+def test_a_send_to_template_reads_the_state_when_the_action_publishes(tmp_path: Path) -> None:
+    path = _sop(tmp_path, ROUTED)
+    assert check_text(ROUTED, str(path)).diagnostics == ()   # `state` is a send_to template's variable
+    result = _run(path, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    calls = [(sorted(m.send_to), m.content) for m in result.messages if m.cause_by == "Call"]
+    assert calls == [(["Ann"], "your turn, Ann"), (["Ben"], "your turn, Ben"), (["Ann"], "your turn, Ann")]
+    assert [m.sent_from for m in result.messages if m.cause_by == "Answer"] == ["Ann", "Ben", "Ann"]
+
+
+def test_a_send_to_template_reading_an_undeclared_state_variable_is_refused(tmp_path: Path) -> None:
+    text = ROUTED.replace('send_to: ["{{ state.turn }}"]', 'send_to: ["{{ state.trun }}"]')
+    assert [d.code for d in check_text(text, "s.sop.yaml").diagnostics] == ["SOP411"]
+
+
+def test_a_send_to_template_giving_an_unknown_address_from_the_state_fails_located(tmp_path: Path) -> None:
+    result = _run(_sop(tmp_path, ROUTED.replace("default: Ann}", "default: Zed}")), tmp_path / "ws")
+    assert result.status == "failed"
+    assert "s.sop.yaml:11:15: error[SOP203]" in str(result.error)   # located at the send_to item
+    assert "unknown address 'Zed'" in str(result.error)
