@@ -12,11 +12,11 @@ Every command the model sees is namespaced: `<toolset>.<command>`, `<server>.<to
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from engine.load.files import FileRefused, read_bounded
+from engine.load.files import beside_refusal, read_beside
 from engine.load.spec import Sop, tools_of
 
 __all__ = ["Command", "BUILTIN", "END", "MCP_PREFIX", "EXEC_TOOLSETS", "NETWORK_TOOLSETS", "BROWSER_FLAGS",
@@ -324,28 +324,10 @@ MAX_EXPERIENCE_BYTES = 100_000
 
 def experience_refusal(rel: str) -> str:
     """Why an `experience` path is refused before any file is read ('' when it is not)."""
-    if rel.startswith("/") or "\\" in rel or "://" in rel:
-        return f"experience file '{rel}' must be a relative path with / separators"
-    if ".." in PurePosixPath(rel).parts:
-        return f"experience file '{rel}' leaves the SOP's folder (..)"
-    return ""
+    return beside_refusal(rel, f"experience file '{rel}'")
 
 
 def read_experience(sop_file: str, rel: str) -> str:
-    """The text of an experience file beside the SOP; ValueError saying why it cannot be read."""
-    problem = experience_refusal(rel)
-    if problem:
-        raise ValueError(problem)
-    folder = Path(sop_file).resolve().parent
-    path = (folder / rel).resolve()
-    if not path.is_relative_to(folder):
-        raise ValueError(f"experience file '{rel}' leaves the SOP's folder through a symlink")
-    try:           # a FIFO would hang the run, /dev/zero never end: a regular file only; and
-        # one name only: a hard link planted in a shared folder would show the model an outside file
-        data = read_bounded(path, MAX_EXPERIENCE_BYTES, single_link=True)
-    except FileRefused as exc:
-        raise ValueError(f"cannot read experience file '{rel}': {exc.message}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"experience file '{rel}' is not UTF-8 text") from None
+    """The text of an experience file beside the SOP; ValueError (FileRefused) saying why it
+    cannot be read."""
+    return read_beside(Path(sop_file).parent, rel, f"experience file '{rel}'", MAX_EXPERIENCE_BYTES)

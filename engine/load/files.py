@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import os
 import stat
+from pathlib import Path, PurePosixPath
 
-__all__ = ["FileRefused", "open_regular", "read_bounded"]
+__all__ = ["FileRefused", "beside_refusal", "open_regular", "read_beside", "read_bounded"]
 
 
 class FileRefused(ValueError):
@@ -67,3 +68,35 @@ def _require_plain(info: os.stat_result, single_link: bool) -> None:
     if single_link and info.st_nlink > 1:
         raise FileRefused(f"it has {info.st_nlink} hard links, so it may be a file from "
                           "outside the folder; refused", "copy the file instead of linking it")
+
+
+def beside_refusal(rel: str, what: str) -> str:
+    """Why `rel`, a file beside the SOP that `what` names (`file('x.md')`, `experience file
+    'x.md'`), is refused before anything is read ('' when it is not): a shared file may name
+    only files inside its own folder."""
+    if not rel or rel.startswith("/") or "\\" in rel or "://" in rel or rel[1:2] == ":":
+        return f"{what} must be a relative path with / separators"
+    if ".." in PurePosixPath(rel).parts:
+        return f"{what} leaves the SOP's folder (..)"
+    return ""
+
+
+def read_beside(folder: Path, rel: str, what: str, limit: int) -> str:
+    """The UTF-8 text of `rel` inside `folder`, at most `limit` bytes: no symlink out, no
+    second hard link (a name planted in a shared folder could show an outside file), a
+    regular file only; FileRefused saying why otherwise."""
+    problem = beside_refusal(rel, what)
+    if problem:
+        raise FileRefused(problem)
+    folder = folder.resolve()
+    path = (folder / rel).resolve()
+    if not path.is_relative_to(folder):
+        raise FileRefused(f"{what} leaves the SOP's folder through a symlink")
+    try:
+        data = read_bounded(path, limit, single_link=True)
+    except FileRefused as exc:
+        raise FileRefused(f"cannot read {what}: {exc.message}", exc.hint) from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FileRefused(f"{what} is not UTF-8 text") from None

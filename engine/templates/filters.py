@@ -17,17 +17,17 @@ import json
 import random
 from collections.abc import Iterator
 from contextvars import ContextVar
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from jinja2 import pass_context
 from jinja2.runtime import Context
 
-from engine.load.files import FileRefused, read_bounded
+from engine.load.files import beside_refusal, read_beside
 from engine.load.patterns import PatternError, compiled
 
 __all__ = ["FILTERS", "GLOBALS", "MAX_FILTER_INPUT", "MAX_FILE_BYTES", "MAX_JSON_DEPTH", "file_problem",
-           "reading_beside", "read_beside", "refusal"]
+           "reading_beside", "refusal"]
 
 
 MAX_FILTER_INPUT = 1_000_000
@@ -181,11 +181,7 @@ def reading_beside(sop_file: str) -> Iterator[None]:
 
 def refusal(rel: str) -> str:
     """Why a path for `file()` is refused before any file is read ('' when it is not)."""
-    if not rel or rel.startswith("/") or "\\" in rel or "://" in rel or rel[1:2] == ":":
-        return f"file('{rel}'): the path must be relative, with / separators"
-    if ".." in PurePosixPath(rel).parts:
-        return f"file('{rel}'): the path leaves the SOP's folder (..)"
-    return ""
+    return beside_refusal(rel, f"file('{rel}')")
 
 
 def file_problem(folder: Path, rel: str) -> str:
@@ -203,30 +199,12 @@ def file_problem(folder: Path, rel: str) -> str:
     return ""
 
 
-def read_beside(folder: Path, rel: str) -> str:
-    """The UTF-8 text of `rel` inside `folder` (symlinks out refused), at most MAX_FILE_BYTES."""
-    problem = refusal(rel)
-    if problem:
-        raise ValueError(problem)
-    path = (folder / rel).resolve()
-    if not path.is_relative_to(folder):
-        raise ValueError(f"file('{rel}'): the path leaves the SOP's folder through a symlink")
-    try:
-        data = read_bounded(path, MAX_FILE_BYTES)
-    except FileRefused as exc:
-        raise ValueError(f"file('{rel}'): {exc.message}") from None
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"file('{rel}'): not UTF-8 text") from None
-
-
 def _file(rel: Any) -> str:
     """`{{ file('prompts/write.md') }}`: the text of a file in the SOP's own folder."""
     folder = _SOP_FOLDER.get()
     if folder is None:
         raise ValueError("file(): this SOP has no folder (it was given as text)")
-    return read_beside(folder, str(rel))
+    return read_beside(folder, str(rel), f"file('{rel}')", MAX_FILE_BYTES)
 
 
 FILTERS = {"from_json": _from_json, "re_search": _re_search, "re_findall": _re_findall, "re_sub": _re_sub,

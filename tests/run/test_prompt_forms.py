@@ -6,6 +6,7 @@ is an output tree, run in the SOP's folder, given input files."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -144,6 +145,12 @@ def test_file_reads_only_beside_the_sop(tmp_path: Path) -> None:
         for bad in ("../secret.txt", "/etc/passwd", "missing.md"):
             with pytest.raises(TemplateFailure):
                 _render("{{ file(p) }}", p=bad)
+        os.link(tmp_path.parent / "secret.txt", tmp_path / "planted.md")   # a hard link planted in a shared folder
+        with pytest.raises(TemplateFailure, match="hard links"):
+            _render("{{ file('planted.md') }}")
+        (tmp_path / "exp.md").symlink_to(tmp_path.parent / "secret.txt")
+        with pytest.raises(TemplateFailure, match="through a symlink"):
+            _render("{{ file('exp.md') }}")
     with pytest.raises(TemplateFailure, match="no folder"):
         _render("{{ file('persona.md') }}")
 
@@ -297,7 +304,7 @@ def test_validate_checks_a_file_path_beside_the_sop(tmp_path: Path) -> None:
     (tmp_path / "big.md").write_text("x" * 100_001, encoding="utf-8")
     (tmp_path / "prompts").mkdir()
     cases = {"persona.md": "", "big.md": "larger than 100,000 bytes", "prompts": "not a regular file",
-             "gone.md": "no such file", "/etc/passwd": "must be relative", "a/../../x.md": "leaves the SOP's folder"}
+             "gone.md": "no such file", "/etc/passwd": "must be a relative path", "a/../../x.md": "leaves the SOP's folder"}
     for rel, problem in cases.items():
         path = tmp_path / "s.sop.yaml"
         path.write_text(FILE_SOP % rel, encoding="utf-8")
