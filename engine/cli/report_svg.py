@@ -230,7 +230,15 @@ def _edges(graph: nx.DiGraph, at: dict[str, tuple[float, float]], sizes: dict[st
 LABEL_W, PLOT_W, ROW_H, BAR_H, FLIGHT_H = 150, 900, 26, 16, 44
 GAP_W = 36
 """The width a gap between two invocations is drawn at, however long it was (cut out)."""
-LABEL_CHAR_W = 7.2                 # a bar label's widest common character at 11px (an estimate: no fonts here)
+_NARROW, _WIDE = frozenset("fijlrtI.,:;'!|()[] "), frozenset("mwMW@%…")
+
+
+def label_width(text: str) -> float:
+    """A bar label's width in pixels at 11px, estimated on the wide side from each character's
+    class (no fonts here to measure with): an `m` is half again an `a`, so counting
+    characters alone let `Summar…` overflow its bar."""
+    return sum(4.5 if c in _NARROW else 11.0 if c in _WIDE else 8.5 if c.isupper() or c.isdigit() else 7.0
+               for c in text)
 
 
 @dataclass(frozen=True)
@@ -397,11 +405,14 @@ def _bar(index: int, record: ActionRecord, x_of: Any, y: float, end: float) -> T
 
 
 def _fit(text: str, room: float) -> str:
-    """`text` as it fits in `room` pixels: whole, cut with an ellipsis, or nothing."""
-    chars = int(room / LABEL_CHAR_W)
-    if chars >= len(text):
+    """`text` as it fits in `room` pixels (label_width): whole, cut with an ellipsis (three
+    characters at least), or nothing."""
+    if label_width(text) <= room:
         return text
-    return text[:chars - 1] + "…" if chars >= 4 else ""
+    chars = len(text) - 1
+    while chars >= 3 and label_width(text[:chars] + "…") > room:
+        chars -= 1
+    return text[:chars] + "…" if chars >= 3 else ""
 
 
 def _bands(state: RunState, x_of: Any, end: float) -> list[tuple[float, float, int, bool]]:

@@ -144,11 +144,12 @@ def test_timeline_bars_are_labelled_with_their_action(tmp_path: Path) -> None:
     html = html_report.render_report(state)
     labels = re.findall(r'<text class="bar-label" x="[^"]+" y="[^"]+">([^<]+)</text>', html)
     drawing = report_svg.layout_timeline(state, [])
-    roomy = [b for b in drawing.bars if b.w - 6 >= len(b.action) * report_svg.LABEL_CHAR_W]
+    roomy = [b for b in drawing.bars if b.w - 6 >= report_svg.label_width(b.action)]
     assert roomy and [b.label for b in roomy] == [b.action for b in roomy]
     assert len(labels) == sum(1 for b in drawing.bars if b.label)
     assert all(b.label == b.action or b.label.endswith("…") or not b.label for b in drawing.bars)
     assert report_svg._fit("WriteCodeReview", 50) == "Write…" and report_svg._fit("Argue", 10) == ""
+    assert report_svg.label_width("Summar…") > report_svg.label_width("Sabcde…")   # wide letters count wide
 
 
 def test_the_page_names_the_models_that_answered(tmp_path: Path) -> None:

@@ -236,7 +236,7 @@ def test_a_status_is_its_bare_string_in_json_and_the_journal(tmp_path: Path) -> 
     conn = sqlite3.connect(journal_path(tmp_path))
     (row,) = conn.execute("SELECT json FROM events WHERE type = 'RunEnded'").fetchall()
     conn.close()
-    assert row[0] == '{"error": "", "rounds": 3, "status": "idle"}'
+    assert row[0] == '{"error": "", "rounds": 3, "shared": {}, "status": "idle"}'
     assert f"{RunStatus.MAX_ROUNDS}" == "max_rounds"
     assert read_run(tmp_path).status is RunStatus.IDLE
 
