@@ -257,11 +257,13 @@ async def test_an_open_librarys_unsaved_edits_are_checked_in_its_includer(client
     starts = sorted((d.range.start.line, d.range.start.character) for d in found)
     assert starts == [(p.line, p.character) for p in (_at(MAIN, "Shared], watch"), _at(MAIN, "Shared]}"))]
     typo = "# notes\n# more notes\n" + fixed.replace("instruction:", "instructon:")
+    client.diagnostics.pop(lib_uri, None)   # wait for this change's, not the last ones kept
     _change(client, lib_uri, typo, 3)
     (in_library,) = await _diagnostics(client, lib_uri)
     assert in_library.code == "SOP101" and in_library.range.start == _at(typo, "instructon")
     assert "did you mean 'instruction'?" in in_library.message
     client.diagnostics.pop(uri, None)
+    client.diagnostics.pop(lib_uri, None)
     _change(client, lib_uri, fixed, 4)
     assert await _diagnostics(client, uri) == []
     assert await _diagnostics(client, lib_uri) == []
