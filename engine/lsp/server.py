@@ -83,7 +83,8 @@ class SopServer(LanguageServer):
         if delay:
             await asyncio.sleep(delay)
         document = self.workspace.get_text_document(uri)
-        version, text = document.version, document.source
+        text = document.source
+        read_versions = {u: self.workspace.get_text_document(u).version for u in self.documents}
         others = {self.path_of(u): self.workspace.get_text_document(u).source
                   for u in self.documents if u != uri}
         try:
@@ -95,12 +96,30 @@ class SopServer(LanguageServer):
                 f"{type(exc).__name__}: {exc} (a bug in sopctl; please report it)"))
             return
         state = self.documents.get(uri)
-        if state is None or self.workspace.get_text_document(uri).version != version:
-            return   # closed or changed meanwhile: a newer check is on its way
+        if state is None or self._read_changed(uri, read_versions, analysis):
+            return   # closed, or it or a file it read changed meanwhile: a newer check is on its way
         state.analysis = analysis
         if analysis.index is not None:
             state.index = analysis.index
         self._publish(uri, state, analysis)
+
+    def _read_changed(self, uri: str, read_versions: dict[str, int | None], analysis: Analysis) -> bool:
+        """Whether an open document this check read was edited while it ran (the edit
+        scheduled its readers again, so this check's findings are already stale)."""
+        read = {os.path.realpath(f) for f in analysis.index.files} if analysis.index else None
+        for other, before in read_versions.items():
+            if other not in self.documents or self.workspace.get_text_document(other).version == before:
+                continue
+            if other == uri or read is None or os.path.realpath(self.path_of(other)) in read:
+                return True
+        return False
+
+    def forget_readings_of(self, uri: str) -> None:
+        """The document at `uri` changed: what other documents' checks said about its old text
+        no longer counts (their new checks are scheduled), so its next publication is its own."""
+        contributed = self.shared.get(self.path_of(uri), {})
+        for other in [u for u in contributed if u != uri]:
+            del contributed[other]
 
     def _publish(self, uri: str, state: _State, analysis: Analysis) -> None:
         index = analysis.index or state.index
@@ -111,8 +130,9 @@ class SopServer(LanguageServer):
         for file, found in now.items():
             self.shared.setdefault(file, {})[uri] = found
             merged = [d for contributed in self.shared[file].values() for d in contributed]
+            target = uri if file == analysis.file else uri_of(file)
             self.text_document_publish_diagnostics(types.PublishDiagnosticsParams(
-                uri=uri if file == analysis.file else uri_of(file), diagnostics=_unique(merged)))
+                uri=target, diagnostics=_unique(merged), version=self.version_of(target)))
         state.published = {file for file, found in now.items() if found or file == analysis.file}
 
     def dependents(self, uri: str) -> list[str]:
@@ -121,6 +141,11 @@ class SopServer(LanguageServer):
         path = os.path.realpath(self.path_of(uri))
         return [other for other, state in self.documents.items() if other != uri and (
             state.index is None or any(os.path.realpath(f) == path for f in state.index.files))]
+
+    def version_of(self, uri: str) -> int | None:
+        """The open document's version the published diagnostics are about (LSP's `version`:
+        a client can drop what was said about older text); None for a file not open."""
+        return self.workspace.get_text_document(uri).version if uri in self.documents else None
 
     def close(self, uri: str) -> None:
         state = self.documents.pop(uri, None)
@@ -179,6 +204,7 @@ def build(debounce_s: float = DEFAULT_DEBOUNCE_S, include_dirs: tuple[str, ...] 
     @server.feature(types.TEXT_DOCUMENT_DID_CHANGE)
     def did_change(ls: SopServer, params: types.DidChangeTextDocumentParams) -> None:
         uri = params.text_document.uri
+        ls.forget_readings_of(uri)
         for changed in (uri, *ls.dependents(uri)):   # an includer reads the unsaved text too
             ls.schedule(changed, ls.debounce_s)
 

@@ -28,6 +28,7 @@ def _server(*extra: str, probe: str = "") -> list[str]:
 
 @pytest_lsp.fixture(config=ClientServerConfig(server_command=_server()))
 async def client(lsp_client: LanguageClient):
+    _keep_versions(lsp_client)
     await lsp_client.initialize_session(types.InitializeParams(capabilities=types.ClientCapabilities()))
     yield
     await lsp_client.shutdown_session()
@@ -64,6 +65,18 @@ roles:
 """
 
 
+def _keep_versions(client: LanguageClient) -> None:
+    """Keep each publication's document version beside its diagnostics (pytest-lsp keeps only
+    the diagnostics), so a test can wait for those about the text it sent last."""
+    client.diagnostic_versions = {}   # type: ignore[attr-defined]
+    client.sent_versions = {}   # type: ignore[attr-defined]
+
+    def published(params: types.PublishDiagnosticsParams) -> None:
+        client.diagnostics[params.uri] = params.diagnostics
+        client.diagnostic_versions[params.uri] = params.version   # type: ignore[attr-defined]
+    client.protocol.fm.features[types.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS] = published
+
+
 def _open(client: LanguageClient, path: Path, text: str | None = None) -> str:
     text = path.read_text(encoding="utf-8") if text is None else text
     uri = path.as_uri()
@@ -74,15 +87,26 @@ def _open(client: LanguageClient, path: Path, text: str | None = None) -> str:
 
 def _change(client: LanguageClient, uri: str, text: str, version: int) -> None:
     client.diagnostics.pop(uri, None)
+    if not hasattr(client, "sent_versions"):   # a client a test started itself
+        _keep_versions(client)
+    client.sent_versions[uri] = version   # type: ignore[attr-defined]
     client.text_document_did_change(types.DidChangeTextDocumentParams(
         text_document=types.VersionedTextDocumentIdentifier(uri=uri, version=version),
         content_changes=[types.TextDocumentContentChangeWholeDocument(text=text)]))
 
 
 async def _diagnostics(client: LanguageClient, uri: str, timeout: float = 60) -> list[types.Diagnostic]:
-    """The next diagnostics published for `uri` (the client keeps the last of each file)."""
+    """The next diagnostics published for `uri` (the client keeps the last of each file) about
+    the text `_change` sent it last: publications about older text may still be on their way."""
+    def about_it() -> bool:
+        if uri not in client.diagnostics:
+            return False
+        sent = getattr(client, "sent_versions", {}).get(uri)
+        seen = getattr(client, "diagnostic_versions", {}).get(uri)
+        return sent is None or (seen is not None and seen >= sent)
+
     async def published() -> list[types.Diagnostic]:
-        while uri not in client.diagnostics:
+        while not about_it():
             await asyncio.sleep(0.02)
         return list(client.diagnostics[uri])
     return await asyncio.wait_for(published(), timeout)
@@ -259,14 +283,14 @@ async def test_an_open_librarys_unsaved_edits_are_checked_in_its_includer(client
     typo = "# notes\n# more notes\n" + fixed.replace("instruction:", "instructon:")
     client.diagnostics.pop(lib_uri, None)   # wait for this change's, not the last ones kept
     _change(client, lib_uri, typo, 3)
-    (in_library,) = await _diagnostics(client, lib_uri)
+    (in_library,) = await _diagnostics(client, lib_uri, )
     assert in_library.code == "SOP101" and in_library.range.start == _at(typo, "instructon")
     assert "did you mean 'instruction'?" in in_library.message
     client.diagnostics.pop(uri, None)
     client.diagnostics.pop(lib_uri, None)
     _change(client, lib_uri, fixed, 4)
     assert await _diagnostics(client, uri) == []
-    assert await _diagnostics(client, lib_uri) == []
+    assert await _diagnostics(client, lib_uri, ) == []
     client.diagnostics.pop(uri, None)
     _change(client, lib_uri, renamed, 5)
     assert await _diagnostics(client, uri) != []
