@@ -25,6 +25,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -38,6 +39,8 @@ __all__ = ["busy_time", "count_tokens", "main", "no_qa_variant", "peak_rss_mb", 
 
 ROOT = Path(__file__).resolve().parent.parent
 SOP = ROOT / "sops" / "software_company.sop.yaml"
+REALISTIC_ENV = "SOPCTL_BENCH_REALISTIC"
+"""Set to 1 in a bench child: the fake answers at a hosted model's size (`_BenchModel._sized`)."""
 IDEA = "a command-line 2048 game"
 TARGET_OVERHEAD = 0.1
 
@@ -124,6 +127,7 @@ class _BenchModel:
         from engine.models.fake import FakeModel
 
         self.inner, self.files = FakeModel(), files
+        self.realistic = os.environ.get(REALISTIC_ENV) == "1"
         self.intervals: list[list[float]] = []
         self.prompts: list[str] = []
         self.cpu_s = 0.0  # CPU time of the whole run, set by the caller
@@ -136,12 +140,38 @@ class _BenchModel:
 
         t0 = time.perf_counter()
         answer = await self.inner.complete(request)
-        answer = dataclasses.replace(answer, text=self._widen(answer.text))
-        self.prompts.append("\n".join(str(m.get("content", "")) for m in request.messages))
+        prompt = "\n".join(str(m.get("content", "")) for m in request.messages)
+        text = self._widen(answer.text)
+        answer = dataclasses.replace(answer, text=self._sized(text, prompt) if self.realistic else text)
+        self.prompts.append(prompt)
         # The model's own time is its latency: an await that resumes late (the event loop
         # busy elsewhere, e.g. blocked on a flush) is engine time, not time in flight.
         self.intervals.append([t0, min(time.perf_counter(), t0 + latency_s())])
         return answer
+
+    def _sized(self, text: str, prompt: str) -> str:
+        """The answer at a hosted model's size (bench/realistic_answers.py, the texts MetaGPT's
+        side gets): JSON fields replaced where the realistic answer has them, code by the
+        module of the file the prompt names."""
+        from bench import realistic_answers as sized
+
+        if text.lstrip().startswith("```"):
+            named = re.search(r"`([A-Za-z0-9_./-]+\.py)`", prompt)
+            return f"```python\n{sized.code(named.group(1) if named else 'main.py')}```"
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text
+        if not isinstance(value, dict):
+            return text
+        for key, fields in (("Product Goals", lambda: sized.prd(IDEA, value.get("Project Name", "bench_app"))),
+                            ("Implementation approach", lambda: sized.design(self.files)),
+                            ("Task list", lambda: sized.tasks(self.files)),
+                            ("Code Review All", lambda: sized.summary(self.files))):
+            if key in value:
+                value.update({k: v for k, v in fields().items() if k in value})
+        value.pop("Interfaces per file", None)   # optional, and skipped: leans against sopctl
+        return json.dumps(value, indent=2)
 
     def _widen(self, text: str) -> str:
         if "Task list" not in text and "File list" not in text:
@@ -272,12 +302,13 @@ def _profile_child(sop: str, files: int, idea: str) -> dict[str, Any]:
 
 
 def run_sopctl(files: int, latency_ms: float, sop: Path = SOP, idea: str = IDEA,
-               warm: bool = False, cache: bool = True) -> dict[str, Any]:
+               warm: bool = False, cache: bool = True, realistic: bool = False) -> dict[str, Any]:
     """One fresh process running the SOP on the widened fake (twice with `warm`); its JSON
-    result. `cache=False`: with the on-disk cache off (a file's very first run)."""
+    result. `cache=False`: with the on-disk cache off (a file's very first run);
+    `realistic`: answers of a hosted model's size (bench/realistic_answers.py)."""
     cmd = [sys.executable, "-m", "bench.compare", "--child", str(sop), "--files", str(files),
            "--latency-ms", str(latency_ms), "--idea", idea] + (["--warm"] if warm else [])
-    env = {**os.environ, **({} if cache else {"SOPCTL_NO_CACHE": "1"})}
+    env = {**os.environ, **({} if cache else {"SOPCTL_NO_CACHE": "1"}), REALISTIC_ENV: "1" if realistic else "0"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"sopctl bench run failed ({proc.returncode}):\n{proc.stderr[-3000:]}")

@@ -110,14 +110,15 @@ def offline_env(scratch: Path) -> dict[str, str]:
 
 
 def run_team(files: int, latency_ms: float, idea: str = "a command-line 2048 game",
-             warm: bool = False) -> dict:
-    """One fresh process running MetaGPT's team (twice with `warm`); its JSON result."""
+             warm: bool = False, realistic: bool = False) -> dict:
+    """One fresh process running MetaGPT's team (twice with `warm`; with `realistic`, on answers
+    of a hosted model's size, bench/realistic_answers.py); its JSON result."""
     with tempfile.TemporaryDirectory(prefix="metagpt-bench-") as tmp:
         scratch = Path(tmp)
         env = offline_env(scratch)
         cmd = [str(venv_python()), str(RUNNER), "--files", str(files), "--latency-ms",
                str(latency_ms), "--idea", idea, "--root", env["METAGPT_PROJECT_ROOT"]]
-        cmd += ["--warm"] if warm else []
+        cmd += (["--warm"] if warm else []) + (["--realistic"] if realistic else [])
         # A malformed answer would make MetaGPT retry with random waits; never hang the bench.
         proc = subprocess.run(cmd, env=env, cwd=scratch / "root", capture_output=True, text=True,
                               timeout=RUN_TIMEOUT_S)

@@ -229,3 +229,25 @@ def test_prefix_share_and_openai_caching_rule() -> None:
     assert paid["cached_tokens"] == 1024 + 3 * 128    # 1,500 shared: 1,024 then whole 128-steps
     assert paid["billed_equivalent"] == 4000 - 1408 + 1408 * 0.5
     assert billed_input([list(range(1000)), list(range(1000))])["cached_tokens"] == 0   # under 1,024
+
+
+def test_realistic_answers_are_the_same_texts_for_both_engines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The billing bench's second scenario: MetaGPT's fake and sopctl's answer with the same
+    hosted-model-sized texts, and a sopctl run on them writes every file (its answers fit
+    the SOP's schemas)."""
+    from bench import realistic_answers
+
+    files = metagpt_fake_llm.task_files(3)
+    monkeypatch.setattr(metagpt_fake_llm, "REALISTIC", True)
+    kind, text = metagpt_fake_llm.answer("## Code: module_2.py. Write code", "idea", files)
+    assert kind == "code" and realistic_answers.code("module_2.py") in text
+    assert len(realistic_answers.code("module_2.py").splitlines()) >= 60
+    node_prompt = "## nodes: \"{}\"\n## constraint"
+    design = json.loads(metagpt_fake_llm.answer(node_prompt.format("Implementation approach"), "i", files)[1]
+                        .split("[CONTENT]")[1].split("[/CONTENT]")[0])
+    assert design == realistic_answers.design(files)
+    assert "class Module2 {" in design["Data structures and interfaces"]
+
+    result = compare.run_sopctl(3, 0.0, realistic=True)
+    code = [p for p in result["prompts"] if "## The file to write: `module_2.py`" in p]
+    assert code and realistic_answers.design(files)["Implementation approach"] in code[0]

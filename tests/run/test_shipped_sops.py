@@ -437,7 +437,7 @@ def test_on_plain_fake_the_code_prompt_finds_its_task_entry_and_interfaces(
     capsys.readouterr()
     assert sopctl(["show", str(ws), "--prompts", "Engineer.WriteCode"]) == 0
     shown = capsys.readouterr().out
-    assert "## What this file does (from the task list)\nExample contents\n" in shown
+    assert "What it does (from the task list): Example contents\n" in shown
     assert "(from the design)\n- main.py: Example interface\n" in shown
     assert "## Its part of the program call flow (from the design)\nExample calls\n" in shown
 
