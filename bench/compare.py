@@ -120,6 +120,15 @@ def no_qa_variant(source: Path, target: Path, fan_out: int | None = None) -> Pat
 
 # --------------------------------------------------------------------------- sopctl child process
 
+def json_object(text: str) -> dict[str, Any] | None:
+    """A fake answer's JSON object, or None for any other text (code, prose, a list)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 class _BenchModel:
     """`fake` with an N-file design and task list, timing every answer and keeping prompts."""
 
@@ -158,11 +167,8 @@ class _BenchModel:
         if text.lstrip().startswith("```"):
             named = re.search(r"`([A-Za-z0-9_./-]+\.py)`", prompt)
             return f"```python\n{sized.code(named.group(1) if named else 'main.py')}```"
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return text
-        if not isinstance(value, dict):
+        value = json_object(text)
+        if value is None:
             return text
         for key, fields in (("Product Goals", lambda: sized.prd(IDEA, value.get("Project Name", "bench_app"))),
                             ("Implementation approach", lambda: sized.design(self.files)),

@@ -44,7 +44,7 @@ for _rows in ROWS:
 
 def _design_model() -> type:
     """`bench.compare`'s widened fake, plus a design whose interfaces grow with its files."""
-    from bench.compare import _BenchModel
+    from bench.compare import _BenchModel, json_object
 
     class DesignModel(_BenchModel):
         # Only the lengths of the prompts are kept: holding every prompt's text (4.8 MB at
@@ -62,11 +62,8 @@ def _design_model() -> type:
 
         def _widen(self, text: str) -> str:
             text = super()._widen(text)
-            try:
-                value = json.loads(text)
-            except ValueError:
-                return text
-            if not isinstance(value, dict):
+            value = json_object(text)
+            if value is None:
                 return text
             if "File list" in value:
                 value["Data structures and interfaces"] = "classDiagram\n" + "".join(
