@@ -144,6 +144,11 @@ class _BenchModel:
     def supports_schema(self, model: str) -> bool:
         return self.inner.supports_schema(model)
 
+    def price(self, model: str) -> Any:
+        """fake's (free): a model of unknown price runs its calls one at a time under the SOP's
+        budget, which would hide the fan-out this bench compares (engine.models.gateway)."""
+        return self.inner.price(model)
+
     async def complete(self, request: Any) -> Any:
         from engine.models.fake import latency_s
 

@@ -119,6 +119,9 @@ class _Recorder:
     def supports_schema(self, model: str) -> bool:
         return bool(self.inner.supports_schema(model))
 
+    def price(self, model: str) -> Any:
+        return getattr(self.inner, "price", lambda _m: None)(model)
+
     async def complete(self, request: Any) -> Any:
         self.requests.append((f"{request.spec.role}.{request.spec.action}.{request.spec.place}",
                               request_text(request.messages)))

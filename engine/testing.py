@@ -76,7 +76,7 @@ class ScriptedModel:
         return self.schema_support
 
     def price(self, model: str) -> Price | None:
-        """`token_price`; None (unknown) by default: admission reserves the dearest call seen."""
+        """`token_price`; None (unknown) by default: under a budget its calls run one at a time."""
         return self.token_price
 
     async def complete(self, request: ModelRequest) -> ModelAnswer:

@@ -172,6 +172,9 @@ class Gateway:
     """Requests made so far by (place, request hash): the next one's occurrence is one more."""
     _asking: dict[str, asyncio.Future[None]] = field(default_factory=dict, repr=False)
     """Requests being asked now, by hash: done when the ask ends, however it ends."""
+    warn: Callable[[str, CallSpec], None] | None = field(default=None, repr=False)
+    """Where the gateway's warnings go (the Team's run log); None: nowhere."""
+    _warned_unpriced: set[str] = field(default_factory=set, repr=False)
 
     def provider(self, model: str) -> Provider:
         """The provider that answers `model` for this gateway."""
@@ -406,6 +409,8 @@ class Gateway:
                 reserve = self._reservation(price, tokens)
                 if self._may_start(request.spec, reserve):
                     break
+                if reserve is None:
+                    self._say_unpriced(request.spec)
                 await cond.wait()
             reserve = reserve or 0.0
             self._in_flight += 1
@@ -417,6 +422,17 @@ class Gateway:
                 self._in_flight -= 1
                 self._reserved -= reserve
                 cond.notify_all()
+
+    def _say_unpriced(self, spec: CallSpec) -> None:
+        """Once per model: its calls wait for each other because its price is unknown (a run
+        that is slower than its fan-out promises says why, and what to do)."""
+        if self.warn is None or spec.model in self._warned_unpriced:
+            return
+        self._warned_unpriced.add(spec.model)
+        self.warn(f"the price of model '{spec.model}' is unknown, so the budget (${self.budget_usd:.2f}) cannot "
+                  "reserve a call's cost before it starts: its calls run one at a time, a fan-out too; "
+                  "give its price with --price IN,OUT (dollars per million tokens) to run them "
+                  "concurrently, or --budget 0 for no budget", spec)
 
     def _reservation(self, price: Price | None, tokens: tuple[int, int]) -> float | None:
         """A call's worst-case cost; None when its price is unknown, so it starts only when no

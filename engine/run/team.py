@@ -165,6 +165,8 @@ class Team:
             gateway.max_answer_chars = options.max_answer_chars
         gateway.reuse_identical = gateway.reuse_identical or options.reuse_identical
         gateway.emit = self._emit         # its attempts, retries and re-asks are run events
+        gateway.warn = lambda message, spec: self._emit(RunLog(
+            round=spec.round, level="warning", role=spec.role, action=spec.action, message=message))
         self.ctx = RunContext(compiled=compiled, inputs=self.inputs, run_id=self.run_id,
                               workspace=self.workspace, gateway=gateway, emit=self._emit,
                               model_override=options.model, price=options.price,

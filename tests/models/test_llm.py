@@ -434,6 +434,38 @@ def test_prices_known_only_after_the_answer_cannot_overspend_a_fan_out(tmp_path)
     assert model.calls == 3 and model.max_in_flight == 1
 
 
+def test_a_run_says_once_why_its_unpriced_calls_wait_for_each_other(tmp_path):
+    """The one-at-a-time rule above makes a fan-out as slow as a loop: the run's log says so
+    once per model, with the way out (--price, --budget 0), where the user sees warnings."""
+    from engine.api import RunOptions, run as run_sop
+    from engine.compile.compiler import compile_path
+    from engine.run.events import RunLog
+
+    files = [f"f{i}.py" for i in range(4)]
+
+    def answer(call_spec, attempt):
+        if call_spec.action == "ListFiles":
+            return json.dumps({"Task list": files})
+        return "```python\nx = 1\n```"
+
+    logs: list[RunLog] = []
+
+    class Logs:
+        def on_event(self, event):
+            if isinstance(event, RunLog):
+                logs.append(event)
+
+    compiled = compile_path(TESTS / "sops" / "fanout.sop.yaml")
+    with use_model(ScriptedModel(answer)) as model:
+        result = run_sop(compiled, {"idea": "files"}, RunOptions(budget_usd=100.0, workspace=tmp_path / "ws",
+                                                                 observers=[Logs()]), journal=False)
+    assert result.status == "idle" and model.max_in_flight == 1
+    said = [log for log in logs if "is unknown" in log.message]
+    assert len(said) == 1 and said[0].level == "warning"
+    assert "--price IN,OUT" in said[0].message and "--budget 0" in said[0].message
+    assert "model 'local'" in said[0].message and said[0].action == "WriteFile"   # use_model's name
+
+
 def test_prices_known_before_the_call_still_run_concurrently_under_a_budget():
     model = ScriptedModel(lambda s, a: "ok", token_price=Price(0.0, 0.0001))
     gateway = Gateway(providers={"scripted": model}, budget_usd=10.0)
