@@ -8,6 +8,9 @@ entry); the recipe, about 8 minutes:
     git clone https://github.com/geekan/MetaGPT bench/.cache/metagpt-main-src
     python -m bench.metagpt_main install       # the venv bench/.cache/metagpt-main-venv
 
+(A snapshot of the source unpacked without its .git works too: put its commit in
+`bench/.cache/metagpt-main-src/COMMIT` so the report can name it.)
+
 `install` makes the venv with python3.11, installs MetaGPT's `requirements.txt` without its
 comments and without `lancedb==0.4.0` (gone from the index; only its document store uses
 it), then the source itself with `--no-deps -e`. `SOPCTL_METAGPT_MAIN_VENV` points at a venv
@@ -146,7 +149,14 @@ def rolezero(small: int, large: int) -> Iterator[tuple[dict, Callable[[], float]
 
 
 def _source_commit() -> str | None:
-    """The checkout's commit, so the report says which MetaGPT main was measured."""
+    """The checkout's commit, so the report says which MetaGPT main was measured: a clone's
+    HEAD, else the first line of a `COMMIT` file beside the source (a snapshot unpacked
+    without its .git; git would otherwise answer for the repository around it)."""
+    if not (SOURCE / ".git").exists():
+        stamp = SOURCE / "COMMIT"
+        if not stamp.exists():
+            return None
+        return stamp.read_text(encoding="utf-8").split("\n", 1)[0].strip()[:12] or None
     proc = subprocess.run(["git", "-C", str(SOURCE), "rev-parse", "--short=12", "HEAD"],
                           capture_output=True, text=True)
     return proc.stdout.strip() or None
