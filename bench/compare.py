@@ -139,6 +139,7 @@ class _BenchModel:
         self.realistic = os.environ.get(REALISTIC_ENV) == "1"
         self.intervals: list[list[float]] = []
         self.prompts: list[str] = []
+        self.answers: list[str] = []
         self.cpu_s = 0.0  # CPU time of the whole run, set by the caller
 
     def supports_schema(self, model: str) -> bool:
@@ -158,6 +159,7 @@ class _BenchModel:
         text = self._widen(answer.text)
         answer = dataclasses.replace(answer, text=self._sized(text, prompt) if self.realistic else text)
         self.prompts.append(prompt)
+        self.answers.append(answer.text)
         # The model's own time is its latency: an await that resumes late (the event loop
         # busy elsewhere, e.g. blocked on a flush) is engine time, not time in flight.
         self.intervals.append([t0, min(time.perf_counter(), t0 + latency_s())])
@@ -260,6 +262,7 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
         "llm_s": sum(b - a for a, b in model.intervals), "llm_busy_s": busy_time(model.intervals),
         "llm_calls": result["llm_calls"], "rounds": result["rounds"], "status": result["status"],
         "prompt_chars": sum(len(p) for p in model.prompts), "prompts": model.prompts,
+        "answers": model.answers,
         "peak_rss_mb": peak_rss_mb(),
         "files_expected": names, "files_written": [f for f in names if f in written],
     }

@@ -58,14 +58,33 @@ _TOKEN_SHAPES = re.compile(
     r"|(?<=hooks\.slack\.com/)(?:services|workflows|triggers)/[A-Za-z0-9/_-]{10,}"  # webhook path
     r"|-----BEGIN [A-Z ]{0,32}PRIVATE KEY-----[A-Za-z0-9+/=\s]{0,16384}")
 
-_TOKEN_PREFIXES = (
+_WORD_PREFIXES = (
     "sk-", "sk_", "rk_", "whsec_", "xox", "xapp-", "ghp_", "gho_", "ghs_", "ghu_", "ghi_", "ghr_",
     "github_pat_", "glpat-", "AKIA", "ASIA", "AIza", "hf_", "gsk_", "xai-", "npm_", "eyJ", "Bearer ",
-    "ya29.", "SG.", "_v1_", "sq0", "shp", "pypi-AgE", "/api/webhooks/", "hooks.slack.com/", "-----BEGIN ")
-"""A text holding none of these cannot match `_TOKEN_SHAPES` (each of its alternatives begins
-with one): a substring scan per prefix is many times faster than the pattern's scan, which
-tries every alternative at every position, and almost no text the journal keeps has a token.
-A new shape needs its prefix here (and an example in tests/load/test_secrets.py's TOKENS)."""
+    "ya29.", "SG.", "doo_v1_", "dop_v1_", "dor_v1_", "sq0", "shp", "pypi-AgE")
+"""The prefixes of `_TOKEN_SHAPES`' alternatives that must begin a word (its `\b`)."""
+
+_ANYWHERE_PREFIXES = ("/api/webhooks/", "hooks.slack.com/", "-----BEGIN ")
+"""The prefixes of its other alternatives, wherever they are."""
+
+
+def _may_hold_token(text: str) -> bool:
+    """Whether `text` holds the beginning of one of `_TOKEN_SHAPES`' alternatives where it
+    can match: a few substring scans, many times faster than the pattern's own scan (which
+    tries every alternative at every position), and almost no text the journal keeps has a
+    token. A word prefix inside a word does not count (`task_id` holds `sk_`; the pattern
+    wants a word boundary before it): every step of a tool loop journals `task_id`s. Linear:
+    each scan resumes after the last find. A new shape needs its prefix here (and an example
+    in tests/load/test_secrets.py's TOKENS)."""
+    if any(prefix in text for prefix in _ANYWHERE_PREFIXES):
+        return True
+    for prefix in _WORD_PREFIXES:
+        at = text.find(prefix)
+        while at >= 0:
+            if at == 0 or not (text[at - 1].isalnum() or text[at - 1] == "_"):
+                return True
+            at = text.find(prefix, at + 1)
+    return False
 
 
 _URL_PASSWORD = re.compile(
@@ -101,7 +120,7 @@ def scrub(text: str, secrets: tuple[str, ...] | None = None, mark: str = REDACTE
     for value in secret_values() if secrets is None else secrets:
         if value in text:
             text = text.replace(value, mark)
-    if any(prefix in text for prefix in _TOKEN_PREFIXES):
+    if _may_hold_token(text):
         text = _TOKEN_SHAPES.sub(mark, text)
     if "://" not in text:  # the common case costs one scan
         return text

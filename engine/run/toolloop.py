@@ -238,6 +238,15 @@ class _Step:
     """Its commands are not run: its outputs are already what the model is shown (stuck)."""
     asked: str = ""
     """The step's own message as sent, without the results of the step before (see _turns)."""
+    _canonical: str = ""
+    _shown: str = ""
+
+    def canonical(self) -> str:
+        """Its commands as compared for a repeat, worked out once (every later step compares
+        against every earlier one)."""
+        if not self._canonical:
+            self._canonical = _canonical(self.commands)
+        return self._canonical
 
 
 _NOT_DONE = object()
@@ -356,7 +365,7 @@ class ToolLoop:
         if any(c.get("command_name") == END or self._moves(c.get("command_name")) for c in commands):
             return False
         given = _canonical(commands)
-        done = [(_canonical(s.commands), tuple(s.outputs)) for s in self.steps]   # each step once
+        done = [(s.canonical(), tuple(s.outputs)) for s in self.steps]
         first = max(len(done) - _REPEAT_LOOKBACK, 0)
         return any(done[i][0] == given and _nothing_new_since(done, i) for i in range(first, len(done)))
 
@@ -515,11 +524,13 @@ class ToolLoop:
         the workspace), so it is not repeated in every later request; commands past
         MAX_COMMANDS (never run, and told so in the step's results) are left out, and the
         text is bounded like a step's output, so one huge answer cannot swell every later
-        request."""
-        commands = [{**c, "args": shown_args(c["args"])} if isinstance(c.get("args"), dict) else c
-                    for c in step.commands[:MAX_COMMANDS]]
-        text = json.dumps({"thought": step.thought, "commands": commands}, ensure_ascii=False)
-        return cut(text, MAX_STEP_OUTPUT_CHARS)
+        request. Worked out once per step (a rebuilt history shows every step again)."""
+        if not step._shown:
+            commands = [{**c, "args": shown_args(c["args"])} if isinstance(c.get("args"), dict) else c
+                        for c in step.commands[:MAX_COMMANDS]]
+            text = json.dumps({"thought": step.thought, "commands": commands}, ensure_ascii=False)
+            step._shown = cut(text, MAX_STEP_OUTPUT_CHARS)
+        return step._shown
 
     async def _ask(self, first: str, system: str, step: int, last: bool, asked: str) -> dict[str, Any]:
         """One step's answer; on the last step only `end` is offered (a grammar-bound model must

@@ -3,8 +3,11 @@ text is token-shaped, and `scrub`, the redaction the journal, the pool and the r
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from engine.load import secrets
 from engine.load.secrets import REDACTED, is_secret_name, scrub, secret_values
 
 SECRET_NAMES_TESTED = (
@@ -65,6 +68,20 @@ TOKENS = {
     "shopify": "shpat_0123456789abcdef0123456789abcdef",
     "pypi": "pypi-AgEIcHlwaS5vcmcCJGFiY2RlZmdoLWlqa2wtbW5vcC1xcnN0dXZ3eHl6",
 }
+
+
+def test_the_prefilter_never_misses_a_token_the_pattern_finds() -> None:
+    """The substring prefilter skips the pattern's scan for most texts; it must say yes to every
+    text the pattern would change: tokens glued to words, at the start, after punctuation or a
+    non-ASCII letter, shuffled with the words (`task_id`) that hold a prefix inside them."""
+    rng = random.Random(28)
+    pieces = [*TOKENS.values(), "task_id", "risk_", "desk-", "ask_", "a", "é", "_", "-", " ", "\n",
+              "(", "'", "=", "/", "https://hooks.slack.com/", "discord.com/api/webhooks/"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 6)))
+        if secrets._TOKEN_SHAPES.search(text):
+            assert secrets._may_hold_token(text), text
+    assert not secrets._may_hold_token('{"task_id": "3", "instruction": "risk_free desk-top"}')
 
 
 @pytest.mark.parametrize("kind", sorted(TOKENS))

@@ -26,3 +26,12 @@ def test_a_short_diagram_is_shown_whole_and_nothing_named_says_so() -> None:
     shown = render("{{ d | about(['nothing.py']) }}", d=DIAGRAM)
     assert "names nothing of nothing.py" in shown and "class Part1" not in shown
     assert render("{{ none | about(['x.py']) }}", none=None) == ""
+
+
+def test_a_bound_of_zero_cuts_even_a_short_diagram() -> None:
+    """`about(files, 0)`, as the shipped review quotes a design: only the file's own lines."""
+    short = "classDiagram\n    class Game {\n        +move(d: str) bool\n    }\n    class Board {\n    }\n    Game --> Board\n"
+    assert render("{{ d | about(['game.py']) }}", d=short) == short
+    shown = render("{{ d | about(['game.py'], 0) }}", d=short)
+    assert "class Game {" in shown and "+move(d: str) bool" in shown and "Game --> Board" in shown
+    assert "class Board {" not in shown
