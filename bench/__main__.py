@@ -203,6 +203,8 @@ def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
             if isinstance(side.get(stat), (int, float)):
                 found.append((f"exact-prefix share of consecutive requests, {label} ({stat} of "
                               f"{side['n']} pairs)", side[stat], ">= 0.9"))
+    if isinstance(prefix.get("loop_ratio"), (int, float)):
+        found.append((prefix["loop_ratio_label"], prefix["loop_ratio"], "<= 0.25"))
     cpu = (((res.get("validate") or {}).get("cold") or {}).get("cpu") or {}).get("ratio")
     if isinstance(cpu, (int, float)):
         found.append(("cold `sopctl validate` / bare imports of pydantic, jinja2, networkx (CPU)", cpu, "<= 2"))

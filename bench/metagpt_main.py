@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bench.metagpt_baseline import offline_env
 
-__all__ = ["VENV", "SOURCE", "available", "venv_python", "install", "rolezero"]
+__all__ = ["VENV", "SOURCE", "available", "venv_python", "install", "rolezero", "rolezero_requests"]
 
 BENCH_DIR = Path(__file__).resolve().parent
 CACHE = BENCH_DIR / ".cache"
@@ -167,3 +167,21 @@ if __name__ == "__main__":
         print(install())
     else:
         print(available() or f"ready: {venv_python()}")
+
+
+def rolezero_requests(steps: int) -> list[list[dict]]:
+    """The requests (each its messages) of one RoleZero loop of `steps` steps on the scripted
+    model, its clock moving as a hosted model's answers would move it (bench/metagpt_rolezero.py
+    --record). Raises RuntimeError if the process fails."""
+    with tempfile.TemporaryDirectory(prefix="metagpt-main-bench-") as tmp:
+        env = _offline_env(Path(tmp))
+        proc = subprocess.run([str(venv_python()), str(RUNNER), "--record", str(steps)], env=env,
+                              cwd=env["METAGPT_PROJECT_ROOT"], capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S)
+    for line in proc.stdout.splitlines():
+        if line.startswith(REPLY):
+            found = json.loads(line[len(REPLY):])
+            if found["unknown_calls"]:
+                raise RuntimeError(f"MetaGPT main asked {found['unknown_calls']} prompt(s) the script does not know")
+            return list(found["requests"])
+    raise RuntimeError(f"MetaGPT main's RoleZero process ended ({proc.returncode}):\n{proc.stderr[-3000:]}")

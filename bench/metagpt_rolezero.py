@@ -29,6 +29,11 @@ import time
 import pandas  # noqa: F401 - before metagpt: qianfan's pyarrow stub breaks a later pandas import
 
 STATS: dict = {"calls": 0, "steps": 0, "unknown": 0, "prompt_chars": 0}
+RECORDED: list[list[dict]] = []
+"""With --record: every request's messages, in order."""
+SECONDS_PER_CALL = 5.0
+"""With --record: how far RoleZero's clock moves per model call (a hosted model's answer takes
+seconds, and RoleZero's system prompt says the time to the second)."""
 
 
 def step_answer(index: int, last: bool) -> str:
@@ -44,15 +49,19 @@ def step_answer(index: int, last: bool) -> str:
     return f"{thought}\n```json\n{json.dumps([command], indent=4)}\n```"
 
 
-def install_fake(steps: list[int]) -> None:
+def install_fake(steps: list[int], recording: bool = False) -> None:
     """Replace the one method every MetaGPT LLM call goes through; `steps[0]` is the number
-    of steps the current run gives (the runner sets it before each run)."""
+    of steps the current run gives (the runner sets it before each run); `recording`: keep
+    each request's messages in RECORDED."""
     from metagpt.provider.base_llm import BaseLLM
     from metagpt.provider.openai_api import OpenAILLM
 
     async def fake_completion_text(self, messages, stream=False, timeout=None) -> str:
         last = str(messages[-1].get("content", "")) if messages else ""
         STATS["calls"] += 1
+        if recording:
+            RECORDED.append([{"role": str(m.get("role", "")), "content": str(m.get("content", ""))}
+                             for m in messages])
         STATS["prompt_chars"] += sum(len(str(m.get("content", ""))) for m in messages)
         if "Determine the previous message's intent" in last:   # quick think: once per run
             return "Thought: work to plan.\nResponse Category: TASK"
@@ -90,6 +99,23 @@ async def one_run(steps: int) -> float:
     return cpu
 
 
+def install_clock() -> None:
+    """RoleZero's clock, moved SECONDS_PER_CALL per model call (the scripted answers come at
+    once; a hosted model's take seconds, and the time in RoleZero's system prompt with them)."""
+    import datetime as dt
+
+    from metagpt.roles.di import role_zero
+
+    start = dt.datetime(2026, 1, 1, 12, 0, 0)
+
+    class Clock(dt.datetime):
+        @classmethod
+        def now(cls, tz=None):  # noqa: ANN206 - datetime's own signature
+            return start + dt.timedelta(seconds=SECONDS_PER_CALL * STATS["calls"])
+
+    role_zero.datetime = Clock
+
+
 REPLY = "@@rolezero-bench "
 
 
@@ -115,9 +141,17 @@ async def serve(small: int, large: int, current: list[int]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", default="5,40", help="SMALL,LARGE step counts")
+    ap.add_argument("--record", type=int, default=0, metavar="STEPS",
+                    help="instead: one run of STEPS steps, replying with every request's messages")
     args = ap.parse_args()
     small, large = (int(n) for n in args.steps.split(","))
     import metagpt.roles.di.role_zero  # noqa: F401
+    if args.record:
+        install_fake([args.record], recording=True)
+        install_clock()
+        asyncio.run(one_run(args.record))
+        reply({"requests": RECORDED, "unknown_calls": STATS["unknown"]})
+        return
     current = [small]
     install_fake(current)
     asyncio.run(serve(small, large, current))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -222,6 +223,48 @@ def _parts(answer: str) -> list[str]:
     return found
 
 
+LOOP_STEPS = 10
+
+
+def loop_pays(steps: int = LOOP_STEPS) -> dict[str, Any]:
+    """One tool loop beside MetaGPT main's RoleZero (the loop every MGX role runs), the
+    scenario of bench.toolloop_bench with the plan tool alone, as RoleZero's (tools=["Plan"]):
+    `steps` steps, each a plan append, the last `end`.
+    Every request of each side's run (RoleZero's language detection, reply and summary too)
+    replayed through the caching rule; RoleZero's clock moves 5 s per call, as a hosted
+    model's answers would move it (its system prompt says the time to the second)."""
+    from bench import metagpt_main, toolloop_bench
+    from engine.compile.compiler import compile_text
+    from engine.testing import ScriptedModel
+
+    recorder = _Recorder(ScriptedModel(toolloop_bench._answers(steps)))
+    plan_only = toolloop_bench.SOP.replace("tools: [plan, editor]", "tools: [plan]")   # RoleZero's Plan
+    assert plan_only != toolloop_bench.SOP
+    with tempfile.TemporaryDirectory() as folder:
+        _run(compile_text(plan_only), {"idea": "a game"}, recorder, "local", Path(folder) / "ws")
+    ours = _encode([text for _, text in recorder.requests])[0]
+    out: dict[str, Any] = {"steps": steps, "sopctl": {**billed_input(ours), "requests": len(ours)},
+                           "sopctl_at_0.1": billed_input(ours, 0.1)}
+    missing = metagpt_main.available()
+    if missing:
+        out["metagpt"] = {"skipped": missing}
+        return out
+    try:
+        theirs = [request_text(messages) for messages in metagpt_main.rolezero_requests(steps)]
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+        out["metagpt"] = {"skipped": f"MetaGPT main failed: {str(exc).splitlines()[0][:300]}"}
+        return out
+    their_tokens = _encode(theirs)[0]
+    out["metagpt"] = {**billed_input(their_tokens), "requests": len(theirs)}
+    out["metagpt_at_0.1"] = billed_input(their_tokens, 0.1)
+    out["metagpt_commit"] = metagpt_main._source_commit()
+    out["ratio"] = round(out["sopctl"]["billed_equivalent"] / out["metagpt"]["billed_equivalent"], 3)
+    out["ratio_at_0.1"] = round(out["sopctl_at_0.1"]["billed_equivalent"]
+                                / out["metagpt_at_0.1"]["billed_equivalent"], 3)
+    out["input_ratio"] = round(out["sopctl"]["input_tokens"] / out["metagpt"]["input_tokens"], 3)
+    return out
+
+
 def _encode(texts: list[str]) -> tuple[list[list[int]], str]:
     from bench.compare import _tokenizer
 
@@ -267,11 +310,11 @@ def pays(files: int, with_metagpt: bool, realistic: bool = False) -> dict[str, A
     return out
 
 
-def _pays_table(paid: dict[str, Any], title: str) -> list[str]:
+def _pays_table(paid: dict[str, Any], title: str, other: str = "MetaGPT 0.8.2") -> list[str]:
     lines = ["", title, "",
              "| engine | requests | input tokens | cached | billed-equivalent at 0.5 (gpt-4o) | at 0.1 |",
              "|---|---|---|---|---|---|"]
-    for name, key in (("sopctl", "sopctl"), ("MetaGPT 0.8.2", "metagpt")):
+    for name, key in (("sopctl", "sopctl"), (other, "metagpt")):
         side = paid[key]
         if "skipped" in side:
             lines.append(f"| {name} | skipped: {side['skipped']} | | | | |")
@@ -280,7 +323,7 @@ def _pays_table(paid: dict[str, Any], title: str) -> list[str]:
                      f"{side['billed_equivalent']:,.0f} | {paid[key + '_at_0.1']['billed_equivalent']:,.0f} |")
     if "ratio" in paid:
         met = "met" if paid["ratio"] <= BILLED_TARGET else "not met"
-        lines += ["", f"sopctl / MetaGPT: **{paid['ratio']:.3f}** billed-equivalent at 0.5 "
+        lines += ["", f"sopctl / {other}: **{paid['ratio']:.3f}** billed-equivalent at 0.5 "
                   f"({paid['ratio_at_0.1']:.3f} at 0.1; {paid['input_ratio']:.3f} before caching); "
                   f"target <= {BILLED_TARGET} ({met})."]
     return lines
@@ -326,6 +369,21 @@ def main(size_factor: float = 1.0, with_metagpt: bool = True) -> dict[str, Any]:
                   f"({sized['sopctl']['billed_equivalent'] - sized['floor']:,.0f} tokens) is its instructions, "
                   f"the parts of the design each file's requests repeat, and the role prefix of every request."]
         figures["floor_ratio"] = sized["floor_ratio"]
+    loop_paid = loop_pays(LOOP_STEPS if size_factor >= 1 else 3) if with_metagpt else None
+    if loop_paid is not None:
+        figures["pays_loop"] = loop_paid
+        commit = loop_paid.get("metagpt_commit", "")
+        lines += _pays_table(loop_paid, (
+            f"One tool loop beside MetaGPT main's RoleZero{f' ({commit})' if commit else ''}, the loop every MGX "
+            f"role runs: {loop_paid['steps']} steps of the toolloop bench's scenario (a plan append per step, then "
+            "`end`), the plan tool alone on both sides, every request of each run (RoleZero's language check, "
+            f"reply and summary too), {rule}. RoleZero's clock moves 5 s per call, as a hosted model's answers "
+            "would move it: its system prompt says the time to the second, so no request of it begins as the "
+            "one before it for long:"), other="MetaGPT main RoleZero")
+        if "ratio" in loop_paid:
+            figures.update(loop_ratio=loop_paid["ratio"], loop_ratio_label=(
+                "billed-equivalent input tokens under OpenAI's prompt caching, one tool loop "
+                "(sopctl / MetaGPT main's RoleZero)"))
     figures["markdown"] = "\n".join(lines)
     print(figures["markdown"])
     print(json.dumps({k: v for k, v in figures.items() if k != "markdown"}), file=sys.stderr)

@@ -446,8 +446,74 @@ class RealModelBlocked(LLMError):
 
 def request_hash(canonical: Mapping[str, Any]) -> str:
     """sha256 of the canonical JSON (sorted keys, no spaces, UTF-8) of a request."""
-    text = json.dumps(canonical, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(canonical_json(canonical).encode("utf-8")).hexdigest()
+
+
+def canonical_json(canonical: Mapping[str, Any]) -> str:
+    """The canonical JSON of a request, the text one `json.dumps` with sorted keys and no
+    spaces gives, with its messages and its schema spliced in from encodings kept across
+    calls: each step of a tool loop sends the earlier steps' messages and the step schema
+    again, and encoding them anew was most of the step's hashing (it grew with the loop)."""
+    light = dict(canonical)
+    parts: dict[str, str] = {}
+    messages = light.get("messages")
+    if isinstance(messages, list):
+        parts["messages"] = "[" + ",".join(_message_json(m) for m in messages) + "]"
+    schema = light.get("schema")
+    if isinstance(schema, dict):
+        parts["schema"] = _schema_json(schema)
+    for key in parts:
+        light[key] = _SLOT + key
+    text = _canonical_dumps(light)
+    places = []
+    for key, encoded in parts.items():
+        marker = _canonical_dumps(_SLOT + key)
+        if text.count(marker) != 1:       # a value that looks like a slot: no splicing
+            return _canonical_dumps(canonical)
+        places.append((text.index(marker), len(marker), encoded))
+    for start, length, encoded in sorted(places, reverse=True):
+        text = text[:start] + encoded + text[start + length:]
+    return text
+
+
+def _canonical_dumps(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+_SLOT = "\x00sopctl-slot\x00"
+"""The placeholder of a part spliced into canonical JSON (NULs: no SOP's value has one)."""
+
+_MESSAGE_JSON: dict[tuple[str, str], str] = {}
+_SCHEMA_JSON: dict[int, tuple[dict[str, Any], str]] = {}
+_MAX_KEPT = 4096
+
+
+def _message_json(message: Any) -> str:
+    """One message's canonical JSON; a plain one (role and content) kept for the next call."""
+    if not (type(message) is dict and len(message) == 2 and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), str)):
+        return _canonical_dumps(message)
+    key = (message["role"], message["content"])
+    found = _MESSAGE_JSON.get(key)
+    if found is None:
+        if len(_MESSAGE_JSON) >= _MAX_KEPT:
+            _MESSAGE_JSON.clear()
+        found = _MESSAGE_JSON[key] = _canonical_dumps(message)
+    return found
+
+
+def _schema_json(schema: dict[str, Any]) -> str:
+    """A schema's canonical JSON, kept by identity (an action's schema is one dict for all
+    its calls; the entry holds it, so its id is never another's). Schemas are never changed
+    after they are built."""
+    found = _SCHEMA_JSON.get(id(schema))
+    if found is not None and found[0] is schema:
+        return found[1]
+    if len(_SCHEMA_JSON) >= _MAX_KEPT:
+        _SCHEMA_JSON.clear()
+    text = _canonical_dumps(schema)
+    _SCHEMA_JSON[id(schema)] = (schema, text)
+    return text
 
 
 def answer_key(request_hash: str, place: str, occurrence: int) -> str:
