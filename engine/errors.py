@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-__all__ = ["Severity", "Related", "Diagnostic", "SopError", "LoadError", "CompileError",
+__all__ = ["install_hint", "Severity", "Related", "Diagnostic", "SopError", "LoadError", "CompileError",
            "UsageError", "RunError", "ActionFailed", "LLMError", "BudgetExceeded", "JournalError",
            "ReplayDivergence", "require_utf8", "PoolError", "diagnostic_header", "format_failure"]
 
@@ -185,6 +185,12 @@ class PoolError(SopError):
 
 class ReplayDivergence(SopError):
     """Replay asked for a model call that the journal does not have."""
+
+
+def install_hint(extra: str) -> str:
+    """How to install an optional extra. sopctl is installed from its clone (it is not on a
+    package index yet, so `pip install 'sopctl[X]'` would find nothing)."""
+    return f"pip install -e '.[{extra}]' in the sopctl clone"
 
 
 def did_you_mean(word: Any, choices: Iterable[str]) -> str:

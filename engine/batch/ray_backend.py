@@ -1,4 +1,4 @@
-"""`--ray [ADDRESS]`: the rows of a batch as Ray tasks (the optional extra `sopctl[ray]`).
+"""`--ray [ADDRESS]`: the rows of a batch as Ray tasks (the optional extra `ray`).
 
 The driver (this process) keeps everything that is the batch's: reading the rows, the
 budget, `results.jsonl`, progress. Each row runs as one Ray task, `execute_row` in a worker
@@ -27,7 +27,7 @@ from typing import Any
 
 from engine.batch.rows import Row
 from engine.batch.runner import Launcher, RowContext, execute_row
-from engine.errors import UsageError
+from engine.errors import UsageError, install_hint
 from engine.load.secrets import is_secret_name
 
 __all__ = ["LOCAL", "ray_launcher", "shutdown", "check_reachable", "worker_environment"]
@@ -43,7 +43,7 @@ def _ray() -> Any:
         import ray  # an optional extra: imported only when --ray asks for it
     except ImportError:
         raise UsageError("--ray needs the optional extra 'ray', which is not installed",
-                         "install it with: pip install 'sopctl[ray]'") from None
+                         f"install it with: {install_hint('ray')}") from None
     return ray
 
 

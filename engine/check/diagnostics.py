@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from engine.errors import Diagnostic, diagnostic_header, format_failure
+from engine.errors import Diagnostic, diagnostic_header, format_failure, install_hint
 
 __all__ = ["CODES", "format_json", "format_diagnostic", "format_failure", "format_report",
            "strict", "summary"]
@@ -188,5 +188,5 @@ def needs_lines(file: str, compiled: Any) -> list[str]:
     from engine.load.catalog import missing_extras   # the loader's; loaded already when a file compiled
 
     lines = [f"{file}: needs {flag}: {', '.join(users)}" for flag, users in compiled.plan.flags.items()]
-    return lines + [f"{file}: needs the `{extra}` extra, not installed here (pip install 'sopctl[{extra}]'): "
+    return lines + [f"{file}: needs the `{extra}` extra, not installed here ({install_hint(extra)}): "
                     f"{', '.join(users)}" for extra, users in missing_extras(compiled.spec).items()]

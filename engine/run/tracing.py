@@ -31,7 +31,7 @@ conventions' opt-in attributes (`gen_ai.system_instructions`, `gen_ai.input.mess
 `gen_ai.output.messages`, `gen_ai.tool.call.arguments`, `gen_ai.tool.call.result`, JSON
 strings), every text redacted as the journal redacts it (engine.load.secrets.scrub).
 
-`opentelemetry` is an optional extra (`pip install 'sopctl[otel]'`) and is imported only
+`opentelemetry` is an optional extra (the `otel` extra: `pip install -e '.[otel]'`) and is imported only
 when tracing is on: `start_tracing` turns it on for `--trace` or the standard environment
 variables (`OTEL_TRACES_EXPORTER`, `OTEL_EXPORTER_OTLP_ENDPOINT`,
 `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`; `OTEL_SDK_DISABLED=true` turns the environment's off;
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from engine import __version__
-from engine.errors import UsageError
+from engine.errors import UsageError, install_hint
 from engine.load.secrets import scrub, secret_values
 from engine.run.events import (
     ActionCompleted,
@@ -384,9 +384,9 @@ def start_tracing(flag: bool, tools: Mapping[str, str] | None = None,
     except ImportError:
         if flag:
             raise UsageError("--trace needs OpenTelemetry, which is not installed",
-                             "install the extra: pip install 'sopctl[otel]'") from None
+                             f"install the extra: {install_hint('otel')}") from None
         print("sopctl: warning: OTEL_* variables ask for traces, but OpenTelemetry is not "
-              "installed (pip install 'sopctl[otel]'); running without them", file=sys.stderr)
+              f"installed ({install_hint('otel')}); running without them", file=sys.stderr)
         return None
 
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or "sopctl",
@@ -433,5 +433,5 @@ def _otlp_exporter(env: Mapping[str, str]) -> Any:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter  # type: ignore[assignment]
     except ImportError:
         raise UsageError(f"the OTLP exporter for {protocol} is not installed",
-                         "install the extra: pip install 'sopctl[otel]'") from None
+                         f"install the extra: {install_hint('otel')}") from None
     return OTLPSpanExporter()

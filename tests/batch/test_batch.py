@@ -396,7 +396,7 @@ def test_ray_without_the_extra_names_it(tmp_path: Path, monkeypatch: pytest.Monk
     rows = _jsonl(tmp_path / "rows.jsonl", {"idea": "a"})
     assert _batch(str(PIPELINE), "--inputs", str(rows), "--model", "fake", "--out", str(tmp_path / "b"),
                   "--ray") == 2
-    assert "pip install 'sopctl[ray]'" in capsys.readouterr().err and not (tmp_path / "b").exists()
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err and not (tmp_path / "b").exists()
 
 
 def test_ray_address_that_cannot_be_reached_is_refused_before_any_row(

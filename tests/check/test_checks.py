@@ -246,3 +246,14 @@ def test_a_for_each_or_when_written_as_a_block_is_refused_before_the_run() -> No
     assert "one expression" in diag.hint and "no {% %} blocks" in diag.hint
     assert _codes(_sop(f"  A: {{prompt: x, when: \"{{{{ 1 > 0 }}}}\", {ART}}}\n")) == []
     assert _codes(_sop(f"  A: {{prompt: x, when: \"1 > 0\", {ART}}}\n")) == []
+
+
+def test_a_join_path_outside_the_workspace_is_named_as_the_join_path() -> None:
+    """SOP405 names what it checks: a `join.path` is not called an artifact path; a backslash
+    inside a tag is the template's (checked when rendered), outside one the path's."""
+    actions = ("  A:\n    prompt: hi\n    for_each: \"{{ ['x', 'y'] }}\"\n    join: {path: \"%s\"}\n")
+    (found,) = [d for d in check_text(_sop(actions % "../out.md")).diagnostics if d.code == "SOP405"]
+    assert found.message.startswith("join path '../out.md' leaves the workspace")
+    assert "artifact" not in found.message
+    assert "SOP405" not in _codes(_sop(actions % "{{ 'a\\\\nb' | replace('\\\\n', '') }}.md"))
+    assert "SOP405" in _codes(_sop(actions % "docs\\\\\\\\out.md"))

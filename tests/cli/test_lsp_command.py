@@ -12,7 +12,7 @@ def test_lsp_without_its_extra_says_how_to_install_it(monkeypatch, capsys) -> No
     monkeypatch.delitem(sys.modules, "engine.lsp.server", raising=False)
     assert main(["lsp"]) == 2
     err = capsys.readouterr().err
-    assert "needs the lsp extra" in err and "pip install 'sopctl[lsp]'" in err
+    assert "needs the lsp extra" in err and "pip install -e '.[lsp]'" in err
 
 
 def test_lsp_help_names_its_flags(capsys) -> None:

@@ -37,7 +37,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def llama_server() -> Iterator[str]:
-    pytest.importorskip("llama_cpp.server.app", reason="the local extra's server: pip install 'sopctl[local]'",
+    pytest.importorskip("llama_cpp.server.app", reason="the local extra's server: pip install -e '.[local]'",
                         exc_type=ImportError)
     from engine.models.local import model_path
 

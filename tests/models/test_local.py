@@ -35,7 +35,7 @@ TREE = {
                                                 "dependent_task_ids": OutputNode(type="list[str]")}),
 }
 SCHEMA = output_schema(TREE)
-INSTALL = "pip install 'sopctl[local]'"
+INSTALL = "pip install -e '.[local]'"
 
 
 @pytest.fixture(autouse=True)
@@ -183,7 +183,7 @@ def test_missing_extra_says_exactly_how_to_install(monkeypatch):
         with pytest.raises(RunError) as info:
             attempt()
         message = str(info.value)
-        assert "pip install 'sopctl[local]'" in message and "make run" in message
+        assert "pip install -e '.[local]'" in message and "make run" in message
         assert "--model fake" in message and "--model openai/gpt-4o-mini" in message
 
 

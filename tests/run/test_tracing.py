@@ -240,7 +240,7 @@ def test_tracing_without_the_extra_is_a_clear_answer(tmp_path: Path, monkeypatch
     args = ["run", str(SMALL), "--idea", "x", "--model", "fake", "--no-input"]
     assert main([*args, "--out", str(tmp_path / "a"), "--trace"]) == 2
     err = capsys.readouterr().err
-    assert "--trace needs OpenTelemetry" in err and "sopctl[otel]" in err and "Traceback" not in err
+    assert "--trace needs OpenTelemetry" in err and ".[otel]'" in err and "Traceback" not in err
     monkeypatch.setenv("OTEL_TRACES_EXPORTER", "otlp")        # only the environment asks: a note
     assert main([*args, "--out", str(tmp_path / "b")]) == 0
     assert "running without them" in capsys.readouterr().err

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from engine.errors import install_hint
 from engine.run.tools.base import ToolError
 
 __all__ = ["Browser", "Browsers", "PAGE_CHARS", "browser_problem", "chromium_path", "host_allowed"]
@@ -40,7 +41,7 @@ ACTION_TIMEOUT_MS = 10_000
 """How long a click or a field may take to be found and used (Playwright waits for it)."""
 
 
-_EXTRA = "pip install 'sopctl[browser]' (Playwright for Python; its browser download is not needed)"
+_EXTRA = f"{install_hint('browser')} (Playwright for Python; its browser download is not needed)"
 
 
 def chromium_path() -> str | None:

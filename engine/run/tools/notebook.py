@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.errors import install_hint
 from engine.load.catalog import missing_modules
 from engine.run.actions import RunContext
 from engine.run.exec import child_env, interrupt_group, kill_group
@@ -74,7 +75,7 @@ class Notebook:
         missing = missing_modules(TOOLSET)
         if missing:
             raise ToolError(f"the notebook needs the `notebook` extra (no module {missing[0]} here): "
-                            f"pip install 'sopctl[notebook]'")
+                            f"{install_hint('notebook')}")
         return await KernelSession.start(self.ctx.workspace, self.ctx.sandbox)
 
     def _new_kernel_notice(self) -> str:
