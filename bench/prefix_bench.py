@@ -94,14 +94,16 @@ def _common(a: Sequence[Any], b: Sequence[Any]) -> int:
     return i
 
 
-def prefix_shares(requests: list[tuple[str, str]]) -> list[float]:
+def prefix_shares(requests: list[tuple[str, str]], of_earlier: bool = False) -> list[float]:
     """For each request (group, text) after the first of its group: the share of it that is
-    the exact beginning of the group's request before it."""
+    the exact beginning of the group's request before it; `of_earlier`: the share of that
+    earlier request that begins this one (1.0 when nothing sent before was changed: then the
+    later share is as high as it can be, the earlier request's length over its own)."""
     last: dict[str, str] = {}
     shares = []
     for group, text in requests:
-        if group in last and text:
-            shares.append(_common(last[group], text) / len(text))
+        if group in last and text and last[group]:
+            shares.append(_common(last[group], text) / len(last[group] if of_earlier else text))
         last[group] = text
     return shares
 
@@ -143,17 +145,17 @@ def _run(compiled: Any, inputs: dict[str, str], provider: Any, name: str, folder
         raise RuntimeError(f"{compiled.spec.name} ended {result.status}: {result.error}")
 
 
-def loop_shares() -> list[float]:
+def loop_requests() -> list[tuple[str, str]]:
     from engine.compile.compiler import compile_text
     from engine.testing import ScriptedModel
 
     recorder = _Recorder(ScriptedModel(_loop_answers()))
     with tempfile.TemporaryDirectory() as folder:
         _run(compile_text(LOOP_SOP), {"idea": "a game"}, recorder, "local", Path(folder) / "ws")
-    return prefix_shares(recorder.requests)
+    return recorder.requests
 
 
-def mgx_shares() -> list[float]:
+def mgx_requests() -> list[tuple[str, str]]:
     """Every tool loop of the shipped MGX team on `fake`: consecutive steps of one loop."""
     from engine.compile.compiler import compile_path
     from engine.models.fake import FakeModel
@@ -164,7 +166,7 @@ def mgx_shares() -> list[float]:
               if getattr(spec, "required", False)}
     with tempfile.TemporaryDirectory() as folder:
         _run(compiled, inputs, recorder, "fake", Path(folder) / "ws", allow_exec=True)   # a scratch folder
-    return prefix_shares(recorder.requests)
+    return recorder.requests
 
 
 # --------------------------------------------------------------------------- what a user pays
@@ -331,19 +333,25 @@ def _pays_table(paid: dict[str, Any], title: str, other: str = "MetaGPT 0.8.2") 
 
 def main(size_factor: float = 1.0, with_metagpt: bool = True) -> dict[str, Any]:
     files = 10 if size_factor >= 1 else 3
-    loop, mgx = _spread(loop_shares()), _spread(mgx_shares())
+    loop_sent, mgx_sent = loop_requests(), mgx_requests()
+    loop, mgx = _spread(prefix_shares(loop_sent)), _spread(prefix_shares(mgx_sent))
+    loop_kept, mgx_kept = (_spread(prefix_shares(sent, of_earlier=True)) for sent in (loop_sent, mgx_sent))
     tiny, sized = pays(files, with_metagpt), pays(files, with_metagpt, realistic=True)
-    figures: dict[str, Any] = {"loop": loop, "mgx": mgx, "pays": tiny, "pays_realistic": sized}
+    figures: dict[str, Any] = {"loop": loop, "mgx": mgx, "loop_kept": loop_kept, "mgx_kept": mgx_kept,
+                               "pays": tiny, "pays_realistic": sized}
     lines = ["Exact-prefix share of consecutive requests of one role and action (the later request's "
-             "characters that begin as the earlier one does, over its length):", "",
-             "| scenario | pairs | min | median | max | target |", "|---|---|---|---|---|---|"]
-    for label, side in (("10-step tool loop, the plan changing twice (scripted model)", loop),
-                        ("the shipped MGX team's tool loops (`fake`)", mgx)):
+             "characters that begin as the earlier one does, over its length), and beside it the share "
+             "of the earlier request that begins the later one (1.000: nothing sent before was changed, "
+             "so the later share is the most it can be, what the step adds being the rest):", "",
+             "| scenario | pairs | min | median | max | target | earlier request kept: min / median |",
+             "|---|---|---|---|---|---|---|"]
+    for label, side, kept in (("10-step tool loop, the plan changing twice (scripted model)", loop, loop_kept),
+                              ("the shipped MGX team's tool loops (`fake`)", mgx, mgx_kept)):
         if side["n"]:
             met = "met" if side["min"] >= SHARE_TARGET else \
                 ("median met" if side["median"] >= SHARE_TARGET else "not met")
             lines.append(f"| {label} | {side['n']} | {side['min']:.3f} | {side['median']:.3f} | "
-                         f"{side['max']:.3f} | >= {SHARE_TARGET} ({met}) |")
+                         f"{side['max']:.3f} | >= {SHARE_TARGET} ({met}) | {kept['min']:.3f} / {kept['median']:.3f} |")
     rule = (f"every request replayed through OpenAI's caching rule (from {MIN_CACHED:,} tokens, {STEP}-token "
             f"steps), tokens by {tiny['tokenizer']}")
     lines += _pays_table(tiny, f"Input tokens a user pays, the software company with {files} files on the "

@@ -224,6 +224,8 @@ def test_prefix_share_and_openai_caching_rule() -> None:
 
     shares = prefix_shares([("a", "abcd"), ("b", "zz"), ("a", "abcdefgh"), ("a", "abXX")])
     assert shares == [0.5, 0.5]                       # per group: the later request's share
+    kept = prefix_shares([("a", "abcd"), ("a", "abcdefgh"), ("a", "abXX")], of_earlier=True)
+    assert kept == [1.0, 0.25]                        # of the earlier one: all of it, then 2 of 8
     first, again = list(range(2000)), list(range(1500)) + [-1] * 500
     paid = billed_input([first, again], rate=0.5)
     assert paid["cached_tokens"] == 1024 + 3 * 128    # 1,500 shared: 1,024 then whole 128-steps
