@@ -38,7 +38,10 @@ _SECRET_NAME = re.compile(
 _TOKEN_SHAPES = re.compile(
     # Each a fixed prefix then a run of token characters with no condition after it, so a
     # failed try costs the prefix only and a match consumes its run: linear on any text.
-    r"\b(?:sk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_-]{20,}"        # OpenAI, Anthropic
+    # A word's start, or just after a JSON escape: the journal scrubs JSON, where a key on a
+    # line of its own follows `\n` (a backslash and an n, so no word boundary before it).
+    r"(?:\b|(?<=\\[nrtbf])|(?<=\\u[0-9a-fA-F]{4}))"
+    r"(?:sk-(?:proj-|ant-|svcacct-)?[A-Za-z0-9_-]{20,}"        # OpenAI, Anthropic
     r"|(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{20,}"   # Stripe
     r"|xox[abeoprs]-[A-Za-z0-9-]{10,}|xapp-[A-Za-z0-9-]{10,}"     # Slack
     r"|gh[opsuir]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,}"  # GitHub
@@ -81,10 +84,19 @@ def _may_hold_token(text: str) -> bool:
     for prefix in _WORD_PREFIXES:
         at = text.find(prefix)
         while at >= 0:
-            if at == 0 or not (text[at - 1].isalnum() or text[at - 1] == "_"):
+            if at == 0 or not (text[at - 1].isalnum() or text[at - 1] == "_") or _after_escape(text, at):
                 return True
             at = text.find(prefix, at + 1)
     return False
+
+
+_ESCAPED = re.compile(r"\\[nrtbf]|\\u[0-9a-fA-F]{4}")
+
+
+def _after_escape(text: str, at: int) -> bool:
+    """Whether `at` follows a JSON escape (`\\n`, `\\u001b`): a word starts there in the text
+    the JSON holds, though the escape's last character is a letter or digit."""
+    return bool(_ESCAPED.fullmatch(text, max(at - 2, 0), at) or _ESCAPED.fullmatch(text, max(at - 6, 0), at))
 
 
 _URL_PASSWORD = re.compile(

@@ -117,6 +117,16 @@ def test_secrets_never_reach_the_journal_not_even_compressed(
         assert secret.encode() not in path.read_bytes(), path
 
 
+def test_a_token_on_a_line_of_its_own_never_reaches_the_journal(tmp_path: Path) -> None:
+    """A key-shaped token that no variable names, at the start of a line of the prompt: the
+    journal keeps the request as JSON, where that line starts after `\\n`."""
+    token = "ghp_AbCdEf0123456789AbCdEf0123456789AbCd"
+    run = run_titled(tmp_path, idea=f"a tea shop\n{token}\nthat sells tea")
+    assert all(token not in m["content"] for e in read_exchanges(run) for m in e.messages)
+    for path in journal_path(run).parent.iterdir():
+        assert token.encode() not in path.read_bytes(), path
+
+
 def test_long_requests_are_compressed_and_read_back_whole(tmp_path: Path) -> None:
     idea = "a tea house " * 400                      # far over EXCHANGE_COMPRESS_AT
     run = run_titled(tmp_path, idea=idea)

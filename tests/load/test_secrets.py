@@ -3,6 +3,7 @@ text is token-shaped, and `scrub`, the redaction the journal, the pool and the r
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -75,12 +76,13 @@ def test_the_prefilter_never_misses_a_token_the_pattern_finds() -> None:
     text the pattern would change: tokens glued to words, at the start, after punctuation or a
     non-ASCII letter, shuffled with the words (`task_id`) that hold a prefix inside them."""
     rng = random.Random(28)
-    pieces = [*TOKENS.values(), "task_id", "risk_", "desk-", "ask_", "a", "é", "_", "-", " ", "\n",
+    pieces = [*TOKENS.values(), "task_id", "risk_", "desk-", "ask_", "a", "é", "_", "-", " ", "\n", "\t", "\x1b",
               "(", "'", "=", "/", "https://hooks.slack.com/", "discord.com/api/webhooks/"]
     for _ in range(3000):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 6)))
-        if secrets._TOKEN_SHAPES.search(text):
-            assert secrets._may_hold_token(text), text
+        for form in (text, json.dumps(text, ensure_ascii=False), json.dumps(text)):   # as journaled too
+            if secrets._TOKEN_SHAPES.search(form):
+                assert secrets._may_hold_token(form), form
     assert not secrets._may_hold_token('{"task_id": "3", "instruction": "risk_free desk-top"}')
 
 
@@ -90,6 +92,17 @@ def test_token_shapes_are_redacted_wherever_they_come_from(kind: str) -> None:
     text = scrub(f"the model wrote: key = '{token}' in config.py", ())
     assert token not in text and REDACTED in text
     assert text.startswith("the model wrote: key = '") and text.endswith("' in config.py")
+
+
+@pytest.mark.parametrize("kind", sorted(TOKENS))
+@pytest.mark.parametrize("before", ["\n", "\t", "\r", "\x1b", "line one\n"])
+def test_a_token_after_a_json_escape_is_redacted_in_the_json(kind: str, before: str) -> None:
+    """The journal scrubs JSON (exchanges, events): a key on a line of its own follows `\\n`,
+    a backslash and a letter, where the text itself has a word's start."""
+    token = TOKENS[kind]
+    text = scrub(json.dumps({"content": f"{before}{token}\nnext line"}, ensure_ascii=False), ())
+    assert token not in text and REDACTED in text and text.endswith('\\nnext line"}')
+    assert secrets._may_hold_token(json.dumps(f"{before}{token}"))
 
 
 def test_a_slack_webhook_keeps_its_host_and_loses_its_path() -> None:
