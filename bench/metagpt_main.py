@@ -162,13 +162,6 @@ def _source_commit() -> str | None:
     return proc.stdout.strip() or None
 
 
-if __name__ == "__main__":
-    if sys.argv[1:] == ["install"]:
-        print(install())
-    else:
-        print(available() or f"ready: {venv_python()}")
-
-
 def rolezero_requests(steps: int) -> list[list[dict]]:
     """The requests (each its messages) of one RoleZero loop of `steps` steps on the scripted
     model, its clock moving as a hosted model's answers would move it (bench/metagpt_rolezero.py
@@ -185,3 +178,11 @@ def rolezero_requests(steps: int) -> list[list[dict]]:
                 raise RuntimeError(f"MetaGPT main asked {found['unknown_calls']} prompt(s) the script does not know")
             return list(found["requests"])
     raise RuntimeError(f"MetaGPT main's RoleZero process ended ({proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["install"]:
+        print(install())
+    else:
+        print(available() or f"ready: {venv_python()}")
+

@@ -16,6 +16,10 @@ costs (lazy imports, caches), then the process prints a ready line and measures 
 runs for each line it reads on stdin, so the caller can interleave its own runs with these
 (both sides then see the same load). Replies are JSON lines prefixed `REPLY` (MetaGPT may
 print too). Standard library plus MetaGPT only.
+
+`--record STEPS` instead runs one loop of STEPS steps and replies with every request's
+messages (bench.prefix_bench replays them through a provider's caching rule), RoleZero's
+clock moved SECONDS_PER_CALL per call, as a hosted model's answers would move it.
 """
 from __future__ import annotations
 

@@ -238,8 +238,9 @@ class _Step:
     """Its commands are not run: its outputs are already what the model is shown (stuck)."""
     asked: str = ""
     """The step's own message as sent, without the results of the step before (see _turns)."""
-    _canonical: str = ""
-    _shown: str = ""
+    _canonical: str = field(default="", init=False, repr=False, compare=False)
+    _shown: str = field(default="", init=False, repr=False, compare=False)
+    """Worked out once each: its commands as compared for a repeat, its answer as the history shows it."""
 
     def canonical(self) -> str:
         """Its commands as compared for a repeat, worked out once (every later step compares
