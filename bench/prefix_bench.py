@@ -18,7 +18,8 @@ Two figures (issue 28, targets 1 and 2):
   model's size (bench/realistic_answers.py, the same texts for both engines; the target is
   judged on these). Target: at most 0.25x MetaGPT's. Beside it a floor (`quoted_answers`):
   the tokens of the answers' parts later requests quote word for word, which any engine
-  pays uncached once. The MGX team beside MetaGPT main's is not measured here.
+  pays uncached once. Then one tool loop beside MetaGPT main's RoleZero (`loop_pays`, when
+  its venv is there); the whole MGX team beside MetaGPT main's is not measured here.
 
     python -m bench.prefix_bench
 """
@@ -256,15 +257,21 @@ def loop_pays(steps: int = LOOP_STEPS) -> dict[str, Any]:
     except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
         out["metagpt"] = {"skipped": f"MetaGPT main failed: {str(exc).splitlines()[0][:300]}"}
         return out
-    their_tokens = _encode(theirs)[0]
-    out["metagpt"] = {**billed_input(their_tokens), "requests": len(theirs)}
-    out["metagpt_at_0.1"] = billed_input(their_tokens, 0.1)
+    _beside(out, theirs)
     out["metagpt_commit"] = metagpt_main._source_commit()
+    return out
+
+
+def _beside(out: dict[str, Any], theirs: list[str]) -> None:
+    """The other engine's requests through the caching rule, and sopctl's ratios to them
+    (`out` already holds sopctl's side and its figures at 0.1)."""
+    tokens = _encode(theirs)[0]
+    out["metagpt"] = {**billed_input(tokens), "requests": len(theirs)}
+    out["metagpt_at_0.1"] = billed_input(tokens, 0.1)
     out["ratio"] = round(out["sopctl"]["billed_equivalent"] / out["metagpt"]["billed_equivalent"], 3)
     out["ratio_at_0.1"] = round(out["sopctl_at_0.1"]["billed_equivalent"]
                                 / out["metagpt_at_0.1"]["billed_equivalent"], 3)
     out["input_ratio"] = round(out["sopctl"]["input_tokens"] / out["metagpt"]["input_tokens"], 3)
-    return out
 
 
 def _encode(texts: list[str]) -> tuple[list[list[int]], str]:
@@ -301,13 +308,7 @@ def pays(files: int, with_metagpt: bool, realistic: bool = False) -> dict[str, A
     except (RuntimeError, OSError, ValueError) as exc:
         out["metagpt"] = {"skipped": f"MetaGPT 0.8.2 failed: {str(exc).splitlines()[0][:300]}"}
         return out
-    their_tokens = _encode(theirs)[0]
-    out["metagpt"] = {**billed_input(their_tokens), "requests": len(theirs)}
-    out["metagpt_at_0.1"] = billed_input(their_tokens, 0.1)
-    out["ratio"] = round(out["sopctl"]["billed_equivalent"] / out["metagpt"]["billed_equivalent"], 3)
-    out["ratio_at_0.1"] = round(out["sopctl_at_0.1"]["billed_equivalent"]
-                                / out["metagpt_at_0.1"]["billed_equivalent"], 3)
-    out["input_ratio"] = round(out["sopctl"]["input_tokens"] / out["metagpt"]["input_tokens"], 3)
+    _beside(out, theirs)
     out["floor_ratio"] = round(out["floor"] / out["metagpt"]["billed_equivalent"], 3)
     return out
 
