@@ -302,9 +302,10 @@ cache off" are a file's very first run (`SOPCTL_NO_CACHE=1`). CPU time is the pr
 (every thread's) during the run. "Fan-out 1" runs
 every `for_each` one item at a time, as MetaGPT's engineer does: the engine-only
 comparison, without sopctl's parallel files. Prompt tokens: every prompt sent,
-counted with the same tokenizer for both. Every task file is checked to be written. MetaGPT
-makes 3 + 2 × files calls (its SummarizeCode stops before its model call in 0.8.2); sopctl
-makes one more, the summary it sends on."""
+counted with the same tokenizer for both. Every task file is checked to be written. Both
+make 3 + 2 × files calls: MetaGPT's SummarizeCode stops before its model call in 0.8.2 (its
+default max_auto_summarize_code=0), so sopctl's team is run without its summary, which only
+its QA engineer reads."""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,10 +9,11 @@ sopctl / MetaGPT of medians taken in this run; the spread (min-max) goes with it
 The sopctl side is `sopctl run --model <fake> --format json` called in-process through
 `engine.cli.main`, with the built-in `fake` wrapped so that the design's file list and the
 task list have `files` entries (the plain fake answers one-element lists). By default it
-runs `sops/software_company.sop.yaml` without its QA engineer, which is the team that
-MetaGPT's `generate_repo` hires by default (no `--run-tests`): PRD, design, tasks, code
-and a review per file, summary. The shipped file (with tests) is measured too, for calls
-and tokens.
+runs `sops/software_company.sop.yaml` without its QA engineer and the engineer's summary
+(only the QA engineer reads it), which is the team that MetaGPT's `generate_repo` hires by
+default (no `--run-tests`) and the calls it makes: PRD, design, tasks, code and a review per
+file (MetaGPT 0.8.2's summary stops before its model call). The shipped file (with tests
+and summary) is measured too, for calls and tokens.
 
     python -m bench.compare                 # full size (installs MetaGPT on first use)
     python -m bench.compare --quick         # tiny, sopctl only
@@ -101,14 +102,19 @@ def count_tokens(prompts: list[str]) -> tuple[int, str]:
 
 
 def no_qa_variant(source: Path, target: Path, fan_out: int | None = None) -> Path:
-    """The shipped SOP minus its QA engineer: MetaGPT's default team (no --run-tests);
-    with `fan_out`, every `for_each` runs at most that many items at once (1: one file after
-    another, as MetaGPT's engineer does)."""
+    """The shipped SOP minus its QA engineer and the engineer's summary, which only the QA
+    engineer reads: MetaGPT 0.8.2's default team (no --run-tests; its SummarizeCode stops
+    before its model call with the default max_auto_summarize_code=0), so both engines make
+    the same calls. With `fan_out`, every `for_each` runs at most that many items at once (1:
+    one file after another, as MetaGPT's engineer does)."""
     from ruamel.yaml import YAML
 
     data = YAML(typ="safe").load(source.read_text())
     data["roles"].pop("QaEngineer", None)
     data["actions"].pop("WriteTest", None)
+    data["actions"].pop("SummarizeCode", None)
+    engineer = data["roles"]["Engineer"]
+    engineer["actions"] = [name for name in engineer["actions"] if name != "SummarizeCode"]
     for action in data["actions"].values():
         if "Edward" in action.get("send_to", []):
             action["send_to"] = ["<all>"]
@@ -572,8 +578,8 @@ def markdown(res: dict[str, Any]) -> str:
     note = f"\n\nMetaGPT was not measured: `{res['metagpt_error']}`" if res.get("metagpt_error") else ""
     if res.get("sopctl_shipped"):
         shipped = res["sopctl_shipped"]
-        note += (f"\n\nThe shipped `sops/software_company.sop.yaml`, with its QA engineer writing one "
-                 f"test file per source file, makes {shipped['llm_calls']} calls and sends "
+        note += (f"\n\nThe shipped `sops/software_company.sop.yaml`, with its summary and its QA engineer "
+                 f"writing one test file per source file, makes {shipped['llm_calls']} calls and sends "
                  f"{shipped['prompt_tokens']:,} prompt tokens for the same {res['files']}-file task list.")
     return "\n".join(rows) + note + "\n\n" + _profile_table(res.get("profile"))
 

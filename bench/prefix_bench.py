@@ -188,8 +188,8 @@ def billed_input(prompts: list[list[int]], rate: float = CACHED_RATE) -> dict[st
 
 def quoted_answers(prompts: list[str], answers: list[str]) -> int:
     """Tokens of the answers' parts that a later request quotes word for word (a drafted file
-    in its review, the reviewed files in the summary, a PRD's or a design's fields in the next
-    document's request), each part once: text no earlier request held, so no cache has it
+    in its review, a PRD's or a design's fields in the next document's request, the reviewed
+    files in a summary), each part once: text no earlier request held, so no cache has it
     when it is first sent and any engine running this team on these answers pays it in full.
     A floor under every engine's billed-equivalent input, whatever its templates."""
     quoted = []
@@ -371,8 +371,8 @@ def main(size_factor: float = 1.0, with_metagpt: bool = True) -> dict[str, Any]:
                   "the file's own part last, so each one begins as the one before it: its cache hits are "
                   "high, and caching narrows sopctl's lead in input tokens.",
                   "", f"A floor: the answers' parts that a later request quotes word for word (each drafted "
-                  f"file in its review, the reviewed files in the summary, the documents' fields in the next "
-                  f"one's request) are {sized['floor']:,} tokens that no cache holds when they are first sent, "
+                  f"file in its review, the documents' fields in the next one's request) are "
+                  f"{sized['floor']:,} tokens that no cache holds when they are first sent, "
                   f"so any engine running this team on these answers pays them in full: "
                   f"**{sized['floor_ratio']:.3f}**x MetaGPT's billed-equivalent. What sopctl pays above it "
                   f"({sized['sopctl']['billed_equivalent'] - sized['floor']:,.0f} tokens) is its instructions, "

@@ -219,8 +219,13 @@ QUICK_SCHEMA: dict[str, Any] = {
 _QUICK_NOTE = ("## First, classify the request\nQUICK: a fact, a small calculation, a greeting, a short "
                "piece of code or a how-to you can answer now. AMBIGUOUS: too vague to act on (ask what is "
                "missing). SEARCH: needs fresh information from outside. TASK: needs your commands or "
-               "several steps. For QUICK and AMBIGUOUS also give `answer`, your reply (for AMBIGUOUS: "
-               "your question back).")
+               "several steps.\nThis time answer with no commands, only one JSON object and nothing else: "
+               '`intent` (one of TASK, QUICK, AMBIGUOUS, SEARCH), optionally `thought`, and for QUICK and '
+               "AMBIGUOUS also `answer`, your reply (for AMBIGUOUS: your question back). Your commands, if "
+               "any, come at the next step.")
+"""Quick think's question, after the loop's first message and answer format (so the loop's
+first step begins as this request does, up to here) with its own answer format: the
+provider's schema or grammar is QUICK_SCHEMA's."""
 
 
 async def run_tool_loop(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
@@ -285,7 +290,8 @@ class ToolLoop:
         if self.action.tool_top_k is not None:
             self._recommend(prompt, self.action.tool_top_k)
         # the system prompt and first message of every request of the loop, quick think's too
-        # (its note after them): each request begins as the one before it did
+        # (the loop's answer format, then its question): each request begins as the
+        # one before it did, up to what it adds
         system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
         first = self._first_message(prompt)
         if self.action.quick_think and self.state.from_user:   # RoleZero: only the user's requests
@@ -432,9 +438,10 @@ class ToolLoop:
     # -- asking ---------------------------------------------------------------------------
     async def _quick_answer(self, prompt: str, system: str) -> str | None:
         """RoleZero's quick think: the answer to a QUICK or AMBIGUOUS request, else None."""
-        spec = model_call(self.ctx, self.role_id, self.action_id, self.round, system=system,
-                          prompt=f"{prompt.rstrip()}\n\n{_QUICK_NOTE}", kind="json",
-                          schema=QUICK_SCHEMA, format="json", retries=self.action.max_retries)
+        spec = model_call(self.ctx, self.role_id, self.action_id, self.round, system=system, prompt=prompt,
+                          kind="json", schema=QUICK_SCHEMA, prompt_schema=self.schema,
+                          turns=({"role": "user", "content": _QUICK_NOTE},), format="json",
+                          retries=self.action.max_retries)
         value = (await call_gateway(self.ctx, spec)).value
         answer = str(value.get("answer") or "").strip()
         if value.get("intent") in ("QUICK", "AMBIGUOUS") and answer:

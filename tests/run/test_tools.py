@@ -395,6 +395,18 @@ def test_quick_think_runs_the_loop_for_a_task(tmp_path: Path) -> None:
     assert result.messages[-1].content == "built" and model.calls == 2
 
 
+def test_the_loops_first_step_begins_as_quick_think_did(tmp_path: Path) -> None:
+    """A provider caches the quick think's request for the loop: the first step's request is
+    it, word for word, up to the classification question (the loop's answer format before it)."""
+    model = ScriptedModel([{"intent": "TASK"}, step(("end", {"answer": "built"}))])
+    assert run_sop(sop_text(QUICK), model, tmp_path / "ws").status == "idle"
+    quick, first = (request.messages for request in model.requests)
+    assert len(quick) == len(first) == 2 and quick[0] == first[0]   # the same system prompt
+    asked, note = quick[1]["content"].split("## First, classify the request")
+    assert first[1]["content"].startswith(asked) and "command_name" in asked   # the loop's format
+    assert "classify" not in first[1]["content"] and "`intent`" in note
+
+
 def test_quick_think_needs_a_text_output() -> None:
     text = WRITER.replace("tools: [editor, plan]", "tools: [editor]\n    quick_think: true")
     assert _codes(text) == [("SOP222", "/actions/Write/quick_think")]
