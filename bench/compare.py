@@ -408,7 +408,7 @@ def _measure(system: str, reps: int, files: int, latency_ms: float, sop: Path) -
     return [run_sopctl(files, latency_ms, sop, warm=latency_ms == 0) for _ in range(reps)]
 
 
-def compare(reps: int = 5, files: int = 10, latencies: tuple[float, float] = (0.0, 200.0),
+def compare(reps: int = 6, files: int = 10, latencies: tuple[float, float] = (0.0, 200.0),
             with_metagpt: bool = True, log=print) -> dict[str, Any]:
     """All runs, alternating systems per repetition; summaries per system and latency."""
     out: dict[str, Any] = {"files": files, "reps": reps, "latencies_ms": list(latencies)}

@@ -556,9 +556,13 @@ class Journal(JournalReader):
             del self._threads[next(iter(self._threads))]
         if before is None or before[0] == request_hash:
             return exchange
-        keep, old = 0, before[1]
-        while keep < min(len(old), len(messages)) and old[keep] == messages[keep]:
-            keep += 1
+        old = before[1]
+        if len(old) <= len(messages) and messages[:len(old)] == old:   # a step: all of it, in one comparison
+            keep = len(old)
+        else:
+            keep = 0
+            while keep < min(len(old), len(messages)) and old[keep] == messages[keep]:
+                keep += 1
         if keep < 2:
             return exchange
         return {**exchange, "messages": messages[keep:], "base": before[0], "keep": keep}

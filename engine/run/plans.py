@@ -4,6 +4,8 @@ by the `plan` tool (tools/plan.py)."""
 
 from __future__ import annotations
 
+import heapq
+from collections import Counter
 from typing import Any
 
 from engine.load.spec import PlannerSpec
@@ -26,7 +28,7 @@ def order_plan(out: Any, planner: PlannerSpec | None = None) -> tuple[list[dict[
         raise PlanError(f"task {untyped[0]['task_id']} has task_type {untyped[0].get('task_type')!r}; "
                         f"the task types are {', '.join(planner.task_actions)}")
     ids = [str(t["task_id"]) for t in tasks]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    duplicates = sorted(i for i, n in Counter(ids).items() if n > 1)
     if duplicates:
         raise PlanError(f"duplicate task ids: {', '.join(duplicates)}")
     known, warnings = set(ids), []
@@ -41,16 +43,27 @@ def order_plan(out: Any, planner: PlannerSpec | None = None) -> tuple[list[dict[
 
 def _topological(tasks: list[dict[str, Any]], ids: list[str],
                  deps: dict[str, list[str]]) -> list[dict[str, Any]]:
-    done: set[str] = set()
+    """At each turn the first task in plan order whose dependencies are done (a heap of the
+    ready tasks' places): n log n, as a plan is ordered again at every command that changes it."""
+    place = {tid: index for index, tid in enumerate(ids)}
+    waiting = {tid: len(set(deps[tid])) for tid in ids}
+    dependents: dict[str, list[str]] = {}
+    for tid in ids:
+        for dep in set(deps[tid]):
+            dependents.setdefault(dep, []).append(tid)
+    ready = [place[tid] for tid in ids if not waiting[tid]]
+    heapq.heapify(ready)
     ordered: list[dict[str, Any]] = []
-    pending = list(zip(ids, tasks, strict=True))
-    while pending:
-        ready = next((p for p in pending if all(d in done for d in deps[p[0]])), None)
-        if ready is None:
-            raise PlanError(f"the tasks depend on each other in a cycle: {', '.join(i for i, _ in pending)}")
-        pending.remove(ready)
-        done.add(ready[0])
-        ordered.append(ready[1])
+    while ready:
+        index = heapq.heappop(ready)
+        ordered.append(tasks[index])
+        for later in dependents.get(ids[index], ()):
+            waiting[later] -= 1
+            if not waiting[later]:
+                heapq.heappush(ready, place[later])
+    if len(ordered) < len(tasks):
+        cycle = [tid for tid in ids if waiting[tid]]
+        raise PlanError(f"the tasks depend on each other in a cycle: {', '.join(cycle)}")
     return ordered
 
 

@@ -7,6 +7,8 @@ from typing import Any
 from collections.abc import Callable
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from run_helpers import TESTS, default_answer, logs, run_sop, sop, sop_text
 
 from engine.models.types import CallSpec
@@ -171,6 +173,29 @@ def test_order_plan_rejects_what_is_not_a_plan() -> None:
     with pytest.raises(PlanError):
         order_plan(["a"])
     assert order_plan({"tasks": []}) == ([], [])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 11), max_size=4), min_size=1, max_size=12))
+def test_a_plan_runs_each_task_once_its_dependencies_are_done_earliest_first(deps: list[list[int]]) -> None:
+    """The order is: at each turn, the first task in plan order whose dependencies are done
+    (the slow reading of it beside the plan's), or a cycle named; ids are shuffled names."""
+    ids = [f"t{(7 * i) % 13}" for i in range(len(deps))]
+    tasks = [{"task_id": tid, "dependent_task_ids": [ids[d] for d in ds if d < len(ids)]}
+             for tid, ds in zip(ids, deps, strict=True)]
+    done: list[str] = []
+    pending = list(tasks)
+    while pending:
+        ready = next((t for t in pending if all(d in done for d in t["dependent_task_ids"])), None)
+        if ready is None:
+            break
+        pending.remove(ready)
+        done.append(ready["task_id"])
+    if pending:
+        with pytest.raises(PlanError, match="cycle: " + ", ".join(t["task_id"] for t in pending) + "$"):
+            order_plan({"tasks": tasks})
+    else:
+        assert [t["task_id"] for t in order_plan({"tasks": tasks})[0]] == done
 
 
 def test_a_model_error_during_the_choice_fails_the_run(tmp_path: Path) -> None:

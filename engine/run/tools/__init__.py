@@ -14,6 +14,7 @@ budget).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -62,7 +63,14 @@ class Builtins:
         handler = getattr(self.toolsets.get(toolset), "do_" + command, None)
         if handler is None or not inspect.iscoroutinefunction(handler):
             raise ToolError(f"command {name} not found")
-        if "call_key" in inspect.signature(handler).parameters:   # journaled by its own key (human.ask)
+        if _takes_call_key(getattr(handler, "__func__", handler)):   # journaled by its own key (human.ask)
             args = {**args, "call_key": call_key}
         result = await handler(**args)
         return result if isinstance(result, Outcome) else Outcome(str(result))
+
+
+@functools.cache
+def _takes_call_key(function: Any) -> bool:
+    """Whether a command's handler takes the call's journal key (looked up once per handler:
+    a tool loop runs the same commands step after step)."""
+    return "call_key" in inspect.signature(function).parameters
