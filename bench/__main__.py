@@ -205,6 +205,8 @@ def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
                               f"{side['n']} pairs)", side[stat], ">= 0.9"))
     if isinstance(prefix.get("loop_ratio"), (int, float)):
         found.append((prefix["loop_ratio_label"], prefix["loop_ratio"], "<= 0.25"))
+    if isinstance(prefix.get("team_ratio"), (int, float)):
+        found.append((prefix["team_ratio_label"], prefix["team_ratio"], "<= 0.25"))
     cpu = (((res.get("validate") or {}).get("cold") or {}).get("cpu") or {}).get("ratio")
     if isinstance(cpu, (int, float)):
         found.append(("cold `sopctl validate` / bare imports of pydantic, jinja2, networkx (CPU)", cpu, "<= 2"))

@@ -17,7 +17,9 @@ it), then the source itself with `--no-deps -e`. `SOPCTL_METAGPT_MAIN_VENV` poin
 made elsewhere. When the venv is missing, the benches that use it say so and measure sopctl
 alone (`available()`); they never fail for it.
 
-`rolezero` starts bench/metagpt_rolezero.py inside that venv, offline: HOME holds a dummy
+`rolezero` starts bench/metagpt_rolezero.py inside that venv (`rolezero_requests` records
+one loop with it; `mgx_run` / `mgx_requests` record MGX's whole default team with
+bench/metagpt_mgx.py), offline: HOME holds a dummy
 config (MetaGPT refuses to import without one), and TIKTOKEN_CACHE_DIR a copy of the
 `cl100k_base` file litellm ships (MetaGPT's editor counts tokens; tiktoken would otherwise
 download the encoding).
@@ -38,15 +40,17 @@ from pathlib import Path
 
 from bench.metagpt_baseline import offline_env
 
-__all__ = ["VENV", "SOURCE", "available", "venv_python", "install", "rolezero", "rolezero_requests"]
+__all__ = ["VENV", "SOURCE", "available", "venv_python", "install", "rolezero", "rolezero_requests", "mgx_run",
+           "mgx_requests"]
 
 BENCH_DIR = Path(__file__).resolve().parent
 CACHE = BENCH_DIR / ".cache"
 SOURCE = CACHE / "metagpt-main-src"
 VENV = Path(os.environ.get("SOPCTL_METAGPT_MAIN_VENV") or CACHE / "metagpt-main-venv")
 RUNNER = BENCH_DIR / "metagpt_rolezero.py"
+MGX_RUNNER = BENCH_DIR / "metagpt_mgx.py"
 RUN_TIMEOUT_S = 900
-REPLY = "@@rolezero-bench "   # metagpt_rolezero.REPLY: its replies among what MetaGPT prints
+REPLY = "@@rolezero-bench "   # metagpt_rolezero.REPLY (metagpt_mgx's too): its replies among what MetaGPT prints
 _TIKTOKEN_FILE = "9b5ad71b2ce5302211f9c61530b329a4922fc6a4"   # cl100k_base, as tiktoken names it
 
 
@@ -166,18 +170,43 @@ def rolezero_requests(steps: int) -> list[list[dict]]:
     """The requests (each its messages) of one RoleZero loop of `steps` steps on the scripted
     model, its clock moving as a hosted model's answers would move it (bench/metagpt_rolezero.py
     --record). Raises RuntimeError if the process fails."""
+    return list(_recorded([str(RUNNER), "--record", str(steps)], "RoleZero")["requests"])
+
+
+def mgx_run() -> dict:
+    """MetaGPT main's MGX team (TeamLeader, ProductManager, Architect, Engineer2, DataAnalyst in
+    an MGXEnv) on bench/mgx_scenario.py's scripted scenario (bench/metagpt_mgx.py --record):
+    `requests` (each its messages), `calls` (each request's role and kind, e.g. "Alice:
+    summary") and the files it wrote. Raises RuntimeError if the process fails or a file is
+    missing."""
+    found = _recorded([str(MGX_RUNNER), "--record"], "MGX team")
+    missing = set(found["files_expected"]) - set(found["files_written"])
+    if missing:
+        raise RuntimeError(f"MetaGPT main's MGX team did not write {sorted(missing)} ({found['calls']})")
+    return found
+
+
+def mgx_requests() -> list[list[dict]]:
+    """The requests (each its messages) of MetaGPT main's MGX team on the scripted scenario
+    (`mgx_run`). Raises RuntimeError if the process fails."""
+    return list(mgx_run()["requests"])
+
+
+def _recorded(command: list[str], what: str) -> dict:
+    """Runs one of the recording scripts (`command`: the script and its arguments) in MetaGPT
+    main's venv, offline, and returns its reply; RuntimeError if it fails, or if MetaGPT asked
+    something the script does not know."""
     with tempfile.TemporaryDirectory(prefix="metagpt-main-bench-") as tmp:
         env = _offline_env(Path(tmp))
-        proc = subprocess.run([str(venv_python()), str(RUNNER), "--record", str(steps)], env=env,
-                              cwd=env["METAGPT_PROJECT_ROOT"], capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT_S)
+        proc = subprocess.run([str(venv_python()), *command], env=env, cwd=env["METAGPT_PROJECT_ROOT"],
+                              capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     for line in proc.stdout.splitlines():
         if line.startswith(REPLY):
-            found = json.loads(line[len(REPLY):])
+            found: dict = json.loads(line[len(REPLY):])
             if found["unknown_calls"]:
                 raise RuntimeError(f"MetaGPT main asked {found['unknown_calls']} prompt(s) the script does not know")
-            return list(found["requests"])
-    raise RuntimeError(f"MetaGPT main's RoleZero process ended ({proc.returncode}):\n{proc.stderr[-3000:]}")
+            return found
+    raise RuntimeError(f"MetaGPT main's {what} process ended ({proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
 if __name__ == "__main__":

@@ -18,8 +18,13 @@ Two figures (issue 28, targets 1 and 2):
   model's size (bench/realistic_answers.py, the same texts for both engines; the target is
   judged on these). Target: at most 0.25x MetaGPT's. Beside it a floor (`quoted_answers`):
   the tokens of the answers' parts later requests quote word for word, which any engine
-  pays uncached once. Then one tool loop beside MetaGPT main's RoleZero (`loop_pays`, when
-  its venv is there); the whole MGX team beside MetaGPT main's is not measured here.
+  pays uncached once. Then MetaGPT main (bench/metagpt_main.py, when its venv is there):
+  one tool loop beside its RoleZero (`loop_pays`), and the whole MGX team beside its MGX
+  team (`team_pays`: TeamLeader, ProductManager, Architect, Engineer2 and DataAnalyst in an
+  MGXEnv, bench/metagpt_mgx.py; one scripted scenario for both, bench/mgx_scenario.py: Mike
+  assigns a PRD, a design and the code in turn, each member writes its file and ends; the
+  same files, the same texts; every request of each run, MetaGPT's language checks, replies
+  and summaries too; sopctl's side runs without the venv as well). Target: at most 0.25x each.
 
     python -m bench.prefix_bench
 """
@@ -38,7 +43,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-__all__ = ["main", "prefix_shares", "billed_input"]
+__all__ = ["main", "prefix_shares", "billed_input", "team_pays"]
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARE_TARGET = 0.9
@@ -120,7 +125,8 @@ class _Recorder:
     """Wraps a provider: keeps each request's (role.action, text)."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner, self.requests = inner, []
+        self.inner = inner
+        self.requests: list[tuple[str, str]] = []
 
     def supports_schema(self, model: str) -> bool:
         return bool(self.inner.supports_schema(model))
@@ -262,6 +268,98 @@ def loop_pays(steps: int = LOOP_STEPS) -> dict[str, Any]:
     return out
 
 
+class _TeamScript:
+    """sopctl's side of bench/mgx_scenario.py: each role's answer by its name, its turn and its
+    step (a function of the request, so the order across roles is the run's own); `calls`:
+    each request's role and kind, as bench/metagpt_mgx.py names them."""
+
+    def __init__(self, names: dict[str, str]) -> None:
+        self.names = names
+        self.turns: dict[str, int] = {}
+        self.calls: list[str] = []
+
+    def __call__(self, spec: Any, attempt: int) -> Any:
+        from bench import mgx_scenario
+
+        name = self.names[spec.role]
+        if attempt:   # a re-ask: the scenario's answers are all valid, so the run is not the scenario's
+            return RuntimeError(f"sopctl re-asked {name} ({spec.action}, step {spec.tool_step})")
+        if spec.tool_step < 0:   # Mike's quick think on the user's message
+            self.calls.append(f"{name}: quick think")
+            return {"thought": "the user asks for software; the team builds it.", "intent": "TASK"}
+        self.calls.append(f"{name}: command")
+        if spec.tool_step == 0:
+            self.turns[name] = self.turns.get(name, -1) + 1
+        if name == "Mike":
+            return mgx_scenario.sopctl_leader(self.turns[name])
+        return mgx_scenario.sopctl_member(name, spec.tool_step)
+
+
+def team_requests() -> tuple[list[str], list[str]]:
+    """The shipped MGX team (sops/mgx_team.sop.yaml) on bench/mgx_scenario.py's scenario: every
+    request's text, and each one's role and kind. Raises RuntimeError if a file is not written
+    as the scenario has it."""
+    from bench import mgx_scenario
+    from engine.compile.compiler import compile_path
+    from engine.testing import ScriptedModel
+
+    compiled = compile_path(ROOT / "sops" / "mgx_team.sop.yaml")
+    script = _TeamScript({rid: compiled.spec.role_name(rid) for rid in compiled.spec.roles})
+    recorder = _Recorder(ScriptedModel(script))
+    with tempfile.TemporaryDirectory() as folder:
+        workspace = Path(folder) / "ws"
+        _run(compiled, {"idea": mgx_scenario.IDEA}, recorder, "local", workspace, allow_exec=True)
+        wrong = [path for path, text in mgx_scenario.files().items()
+                 if not (workspace / path).exists() or (workspace / path).read_text(encoding="utf-8") != text]
+    if wrong:
+        raise RuntimeError(f"sopctl's MGX team did not write {wrong} as the scenario has them ({script.calls})")
+    return [text for _, text in recorder.requests], script.calls
+
+
+def _per_role(calls: list[str]) -> dict[str, dict[str, int]]:
+    """"Alice: summary"-style calls counted by role (in the order they first call) and kind."""
+    counted: dict[str, dict[str, int]] = {}
+    for call in calls:
+        name, _, kind = call.partition(": ")
+        counted.setdefault(name, {})
+        counted[name][kind] = counted[name].get(kind, 0) + 1
+    return counted
+
+
+def _calls_line(counted: dict[str, dict[str, int]]) -> str:
+    return "; ".join(f"{name} {sum(kinds.values())} ({', '.join(f'{kind} {n}' for kind, n in kinds.items())})"
+                     for name, kinds in counted.items())
+
+
+def team_pays(with_metagpt: bool = True) -> dict[str, Any]:
+    """The whole MGX team beside MetaGPT main's (TeamLeader, ProductManager, Architect,
+    Engineer2, DataAnalyst in an MGXEnv; bench/metagpt_mgx.py): the same scenario and the same
+    files on both sides (bench/mgx_scenario.py), each in its engine's command format; every
+    request of each run (MetaGPT's intent check, language checks, the members' replies to the
+    human and summaries too) replayed through the caching rule. RoleZero's clock moves 5 s per
+    call, as in `loop_pays`. Without `with_metagpt`, sopctl's side alone (the scenario still
+    runs, in seconds)."""
+    from bench import metagpt_main
+
+    ours, calls = team_requests()
+    tokens = _encode(ours)[0]
+    out: dict[str, Any] = {"sopctl": {**billed_input(tokens), "requests": len(ours)},
+                           "sopctl_at_0.1": billed_input(tokens, 0.1), "sopctl_calls": _per_role(calls)}
+    missing = metagpt_main.available() if with_metagpt else "not asked for"
+    if missing:
+        out["metagpt"] = {"skipped": missing}
+        return out
+    try:
+        theirs = metagpt_main.mgx_run()
+    except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as exc:
+        out["metagpt"] = {"skipped": f"MetaGPT main failed: {str(exc).splitlines()[0][:300]}"}
+        return out
+    _beside(out, [request_text(messages) for messages in theirs["requests"]])
+    out["metagpt_calls"] = _per_role(theirs["calls"])
+    out["metagpt_commit"] = metagpt_main._source_commit()
+    return out
+
+
 def _beside(out: dict[str, Any], theirs: list[str]) -> None:
     """The other engine's requests through the caching rule, and sopctl's ratios to them
     (`out` already holds sopctl's side and its figures at 0.1)."""
@@ -393,6 +491,31 @@ def main(size_factor: float = 1.0, with_metagpt: bool = True) -> dict[str, Any]:
             figures.update(loop_ratio=loop_paid["ratio"], loop_ratio_label=(
                 "billed-equivalent input tokens under OpenAI's prompt caching, one tool loop "
                 "(sopctl / MetaGPT main's RoleZero)"))
+    team_paid = team_pays(with_metagpt)
+    figures["pays_team"] = team_paid
+    commit = team_paid.get("metagpt_commit", "")
+    lines += _pays_table(team_paid, (
+        f"The whole MGX team beside MetaGPT main's{f' ({commit})' if commit else ''} (TeamLeader, ProductManager, "
+        "Architect, Engineer2 and DataAnalyst in an MGXEnv, as `metagpt IDEA` hires them), both on the same "
+        "scripted scenario (bench/mgx_scenario.py): the user asks for a command-line 2048 game; Mike plans three "
+        "tasks and assigns the PRD to Alice, the design to Bob, the code to Alex, one turn each, and tells the "
+        "user when it is done; each member writes one file of a hosted model's size (the same texts on both "
+        "sides) with the editor, then ends. Every request of each run (MetaGPT's intent check, language "
+        f"checks, the members' replies to the human and summaries too), {rule}; RoleZero's clock moves 5 s "
+        "per call:"), other="MetaGPT main MGX team")
+    for engine, key in (("sopctl", "sopctl_calls"), ("MetaGPT main", "metagpt_calls")):
+        if key in team_paid:
+            lines += ["", f"{engine}'s calls: {_calls_line(team_paid[key])}."]
+    if "ratio" in team_paid:
+        lines += ["", "The calls MetaGPT main makes besides the steps are its own: each role's language check "
+                  "on its first turn, and each member's reply to the human and summary at `end` (sopctl's "
+                  "members end with their summary, which goes to Mike). RoleZero's system prompt, first in each "
+                  "step's request, says the time to the second within its first lines, so no step's request "
+                  "begins as an earlier one for long; MetaGPT's cache hits are each member's summary request, "
+                  "which begins as its reply to the human did."]
+        figures.update(team_ratio=team_paid["ratio"], team_ratio_label=(
+            "billed-equivalent input tokens under OpenAI's prompt caching, the MGX team "
+            "(sopctl / MetaGPT main's MGX team)"))
     figures["markdown"] = "\n".join(lines)
     print(figures["markdown"])
     print(json.dumps({k: v for k, v in figures.items() if k != "markdown"}), file=sys.stderr)
