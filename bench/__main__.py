@@ -218,6 +218,7 @@ def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
             target = result.get("target", "")
             target = f"<= {target}" if isinstance(target, (int, float)) else str(target)
             found.append((result.get("ratio_label") or titles[name], result["ratio"], target))
+            found += [tuple(row) for row in result.get("more_ratios") or ()]
     if not found:
         return []
     return ["| figure | value | target | met |", "|---|---|---|---|"] + [

@@ -111,14 +111,16 @@ def _tiktoken_file() -> Path | None:
 
 
 @contextlib.contextmanager
-def rolezero(small: int, large: int) -> Iterator[tuple[dict, Callable[[], float]]]:
-    """A RoleZero process (bench/metagpt_rolezero.py) ready to measure: yields its ready line
+def rolezero(small: int, large: int, role: str = "rolezero") -> Iterator[tuple[dict, Callable[[], float]]]:
+    """A RoleZero process (bench/metagpt_rolezero.py; `role`: a bare RoleZero with the Plan tool,
+    or `engineer2`, MGX's engineer) ready to measure: yields its ready line
     (with the version and this checkout's commit) and a function that runs one pair of runs
     and returns its CPU seconds per extra step. Raises RuntimeError if the process fails."""
     with tempfile.TemporaryDirectory(prefix="metagpt-main-bench-") as tmp, \
             open(Path(tmp) / "stderr", "w+") as err:
         env = _offline_env(Path(tmp))
-        proc = subprocess.Popen([str(venv_python()), str(RUNNER), "--steps", f"{small},{large}"], env=env,
+        proc = subprocess.Popen([str(venv_python()), str(RUNNER), "--steps", f"{small},{large}",
+                                 "--role", role], env=env,
                                 cwd=env["METAGPT_PROJECT_ROOT"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, text=True)
         watchdog = threading.Timer(RUN_TIMEOUT_S, proc.kill)   # a hung run must not hang the bench

@@ -86,14 +86,30 @@ def install_fake(steps: list[int], recording: bool = False) -> None:
     BaseLLM.acompletion_text = fake_completion_text
 
 
-async def one_run(steps: int) -> float:
-    """CPU seconds of one RoleZero run of `steps` steps (a new role each time)."""
-    from metagpt.actions import UserRequirement
+ROLES = ("rolezero", "engineer2")
+"""`rolezero`: a bare RoleZero holding the Plan tool alone; `engineer2`: MGX's engineer
+(Engineer2, its default tools: Plan, Editor, Terminal, Browser, CodeReview, ...), whose think
+reads the terminal's folder and the editor's file into every step's prompt."""
+
+
+def make_role(kind: str, steps: int):
+    """A new role of `kind` (ROLES) that may take `steps` steps and a few more."""
+    if kind == "engineer2":
+        from metagpt.roles.di.engineer2 import Engineer2
+
+        return Engineer2(max_react_loop=steps + 5, use_summary=True)
     from metagpt.roles.di.role_zero import RoleZero
+
+    return RoleZero(tools=["Plan"], max_react_loop=steps + 5, use_summary=True)
+
+
+async def one_run(steps: int, kind: str = "rolezero") -> float:
+    """CPU seconds of one run of `steps` steps of a new role of `kind` (ROLES)."""
+    from metagpt.actions import UserRequirement
     from metagpt.schema import UserMessage
 
     STATS["steps"] = 0
-    role = RoleZero(tools=["Plan"], max_react_loop=steps + 5, use_summary=True)
+    role = make_role(kind, steps)
     role._watch([UserRequirement])    # as the MGX roles do: the user's request starts it
     started = time.process_time()
     await role.run(UserMessage(content="Plan a small command-line game."))
@@ -127,17 +143,17 @@ def reply(obj: dict) -> None:
     print(REPLY + json.dumps(obj), flush=True)
 
 
-async def serve(small: int, large: int, current: list[int]) -> None:
+async def serve(small: int, large: int, current: list[int], kind: str) -> None:
     """One untimed run, then one pair of runs per line on stdin, until it closes."""
     current[0] = small
-    await one_run(small)
+    await one_run(small, kind)
     reply({"ready": True, "version": importlib.metadata.version("metagpt")})
     while sys.stdin.readline():
         current[0] = small
-        low = await one_run(small)
+        low = await one_run(small, kind)
         current[0] = large
         before = STATS["prompt_chars"]
-        high = await one_run(large)
+        high = await one_run(large, kind)
         reply({"cpu_s_per_step": (high - low) / (large - small), "unknown_calls": STATS["unknown"],
                "prompt_chars_large_run": STATS["prompt_chars"] - before})
 
@@ -145,6 +161,7 @@ async def serve(small: int, large: int, current: list[int]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", default="5,40", help="SMALL,LARGE step counts")
+    ap.add_argument("--role", choices=ROLES, default="rolezero", help="the role measured (ROLES)")
     ap.add_argument("--record", type=int, default=0, metavar="STEPS",
                     help="instead: one run of STEPS steps, replying with every request's messages")
     args = ap.parse_args()
@@ -158,7 +175,7 @@ def main() -> None:
         return
     current = [small]
     install_fake(current)
-    asyncio.run(serve(small, large, current))
+    asyncio.run(serve(small, large, current, args.role))
 
 
 if __name__ == "__main__":

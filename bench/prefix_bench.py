@@ -247,8 +247,7 @@ def loop_pays(steps: int = LOOP_STEPS) -> dict[str, Any]:
     from engine.testing import ScriptedModel
 
     recorder = _Recorder(ScriptedModel(toolloop_bench._answers(steps)))
-    plan_only = toolloop_bench.SOP.replace("tools: [plan, editor]", "tools: [plan]")   # RoleZero's Plan
-    assert plan_only != toolloop_bench.SOP
+    plan_only = toolloop_bench.sop_text(["plan"])   # RoleZero's Plan
     with tempfile.TemporaryDirectory() as folder:
         _run(compile_text(plan_only), {"idea": "a game"}, recorder, "local", Path(folder) / "ws")
     ours = _encode([text for _, text in recorder.requests])[0]

@@ -9,14 +9,18 @@ next step with the plan's status and the steps so far) and the last step `end`. 
   events report them) / steps, min / median / max of `REPEATS` runs, with and without the
   journal (a SQLite file in a temporary folder, every answer and event committed); target
   2 ms without;
-- CPU per extra tool step, sopctl and MetaGPT main's RoleZero in the same run: (CPU of a run
-  of STEPS steps - CPU of a run of a few) / the steps between, so each run's fixed costs
-  cancel out; min / median / max of `REPEATS` rounds, each one pair of runs of sopctl, of
-  sopctl journaled and of RoleZero in turn, and the ratios per round (min / median / max),
-  so a shared machine's changing load hits both sides of a ratio alike. RoleZero
-  runs the same scenario (its Plan.append_task, in its own answer format, then `end`) on a
-  scripted model in MetaGPT main's own venv (bench/metagpt_rolezero.py): its prompt
-  building, command parsing, duplicate check and Plan tool all run for real.
+- CPU per extra tool step, sopctl and MetaGPT main in the same run: (CPU of a run of STEPS
+  steps - CPU of a run of a few) / the steps between, so each run's fixed costs cancel out;
+  min / median / max of `REPEATS` rounds, each one pair of runs of sopctl, of sopctl
+  journaled and of MetaGPT in turn, and the ratios per round (min / median / max), so a
+  shared machine's changing load hits both sides of a ratio alike. MetaGPT runs the same
+  scenario (its Plan.append_task, in its own answer format, then `end`) on a scripted model in
+  MetaGPT main's own venv (bench/metagpt_rolezero.py): its prompt building, command parsing,
+  duplicate check and tools all run for real. Two loops (SCENARIOS): the plan tool alone (a
+  bare RoleZero), and an MGX engineer (sops/mgx_team.sop.yaml's WriteCode tools beside MGX's
+  Engineer2 with its default tools, the role the issue's baseline measured: its every step
+  reads the terminal's folder and renders its tools' schemas and examples). The summary's row
+  is the engineer's; the plan tool's is shown beside it.
 
 MetaGPT main is not on a package index: install it once (about 8 minutes) as
 bench/metagpt_main.py says:
@@ -33,6 +37,7 @@ Without that venv the MetaGPT side is skipped, and the bench says so (CI has non
 from __future__ import annotations
 
 import contextlib
+import json
 import statistics
 import sys
 import tempfile
@@ -44,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 __all__ = ["main"]
 
-SOP = """
+_SOP = """
 apiVersion: sop/v1
 name: toolloop_bench
 inputs:
@@ -52,13 +57,28 @@ inputs:
 actions:
   Work:
     prompt: "Plan {{ inputs.idea }}"
-    tools: [plan, editor]
+    tools: TOOLS
     max_steps: 100
 roles:
   Worker:
     actions: [Work]
     watch: [UserRequirement]
 """
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    # the loop alone: sopctl's plan and editor, a RoleZero holding the Plan tool alone
+    "plan": {"tools": ["plan", "editor"], "role": "rolezero", "label": "MetaGPT main RoleZero, Plan tool alone"},
+    # an MGX engineer: the tools of sops/mgx_team.sop.yaml's WriteCode beside MGX's Engineer2 with
+    # its default tools (the issue's own baseline: the roles of the MGX team)
+    "engineer": {"tools": ["editor", "terminal", "plan", "human.ask"], "role": "engineer2",
+                 "label": "MetaGPT main Engineer2, its default tools"},
+}
+"""Two loops measured beside MetaGPT main: each the same steps, with a different tool set."""
+
+
+def sop_text(tools: list[str]) -> str:
+    """The bench's SOP: one action, a tool loop with `tools`."""
+    return _SOP.replace("TOOLS", json.dumps(tools))
 
 
 def _answers(steps: int) -> list[dict[str, Any]]:
@@ -68,7 +88,7 @@ def _answers(steps: int) -> list[dict[str, Any]]:
     return [*plan, {"thought": "done", "commands": [{"command_name": "end", "args": {"answer": "planned"}}]}]
 
 
-def _one(steps: int, journal: bool) -> tuple[float, float]:
+def _one(steps: int, journal: bool, scenario: str = "plan") -> tuple[float, float]:
     """One run: engine seconds per step (wall less the model's and the tools' own), and the
     run's CPU seconds."""
     from engine import api
@@ -87,10 +107,10 @@ def _one(steps: int, journal: bool) -> tuple[float, float]:
 
     model = ScriptedModel(_answers(steps))
     sink = Sink()
-    compiled = compile_text(SOP)
+    compiled = compile_text(sop_text(SCENARIOS[scenario]["tools"]))
     with tempfile.TemporaryDirectory() as folder:
         options = api.RunOptions(observers=[sink], gateway=Gateway(providers={"local": model}),
-                                 workspace=Path(folder) / "ws", model="local")
+                                 workspace=Path(folder) / "ws", model="local", allow_exec=True)
         started, cpu = time.perf_counter(), time.process_time()
         result = api.run(compiled, {"idea": "a game"}, options, journal=journal)
         wall, cpu = time.perf_counter() - started, time.process_time() - cpu
@@ -107,9 +127,9 @@ def _spread(values: list[float]) -> dict[str, float]:
             "max_ms": round(max(values) * 1000, 3)}
 
 
-def _sopctl_pair(small: int, large: int, journal: bool) -> float:
+def _sopctl_pair(small: int, large: int, journal: bool, scenario: str) -> float:
     """CPU seconds per extra step: a run of `large` steps less one of `small`."""
-    low, high = _one(small, journal)[1], _one(large, journal)[1]
+    low, high = _one(small, journal, scenario)[1], _one(large, journal, scenario)[1]
     return (high - low) / (large - small)
 
 
@@ -119,7 +139,7 @@ def _failed(exc: Exception) -> dict[str, str]:
     return {"skipped": " / ".join(line.strip() for line in lines if line.strip())[-500:]}
 
 
-def _cpu(small: int, large: int, repeats: int, with_metagpt: bool) -> dict[str, Any]:
+def _cpu(small: int, large: int, repeats: int, with_metagpt: bool, scenario: str = "plan") -> dict[str, Any]:
     """CPU per extra step, sopctl (without and with the journal) and RoleZero, interleaved
     round by round (one pair of each per round), so a change of load on a shared machine
     hits all three alike; the ratios are per round. A MetaGPT failure skips its side only."""
@@ -132,19 +152,19 @@ def _cpu(small: int, large: int, repeats: int, with_metagpt: bool) -> dict[str, 
         pair = None
         if not missing:
             try:
-                ready, pair = stack.enter_context(metagpt_main.rolezero(small, large))
+                ready, pair = stack.enter_context(metagpt_main.rolezero(small, large, SCENARIOS[scenario]["role"]))
                 metagpt["version"] = " at ".join(str(v) for v in (ready["version"], ready["commit"]) if v)
             except (RuntimeError, OSError, ValueError) as exc:
                 metagpt = _failed(exc)
         for _ in range(repeats):
-            sides["sopctl"].append(_sopctl_pair(small, large, journal=False))
-            sides["sopctl journaled"].append(_sopctl_pair(small, large, journal=True))
+            sides["sopctl"].append(_sopctl_pair(small, large, journal=False, scenario=scenario))
+            sides["sopctl journaled"].append(_sopctl_pair(small, large, journal=True, scenario=scenario))
             if pair is not None and "skipped" not in metagpt:
                 try:
                     sides["metagpt"].append(pair())
                 except (RuntimeError, OSError, ValueError) as exc:
                     metagpt = _failed(exc)
-    cpu: dict[str, Any] = {"steps": [small, large], "repeats": repeats, "sopctl": _spread(sides["sopctl"]),
+    cpu: dict[str, Any] = {"scenario": scenario, "steps": [small, large], "repeats": repeats, "sopctl": _spread(sides["sopctl"]),
                            "sopctl journaled": _spread(sides["sopctl journaled"]),
                            "metagpt": metagpt if "skipped" in metagpt else {**metagpt, **_spread(sides["metagpt"])}}
     if "skipped" not in metagpt:
@@ -167,11 +187,18 @@ def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None
         figures["with journal" if journal else "no journal"] = {
             **_spread(runs), "engine_ms_per_step": round(statistics.median(runs) * 1000, 3),
             "steps": steps, "repeats": repeats}
-    cpu = _cpu(small, steps, repeats, with_metagpt)
+    cpus = {name: _cpu(small, steps, repeats, with_metagpt, name) for name in SCENARIOS}
+    cpu = cpus["engineer"]
     if "ratio" in cpu:   # the summary's row: sopctl as it runs by default, with its journal
         figures.update(ratio=cpu["ratio_journaled"], target="<= 0.25", ratio_label=(   # issue 28, target 4
-            "CPU per extra tool step, journaled (sopctl / MetaGPT main's RoleZero, median of rounds)"))
-    figures["cpu per extra step"] = cpu
+            "CPU per extra tool step, journaled, an MGX engineer's tools "
+            "(sopctl / MetaGPT main's Engineer2, median of rounds)"))
+    plan = cpus["plan"]
+    if "ratio" in plan:
+        figures["more_ratios"] = [(
+            "CPU per extra tool step, journaled, the plan tool alone "
+            "(sopctl / MetaGPT main's RoleZero, median of rounds)", plan["ratio_journaled"], "<= 0.25")]
+    figures["cpu per extra step"] = cpus
     bare = figures["no journal"]["engine_ms_per_step"]
     figures["target_met"] = bare <= TARGET_MS
     figures["markdown"] = "\n".join([
@@ -180,7 +207,7 @@ def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None
         _row("engine time per step, no journal", figures["no journal"],
              f"<= {TARGET_MS:g} ms ({'met' if figures['target_met'] else 'not met'})"),
         _row("engine time per step, journaled", figures["with journal"], ""),
-        "", *_cpu_table(cpu)])
+        *(line for name in SCENARIOS for line in ["", *_cpu_table(cpus[name])])])
     print(figures["markdown"])
     return figures
 
@@ -191,19 +218,21 @@ def _row(label: str, side: dict[str, float], last: str) -> str:
 
 def _cpu_table(cpu: dict[str, Any]) -> list[str]:
     small, large = cpu["steps"]
-    rows = [f"CPU per extra tool step (runs of {large} against {small} steps; {cpu['repeats']} rounds, "
+    scenario = SCENARIOS[cpu["scenario"]]
+    theirs = scenario["label"].split(",")[0].removeprefix("MetaGPT main ")
+    rows = [f"CPU per extra tool step, sopctl's tools {', '.join(scenario['tools'])} beside {scenario['label']} "
+            f"(runs of {large} against {small} steps; {cpu['repeats']} rounds, "
             "each one pair of runs of every engine, in turn):", "",
-            "| engine | min | median | max | / RoleZero, per round: median (min-max) |", "|---|---|---|---|---|"]
+            f"| engine | min | median | max | / {theirs}, per round: median (min-max) |", "|---|---|---|---|---|"]
     for name, key in (("sopctl", "ratio"), ("sopctl journaled", "ratio_journaled"), ("metagpt", "")):
         side = cpu[name]
         if "skipped" in side:
-            rows.append(f"| MetaGPT main RoleZero | skipped: {side['skipped']} | | | |")
+            rows.append(f"| {scenario['label']} | skipped: {side['skipped']} | | | |")
             continue
-        label = f"MetaGPT main RoleZero ({side['version']})" if name == "metagpt" else name
+        label = f"{scenario['label']} ({side['version']})" if name == "metagpt" else name
         ratio = f"{cpu[key]:.2f}x ({cpu[key + '_range'][0]:.2f}-{cpu[key + '_range'][1]:.2f})" if key in cpu else ""
         rows.append(_row(label, side, ratio))
     return rows
-
 
 if __name__ == "__main__":
     main()

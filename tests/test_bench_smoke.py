@@ -180,11 +180,12 @@ def test_toolloop_bench_produces_its_figures() -> None:
     figures = toolloop_bench.main(steps=4, repeats=1, with_metagpt=False)
     for side in ("no journal", "with journal"):
         assert figures[side]["engine_ms_per_step"] > 0 and figures[side]["steps"] == 4
-    cpu = figures["cpu per extra step"]
-    for side in ("sopctl", "sopctl journaled"):   # tiny runs: only the shape, not the sign
-        assert cpu[side]["min_ms"] <= cpu[side]["median_ms"] <= cpu[side]["max_ms"]
-    assert cpu["steps"] == [2, 4]
-    assert "MetaGPT main RoleZero | skipped" in figures["markdown"]
+    for scenario, cpu in figures["cpu per extra step"].items():   # the plan tool alone, an MGX engineer's tools
+        for side in ("sopctl", "sopctl journaled"):   # tiny runs: only the shape, not the sign
+            assert cpu[side]["min_ms"] <= cpu[side]["median_ms"] <= cpu[side]["max_ms"]
+        assert cpu["steps"] == [2, 4] and cpu["scenario"] == scenario
+    assert "MetaGPT main RoleZero, Plan tool alone | skipped" in figures["markdown"]
+    assert "MetaGPT main Engineer2, its default tools | skipped" in figures["markdown"]
 
 
 def test_toolloop_bench_says_it_skips_metagpt_main_without_its_venv(tmp_path: Path,
@@ -193,8 +194,9 @@ def test_toolloop_bench_says_it_skips_metagpt_main_without_its_venv(tmp_path: Pa
 
     monkeypatch.setattr(metagpt_main, "VENV", tmp_path / "no-venv")
     figures = toolloop_bench.main(steps=4, repeats=1)
-    skipped = figures["cpu per extra step"]["metagpt"]["skipped"]
-    assert "no MetaGPT main venv" in skipped and "ratio" not in figures["cpu per extra step"]
+    for cpu in figures["cpu per extra step"].values():
+        assert "no MetaGPT main venv" in cpu["metagpt"]["skipped"] and "ratio" not in cpu
+    assert "ratio" not in figures and "more_ratios" not in figures
 
 
 def test_the_summary_shows_cpu_and_wall_cold_and_warm_against_their_targets() -> None:
@@ -208,6 +210,18 @@ def test_the_summary_shows_cpu_and_wall_cold_and_warm_against_their_targets() ->
                                     ("(wall)", "(cold)", "0.200", "**no**"), ("(wall)", "(warm)", "0.080", "yes")):
         [row] = [r for label, r in found.items() if clock in label and when in label]
         assert f"**{value}** | <= 0.1 | {met} |" in row
+
+
+def test_the_summary_shows_each_tool_loop_ratio_a_bench_gives() -> None:
+    """The tool loop bench has two rows against MetaGPT main (an MGX engineer, the plan tool
+    alone): both reach the summary, each with its verdict."""
+    from bench.__main__ import summary_rows
+
+    result = {"ratio": 0.2, "target": "<= 0.25", "ratio_label": "engineer's step",
+              "more_ratios": [("plan tool's step", 1.1, "<= 0.25")]}
+    rows = summary_rows([{"name": "toolloop", "result": result}])
+    assert "| engineer's step | **0.200** | <= 0.25 | yes |" in rows
+    assert "| plan tool's step | **1.100** | <= 0.25 | **no** |" in rows
 
 
 def test_the_quick_report_runs_the_tool_loop_bench(tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from engine.models.types import CallSpec
 
 __all__ = ["InvalidAnswer", "MAX_ANSWER_CHARS", "cut_answer", "over_limit", "first_messages", "reask_messages", "response_format", "read", "command_step",
-           "parse_json_object", "parse_markdown", "parse_xml", "field_list", "extract_code", "parse_choice", "schema_errors"]
+           "parse_json_object", "parse_markdown", "parse_xml", "field_list", "args_text", "extract_code", "parse_choice", "schema_errors"]
 
 
 MAX_ECHO_CHARS = 6000
@@ -200,9 +200,34 @@ def _json_instructions(spec: CallSpec, schema_mode: bool, described: dict[str, A
     schema = described or spec.schema or {}
     mode = "schema" if schema_mode else spec.format
     examples = shows_examples(spec.model)
+    names = _command_names(schema) if mode == "json" else None
+    if names is not None:   # a tool loop's step: its shape in one line, not its JSON Schema
+        return _per_schema(schema, "instructions:step", lambda: _step_instructions(names))
     text: str = _per_schema(schema, f"instructions:{mode}:{examples}",
                             lambda: _build_json_instructions(schema, mode, examples))
     return text
+
+
+def _command_names(schema: dict[str, Any]) -> list[str] | None:
+    """The command names of a tool loop step's schema (engine.run.toolloop.step_schema: a
+    thought and a list of commands, each a name and its args), else None."""
+    props = schema.get("properties") or {}
+    if set(props) != {"thought", "commands"}:
+        return None
+    command = (props["commands"].get("items") or {}).get("properties") or {}
+    names = (command.get("command_name") or {}).get("enum")
+    if set(command) != {"command_name", "args"} or not isinstance(names, list):
+        return None
+    return [str(name) for name in names]
+
+
+def _step_instructions(names: list[str]) -> str:
+    """A step's answer format: what its JSON Schema says (at least one command, each a name
+    of the list with an object of args), in a quarter of the tokens, on every step's request."""
+    return ("## Answer format\nAnswer with one JSON object and nothing else (no prose before or after):\n"
+            '{"thought": "your reasoning (optional)", "commands": [{"command_name": "...", "args": {...}}]}\n'
+            '"commands" holds at least one command; each "command_name" is one of ' + "|".join(names) +
+            ', its "args" an object of the args the command takes.')
 
 
 def shows_examples(model: str) -> bool:
@@ -280,6 +305,48 @@ def _field_lines(schema: dict[str, Any], path: str, examples: bool = False) -> l
         if obj is not None:
             lines.extend(_field_lines(obj, name + suffix, examples))
     return lines
+
+
+_PLAIN_KEYWORDS = frozenset({"type", "description", "enum", "default", "minimum", "maximum", "minLength",
+                             "maxLength", "pattern", "title", "items"})
+"""What `args_text` says in words; an argument whose schema has any other keyword (nested
+objects, anyOf, formats...) is shown as its JSON Schema, so that nothing is left unsaid."""
+
+
+def args_text(schema: dict[str, Any]) -> str:
+    """A command's arguments, one short phrase each, as a tool list shows them:
+    `path (string matching ^[^\\s]+$): a path relative to the workspace; line (integer, optional,
+    at least 1)`. A tenth of the tokens of the JSON Schema on every request of a tool loop, with
+    the same facts: type, optional or not, bounds, pattern, default, allowed values; an argument
+    it cannot say in words is shown as its JSON Schema."""
+    properties = schema.get("properties") or {}
+    if not isinstance(properties, dict) or set(schema) - {"type", "properties", "required",
+                                                          "additionalProperties", "description", "title"}:
+        return "(JSON Schema) " + json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
+    required = set(schema.get("required") or ())
+    return "; ".join(_arg_phrase(name, sub, name in required) for name, sub in properties.items()) or "none"
+
+
+def _arg_phrase(name: str, sub: Any, required: bool) -> str:
+    items = sub.get("items") if isinstance(sub, dict) else None
+    if not isinstance(sub, dict) or set(sub) - _PLAIN_KEYWORDS or (
+            items is not None and (not isinstance(items, dict) or set(items) - {"type", "enum"})):
+        shown = json.dumps(sub, ensure_ascii=False, separators=(",", ":"))
+        return f"{name} ({'' if required else 'optional, '}JSON Schema {shown})"
+    notes = [_type_name(sub) + (f" matching {sub['pattern']}" if "pattern" in sub else "")]
+    if not required:
+        notes.append("optional")
+    if sub.get("minLength") == 1:
+        notes.append("not empty")
+    for key, words in (("minimum", "at least {}"), ("maximum", "at most {}"), ("maxLength", "at most {} characters")):
+        if key in sub:
+            notes.append(words.format(sub[key]))
+    if isinstance(sub.get("minLength"), int) and sub["minLength"] > 1:
+        notes.append(f"at least {sub['minLength']} characters")
+    if "default" in sub:
+        notes.append("default " + json.dumps(sub["default"], ensure_ascii=False))
+    desc = sub.get("description")
+    return f"{name} ({', '.join(notes)})" + (f": {desc}" if desc else "")
 
 
 def _example_text(example: Any) -> str:
@@ -446,7 +513,7 @@ def parse_json_object(text: str) -> dict[str, Any]:
         raise InvalidAnswer(f"expected one JSON object, got a JSON {_json_type(whole)}")
     if isinstance(whole, dict):
         return whole
-    decoder = json.JSONDecoder()
+    decoder = json.JSONDecoder(strict=False)
     starts = [m.start() for m in re.finditer(r"\{", body)][:20]
     if not starts:
         raise InvalidAnswer("the answer holds no JSON object: expected one object starting with '{'")
@@ -464,8 +531,10 @@ def parse_json_object(text: str) -> dict[str, Any]:
 
 
 def _loads_or_none(body: str) -> Any:
+    """`body` as JSON, or None. A raw newline or tab inside a string (which JSON wants escaped,
+    and small models write as is) is read as that character: its meaning is not in doubt."""
     try:
-        return json.loads(body)
+        return json.loads(body, strict=False)
     except json.JSONDecodeError:
         return None
 

@@ -414,11 +414,11 @@ async def _acted(ctx: RunContext, role_id: str, action_id: str, memory: Memory,
         await durable(ctx.gateway.store)   # what the person is told rests on journaled answers
         tell_person(ctx.person, ctx.emit, round_=round_, role=role_id, action=action_id, text=text)
         return text, text
-    prompt = prompt.rstrip() + context_section(ctx.compiled, action, memory, role_id, prompt)
+    context = context_section(ctx.compiled, action, memory, role_id, prompt)
     if note:
-        prompt += f"\n\n## Note\n{note}"
+        context += f"\n\n## Note\n{note}"
     system = _system_prompt(ctx, role_id, action_id, variables)
-    value = await _answer(ctx, role_id, action_id, prompt, system, round_, key, effects)
+    value = await _answer(ctx, role_id, action_id, prompt.rstrip(), context, system, round_, key, effects)
     schema = ctx.compiled.output_schemas.get(action_id)
     if isinstance(value, NoOutput):   # a tree with every key null, so templates reading it still render
         effects.unfinished = value.reason
@@ -445,18 +445,21 @@ def _code_lang(action: ActionBase) -> str | None:
     return output.code if isinstance(output, CodeOutput) else None
 
 
-async def _answer(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
+async def _answer(ctx: RunContext, role_id: str, action_id: str, prompt: str, context: str, system: str,
                   round_: int, key: str, effects: ToolEffects) -> Any:
     """The action's output: a person's (a `human` role, `kind: ask`), a model's reviewed by a
-    person (`review: human`), a tool loop's (`tools`), or a model's."""
+    person (`review: human`), a tool loop's (`tools`), or a model's; `context`: the `## Context`
+    section (and a note) that follows the prompt (a tool loop puts the role's earlier work
+    between them)."""
     action = ctx.compiled.spec.actions[action_id]
+    if isinstance(action, LlmAction) and action.tools and not ctx.compiled.spec.roles[role_id].human:
+        if ctx.tool_loop is None:  # the Team always plugs it in
+            raise ActionFailed(action_id, "tool-using actions need the run's tool loop")
+        return await ctx.tool_loop(ctx, role_id, action_id, prompt, system, round_, key, effects, context=context)
+    prompt += context
     if not isinstance(action, LlmAction) or ctx.compiled.spec.roles[role_id].human:
         question = _question(ctx, role_id, action_id, prompt, round_, key, "answer")
         return (await _ask(ctx, question)).value
-    if action.tools:
-        if ctx.tool_loop is None:  # the Team always plugs it in
-            raise ActionFailed(action_id, "tool-using actions need the run's tool loop")
-        return await ctx.tool_loop(ctx, role_id, action_id, prompt, system, round_, key, effects)
     if action.review == "human":
         return await _reviewed(ctx, role_id, action_id, prompt, system, round_, key)
     return await _filled(ctx, role_id, action_id, prompt, system, round_, key)

@@ -229,9 +229,10 @@ provider's schema or grammar is QUICK_SCHEMA's."""
 
 
 async def run_tool_loop(ctx: RunContext, role_id: str, action_id: str, prompt: str, system: str,
-                        round_: int, key: str, effects: ToolEffects) -> Any:
-    """The action's output, from the model's `end` (see the module docstring)."""
-    return await ToolLoop(ctx, role_id, action_id, round_, key, effects).run(prompt, system)
+                        round_: int, key: str, effects: ToolEffects, context: str = "") -> Any:
+    """The action's output, from the model's `end` (see the module docstring); `context`: the
+    action's `## Context` section, shown after the role's earlier work."""
+    return await ToolLoop(ctx, role_id, action_id, round_, key, effects).run(prompt, system, context)
 
 
 @dataclass
@@ -286,14 +287,14 @@ class ToolLoop:
         self.commands_run = 0
         self.commands_failed = 0
 
-    async def run(self, prompt: str, system: str) -> Any:
+    async def run(self, prompt: str, system: str, context: str = "") -> Any:
         if self.action.tool_top_k is not None:
             self._recommend(prompt, self.action.tool_top_k)
         # the system prompt and first message of every request of the loop, quick think's too
         # (the loop's answer format, then its question): each request begins as the
         # one before it did, up to what it adds
         system = "\n\n".join(filter(None, [system, self._experience_text(), self._commands_text()]))
-        first = self._first_message(prompt)
+        first = self._first_message(prompt, context)
         if self.action.quick_think and self.state.from_user:   # RoleZero: only the user's requests
             quick = await self._quick_answer(first, system)
             if quick is not None:   # RoleZero publishes it to the user, whatever the action's send_to
@@ -463,8 +464,7 @@ class ToolLoop:
             "\n\n".join(texts)
 
     def _commands_text(self) -> str:
-        lines = [f"- {t.name}: {t.description} Args (JSON Schema): "
-                 f"{json.dumps(t.args, ensure_ascii=False, separators=(',', ':'))}" for t in self.tools.values()]
+        lines = [f"- {t.name}: {t.description} Args: {answers.args_text(t.args)}" for t in self.tools.values()]
         exclusive = ", ".join(t.name for t in self.tools.values() if t.exclusive)
         rule = (f" Editing commands ({exclusive}) may change several files in one step, but only one "
                 "edit per file: a second edit of the same file, and every command after it, is not "
@@ -474,14 +474,18 @@ class ToolLoop:
                 f"\nGive independent commands together in one step (at most {MAX_COMMANDS})." + rule +
                 f" When the work is done, give `{END}` with your final answer as its args.")
 
-    def _first_message(self, prompt: str) -> str:
-        """What every step's request begins with after the system prompt: the action's prompt
-        and the role's earlier work (the same at every step: a provider caches it)."""
+    def _first_message(self, prompt: str, context: str = "") -> str:
+        """What every step's request begins with after the system prompt: the action's prompt,
+        the role's earlier work, then the action's context (the same at every step: a provider
+        caches it). The earlier work before the context: a role's next activation keeps its
+        earlier work as it was and adds to its end, so that activation's requests begin with
+        all the last one's up to there (the context, the memory as the action picks it, grows
+        too, and could keep only itself)."""
         parts = [prompt.rstrip()]
         if self.earlier:
             parts.append("## Your earlier work\nWhat you did and were sent before this, oldest first:\n\n" +
                          earlier_text(self.earlier))
-        return "\n\n".join(parts)
+        return "\n\n".join(parts) + context
 
     def _step_message(self, step: int, note: str = "") -> str:
         """The step's own message, the last of its request: what the step before gave back

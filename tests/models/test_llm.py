@@ -141,6 +141,16 @@ def test_json_is_found_behind_fences_prose_and_content_tags(wrapped):
     assert run(gateway, spec()).value == VALID
 
 
+@pytest.mark.parametrize("wrapped", ["{doc}", "Here it is:\n{doc}"])
+def test_a_raw_newline_or_tab_inside_a_json_string_is_read_as_itself(wrapped):
+    """Small models write a multi-line value as is; JSON wants it escaped, but what it means
+    is not in doubt (the embedded model's tool steps failed three tries on it)."""
+    raw = json.dumps({**VALID, "Project Name": "game\u00a7"}).replace("\\u00a7", "\n\t2048")
+    assert "\n\t2048" in raw
+    gateway, _ = scripted(wrapped.format(doc=raw))
+    assert run(gateway, spec()).value == {**VALID, "Project Name": "game\n\t2048"}
+
+
 def test_markdown_sections_are_parsed_by_the_schema_of_each_key():
     text = ("Here you go.\n\n## Project Name\ngame_2048\n\n## Product Goals\n- fun\n- fast\n\n"
             "## priority\nP0\n\n## Done\nfalse\n\n## Notes\nnone\n")

@@ -54,3 +54,34 @@ def test_cache_points_are_marked_only_where_the_provider_wants_them() -> None:
     assert cache_points("anthropic/claude-3-5-sonnet") == [{"location": "message", "role": "system"},
                                                            {"location": "message", "index": -1}]
     assert cache_points("openai/gpt-4o") == [] and cache_points("gpt-4o") == []
+
+
+def test_commands_are_listed_with_their_args_in_words_not_json_schema(tmp_path: Path) -> None:
+    """Every request of a loop carries the command list: each arg once, with what its schema
+    says (type, optional, bounds, default, pattern), and the answer's shape in one line."""
+    model = ScriptedModel([step(("end", {"Summary": "done"}))])
+    assert run_sop(sop_text(WRITER), model, tmp_path / "ws").status == "idle"
+    system, user = model.requests[0].messages[0]["content"], model.requests[0].messages[1]["content"]
+    assert "JSON Schema" not in system and "JSON Schema" not in user
+    assert "- editor.read: " in system and "start (integer, optional, at least 1)" in system
+    assert "path (string matching ^[^\\s]+$): a path relative to the workspace" in system
+    assert "window (integer, optional, at least 1, at most 500)" in system
+    assert "plan.finish_current_task: Mark the current task finished. Args: none" in system
+    answer_format = user.split("## Answer format", 1)[1]
+    assert '"command_name"' in answer_format and "plan.append_task|" in answer_format
+    assert answer_format.count("editor.write") == 1          # the names once, not in a schema and a list
+
+
+def test_an_arg_that_words_cannot_say_is_shown_as_its_json_schema() -> None:
+    from engine.models.answers import args_text
+
+    nested = {"type": "object", "required": ["where"],
+              "properties": {"where": {"type": "object", "properties": {"x": {"type": "integer"}}},
+                             "tags": {"type": "array", "items": {"type": "string"}},
+                             "mode": {"enum": ["a", "b"], "default": "a"}}}
+    text = args_text(nested)
+    assert 'where (JSON Schema {"type":"object","properties":{"x":{"type":"integer"}}})' in text
+    assert "tags (list of string, optional)" in text and 'mode (one of a|b, optional, default "a")' in text
+    odd = {"type": "object", "anyOf": [{"required": ["a"]}, {"required": ["b"]}], "properties": {}}
+    assert args_text(odd).startswith("(JSON Schema) {")         # a rule across args: the whole schema
+    assert args_text({"type": "object", "properties": {}}) == "none"

@@ -96,18 +96,34 @@ def test_the_working_memory_is_kept_from_one_activation_to_the_next(tmp_path: Pa
     assert result.status == "idle", result.error
     first, second = prompts_of(model, "Work", 2)[0], prompts_of(model, "Work", 4)[0]
     assert "## Your earlier work" not in first
-    earlier = second.split("## Your earlier work", 1)[1]
+    earlier = second.split("## Your earlier work", 1)[1].split("## Context", 1)[0]
     assert "Round 1: Lead from Mike (Leader)\nwrite docs/prd.md" in earlier      # the message it got
     assert '"path": "docs/prd.md"' in earlier                                    # its commands
     assert "Command editor.write executed: wrote docs/prd.md" in earlier         # and their output
     assert "now write main.py" not in earlier        # this turn's message is the prompt's own
 
 
+def test_a_roles_next_activation_begins_as_its_last_did_up_to_its_earlier_work(tmp_path: Path) -> None:
+    """The earlier work comes before the context: both grow from one activation to the next,
+    and the one that comes first keeps the requests' common beginning (what providers cache)."""
+    text = TEAM.replace("      Plan: {{ plan.status }}\n      {% if plan.current %}Current: "
+                        "{{ plan.current.instruction }}{% endif %}\n", "").replace("max_runs: 2", "max_runs: 3")
+    model = scripted(LEAD_TWICE)
+    assert run_sop(sop_text(text), model, tmp_path / "ws").status == "idle"
+    firsts = [next(m["content"] for m in r.messages if m["role"] == "user")
+              for r in model.requests if r.spec.action == "Lead" and r.spec.tool_step == 0]
+    assert len(firsts) == 3                     # rounds 1, 3 and 5
+    for before, after in zip(firsts[1:], firsts[2:], strict=False):
+        assert before.index("## Your earlier work") < before.index("## Context") < before.index("## Answer format")
+        kept = before.split("\n\n## Context", 1)[0]     # the prompt and the earlier work, as they were
+        assert after.startswith(kept) and len(kept) > len(before) // 3
+
+
 def test_working_memory_bounds_what_is_shown(tmp_path: Path) -> None:
     text = TEAM.replace("    actions: [Work]\n", "    actions: [Work]\n    working_memory: 1\n")
     model = scripted(LEAD_TWICE)
     assert run_sop(sop_text(text), model, tmp_path / "ws").status == "idle"
-    earlier = prompts_of(model, "Work", 4)[0].split("## Your earlier work", 1)[1]
+    earlier = prompts_of(model, "Work", 4)[0].split("## Your earlier work", 1)[1].split("## Context", 1)[0]
     assert "Round 2: Work, step 2" in earlier and "write docs/prd.md" not in earlier
     off = scripted(LEAD_TWICE)
     assert run_sop(sop_text(text.replace("working_memory: 1", "working_memory: 0")), off,
