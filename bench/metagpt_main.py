@@ -40,8 +40,8 @@ from pathlib import Path
 
 from bench.metagpt_baseline import offline_env
 
-__all__ = ["VENV", "SOURCE", "available", "venv_python", "install", "rolezero", "rolezero_requests", "mgx_run",
-           "mgx_requests"]
+__all__ = ["VENV", "SOURCE", "available", "venv_python", "install", "rolezero", "mgx_team", "rolezero_requests",
+           "mgx_run", "mgx_requests"]
 
 BENCH_DIR = Path(__file__).resolve().parent
 CACHE = BENCH_DIR / ".cache"
@@ -110,17 +110,29 @@ def _tiktoken_file() -> Path | None:
     return path if path.exists() else None
 
 
-@contextlib.contextmanager
-def rolezero(small: int, large: int, role: str = "rolezero") -> Iterator[tuple[dict, Callable[[], float]]]:
+def rolezero(small: int, large: int, role: str = "rolezero") -> contextlib.AbstractContextManager[
+        tuple[dict, Callable[[], float]]]:
     """A RoleZero process (bench/metagpt_rolezero.py; `role`: a bare RoleZero with the Plan tool,
-    or `engineer2`, MGX's engineer) ready to measure: yields its ready line
-    (with the version and this checkout's commit) and a function that runs one pair of runs
-    and returns its CPU seconds per extra step. Raises RuntimeError if the process fails."""
+    or `engineer2`, MGX's engineer) ready to measure: see `_measuring`."""
+    return _measuring([str(RUNNER), "--steps", f"{small},{large}", "--role", role], "RoleZero")
+
+
+def mgx_team(small: int, large: int) -> contextlib.AbstractContextManager[tuple[dict, Callable[[], float]]]:
+    """MetaGPT main's MGX team (bench/metagpt_mgx.py --cpu) ready to measure the CPU per extra
+    step of its engineer's loop inside the team: see `_measuring`."""
+    return _measuring([str(MGX_RUNNER), "--cpu", f"{small},{large}"], "MGX team")
+
+
+@contextlib.contextmanager
+def _measuring(command: list[str], what: str) -> Iterator[tuple[dict, Callable[[], float]]]:
+    """A process of MetaGPT main's venv running `command` (a script and its arguments) ready to
+    measure: yields its ready line (with the version and this checkout's commit) and a function
+    that runs one pair of runs and returns its CPU seconds per extra step. Raises RuntimeError
+    if the process fails."""
     with tempfile.TemporaryDirectory(prefix="metagpt-main-bench-") as tmp, \
             open(Path(tmp) / "stderr", "w+") as err:
         env = _offline_env(Path(tmp))
-        proc = subprocess.Popen([str(venv_python()), str(RUNNER), "--steps", f"{small},{large}",
-                                 "--role", role], env=env,
+        proc = subprocess.Popen([str(venv_python()), *command], env=env,
                                 cwd=env["METAGPT_PROJECT_ROOT"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, stderr=err, text=True)
         watchdog = threading.Timer(RUN_TIMEOUT_S, proc.kill)   # a hung run must not hang the bench
@@ -132,7 +144,7 @@ def rolezero(small: int, large: int, role: str = "rolezero") -> Iterator[tuple[d
                 if line.startswith(REPLY):
                     return json.loads(line[len(REPLY):])
             err.seek(0)
-            raise RuntimeError(f"MetaGPT main's RoleZero process ended ({proc.wait()}):\n{err.read()[-3000:]}")
+            raise RuntimeError(f"MetaGPT main's {what} process ended ({proc.wait()}):\n{err.read()[-3000:]}")
 
         def pair() -> float:
             proc.stdin.write("pair\n")

@@ -36,12 +36,21 @@ runs.
 Replies with one JSON line prefixed REPLY (metagpt_rolezero's): every request's messages
 in order, who made each call and what kind it was, the unknown calls (none expected) and
 the files the team wrote. Standard library plus MetaGPT only.
+
+`--cpu SMALL,LARGE` instead measures the CPU per extra tool step of the engineer's loop
+inside the team (bench.toolloop_bench): Alex (mgx_scenario.STEPPER) plans SMALL, then LARGE,
+parts of the code, one `Plan.append_task` per step, before his file; one untimed run, then a
+pair of whole-team runs per line read on stdin, each replying (LARGE run's CPU - SMALL run's)
+/ (LARGE - SMALL), as bench/metagpt_rolezero.py does for a lone role.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import re
+import sys
+import time
 from pathlib import Path
 
 import pandas  # noqa: F401 - before metagpt: qianfan's pyarrow stub breaks a later pandas import
@@ -56,6 +65,10 @@ CALLS: list[str] = []
 N_ROUND = 24
 _STEPS: dict[str, int] = {}
 """Command calls answered so far, by role name."""
+EXTRA = [0]
+"""The extra steps of mgx_scenario.STEPPER in the current run (--cpu sets it per run)."""
+RECORDING = [True]
+"""Whether each request's messages are kept (--record), not in --cpu's timed runs."""
 
 
 def _caller(messages: list[dict]) -> str:
@@ -77,8 +90,8 @@ def _answer(name: str, last: str) -> tuple[str, str]:
         _STEPS[name] = step + 1
         if name == "Mike" and step < len(mgx_scenario.leader_turns()):
             return "command", mgx_scenario.metagpt_leader(step)
-        if name in work and step < 2:
-            return "command", mgx_scenario.metagpt_member(name, step)
+        if name in work and step < mgx_scenario.member_steps(name, EXTRA[0]):
+            return "command", mgx_scenario.metagpt_member(name, step, EXTRA[0])
     if "respond to the user in the expected language" in last and name in work:
         return "reply to human", work[name]["summary"]
     if "Summarize what you have accomplished lately" in last and name in work:
@@ -94,8 +107,9 @@ def install_fake() -> None:
 
     async def fake_completion_text(self, messages, stream=False, timeout=None) -> str:
         STATS["calls"] += 1
-        RECORDED.append([{"role": str(m.get("role", "")), "content": str(m.get("content", ""))}
-                         for m in messages])
+        if RECORDING[0]:
+            RECORDED.append([{"role": str(m.get("role", "")), "content": str(m.get("content", ""))}
+                             for m in messages])
         name = _caller(messages)
         kind, text = _answer(name, str(messages[-1].get("content", "")) if messages else "")
         CALLS.append(f"{name}: {kind}")
@@ -124,14 +138,50 @@ async def run_team() -> list[str]:
                   if (root / path).exists() and (root / path).read_text(encoding="utf-8") == text)
 
 
+async def timed_run(extra: int) -> float:
+    """CPU seconds of one team run whose STEPPER takes `extra` steps more; RuntimeError if the
+    run is not the scenario's (a file missing, a call the script does not know)."""
+    EXTRA[0] = extra
+    _STEPS.clear()
+    unknown = STATS["unknown"]
+    started = time.process_time()
+    written = await run_team()
+    cpu = time.process_time() - started
+    stepper = mgx_scenario.STEPPER
+    if STATS["unknown"] != unknown or _STEPS.get(stepper) != mgx_scenario.member_steps(stepper, extra) \
+            or written != sorted(mgx_scenario.files()):
+        raise RuntimeError(f"the team's run was not the scenario's: {stepper} took {_STEPS.get(stepper)} steps, "
+                           f"wrote {written}, {STATS['unknown'] - unknown} unknown calls")
+    return cpu
+
+
+async def serve(small: int, large: int) -> None:
+    """bench.toolloop_bench's CPU per extra tool step inside the team: one untimed run, then a
+    pair of runs (STEPPER taking `small`, then `large` extra steps) per line on stdin."""
+    await timed_run(small)
+    reply({"ready": True, "version": importlib.metadata.version("metagpt")})
+    while sys.stdin.readline():
+        low = await timed_run(small)
+        high = await timed_run(large)
+        reply({"cpu_s_per_step": (high - low) / (large - small), "unknown_calls": 0})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--record", action="store_true", required=True,
-                    help="run the team once, replying with every request's messages")
-    ap.parse_args()
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--record", action="store_true",
+                      help="run the team once, replying with every request's messages")
+    mode.add_argument("--cpu", metavar="SMALL,LARGE",
+                      help="instead: CPU per extra step of the stepper's loop, one pair of runs per stdin line")
+    args = ap.parse_args()
     import metagpt.roles.di.role_zero  # noqa: F401 - install_clock patches it
     install_fake()
     install_clock()
+    if args.cpu:
+        RECORDING[0] = False
+        small, large = (int(n) for n in args.cpu.split(","))
+        asyncio.run(serve(small, large))
+        return
     written = asyncio.run(run_team())
     reply({"requests": RECORDED, "calls": CALLS, "unknown_calls": STATS["unknown"], "files_written": written,
            "files_expected": sorted(mgx_scenario.files())})

@@ -18,6 +18,7 @@ its sys.path).
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -26,14 +27,17 @@ try:
 except ImportError:   # imported as bench.mgx_scenario
     from bench import realistic_answers
 
-__all__ = ["IDEA", "MEMBERS", "PRD_PATH", "DESIGN_PATH", "CODE_PATH", "leader_turns", "member_work",
-           "metagpt_leader", "metagpt_member", "sopctl_leader", "sopctl_member", "files"]
+__all__ = ["IDEA", "MEMBERS", "PRD_PATH", "DESIGN_PATH", "CODE_PATH", "STEPPER", "leader_turns", "member_work",
+           "member_steps", "metagpt_leader", "metagpt_member", "sopctl_leader", "sopctl_member", "files"]
 
 IDEA = "a command-line 2048 game"
 PROJECT = "game_2048"
 PRD_PATH, DESIGN_PATH, CODE_PATH = "docs/prd.md", "docs/system_design.md", "game.py"
 MEMBERS = ("Alice", "Bob", "Alex")
 """Who works, in order (David, the data analyst, is on the team but gets no task)."""
+STEPPER = "Alex"
+"""The member whose loop may take `extra` steps before its file (bench.toolloop_bench: CPU
+per extra tool step inside the team): each a plan append of one part of the code."""
 
 
 def _markdown(title: str, fields: dict[str, Any]) -> str:
@@ -50,6 +54,7 @@ def _markdown(title: str, fields: dict[str, Any]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+@functools.lru_cache(maxsize=1)
 def files() -> dict[str, str]:
     """The three files the members write, by path."""
     return {PRD_PATH: _markdown("PRD: a command-line 2048 game", realistic_answers.prd(IDEA, PROJECT)),
@@ -93,6 +98,7 @@ def leader_turns() -> list[dict[str, Any]]:
     ]
 
 
+@functools.lru_cache(maxsize=1)
 def member_work() -> dict[str, dict[str, str]]:
     """Each member's two steps: the file it writes, then its summary (its `end`)."""
     written = files()
@@ -135,9 +141,25 @@ def metagpt_leader(turn: int) -> str:
     return _fenced(spec["thought"], commands)
 
 
-def metagpt_member(name: str, step: int) -> str:
-    """A member's answer on MetaGPT main for its `step` (0: the file, 1: `end`)."""
+def member_steps(name: str, extra: int = 0) -> int:
+    """How many steps the member's loop takes: the file, then `end`; STEPPER's `extra` more first."""
+    return 2 + (extra if name == STEPPER else 0)
+
+
+def _part(step: int) -> tuple[str, str]:
+    """An extra step's task: its id and instruction."""
+    return f"a{step + 1}", f"Write part {step + 1} of {CODE_PATH}."
+
+
+def metagpt_member(name: str, step: int, extra: int = 0) -> str:
+    """A member's answer on MetaGPT main for its `step` (the file, then `end`; STEPPER's
+    `extra` plan appends first)."""
     work = member_work()[name]
+    if name == STEPPER and step < extra:
+        task_id, instruction = _part(step)
+        return _fenced(f"I plan part {step + 1}.", [{"command_name": "Plan.append_task", "args": {
+            "task_id": task_id, "dependent_task_ids": [], "instruction": instruction, "assignee": name}}])
+    step -= extra if name == STEPPER else 0
     if step == 0:
         return _fenced(work["write"], [{"command_name": "Editor.write",
                                         "args": {"path": work["path"], "content": work["content"]}}])
@@ -161,9 +183,15 @@ def sopctl_leader(turn: int) -> dict[str, Any]:
     return {"thought": spec["thought"], "commands": commands}
 
 
-def sopctl_member(name: str, step: int) -> dict[str, Any]:
-    """A member's answer on sopctl for its `step` (0: the file, 1: `end` with its summary)."""
+def sopctl_member(name: str, step: int, extra: int = 0) -> dict[str, Any]:
+    """A member's answer on sopctl for its `step` (the file, then `end` with its summary;
+    STEPPER's `extra` plan appends first)."""
     work = member_work()[name]
+    if name == STEPPER and step < extra:
+        task_id, instruction = _part(step)
+        return {"thought": f"I plan part {step + 1}.", "commands": [{"command_name": "plan.append_task", "args": {
+            "task_id": task_id, "instruction": instruction, "dependent_task_ids": [], "assignee": name}}]}
+    step -= extra if name == STEPPER else 0
     if step == 0:
         return {"thought": work["write"], "commands": [{"command_name": "editor.write",
                                                         "args": {"path": work["path"], "content": work["content"]}}]}

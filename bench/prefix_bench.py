@@ -267,13 +267,15 @@ def loop_pays(steps: int = LOOP_STEPS) -> dict[str, Any]:
     return out
 
 
-class _TeamScript:
+class TeamScript:
     """sopctl's side of bench/mgx_scenario.py: each role's answer by its name, its turn and its
     step (a function of the request, so the order across roles is the run's own); `calls`:
     each request's role and kind, as bench/metagpt_mgx.py names them."""
 
-    def __init__(self, names: dict[str, str]) -> None:
+    def __init__(self, names: dict[str, str], extra: int = 0) -> None:
         self.names = names
+        self.extra = extra
+        """mgx_scenario.STEPPER's extra steps (bench.toolloop_bench)."""
         self.turns: dict[str, int] = {}
         self.calls: list[str] = []
 
@@ -291,7 +293,7 @@ class _TeamScript:
             self.turns[name] = self.turns.get(name, -1) + 1
         if name == "Mike":
             return mgx_scenario.sopctl_leader(self.turns[name])
-        return mgx_scenario.sopctl_member(name, spec.tool_step)
+        return mgx_scenario.sopctl_member(name, spec.tool_step, self.extra)
 
 
 def team_requests() -> tuple[list[str], list[str]]:
@@ -303,7 +305,7 @@ def team_requests() -> tuple[list[str], list[str]]:
     from engine.testing import ScriptedModel
 
     compiled = compile_path(ROOT / "sops" / "mgx_team.sop.yaml")
-    script = _TeamScript({rid: compiled.spec.role_name(rid) for rid in compiled.spec.roles})
+    script = TeamScript({rid: compiled.spec.role_name(rid) for rid in compiled.spec.roles})
     recorder = _Recorder(ScriptedModel(script))
     with tempfile.TemporaryDirectory() as folder:
         workspace = Path(folder) / "ws"

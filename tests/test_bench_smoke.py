@@ -186,6 +186,7 @@ def test_toolloop_bench_produces_its_figures() -> None:
         assert cpu["steps"] == [2, 4] and cpu["scenario"] == scenario
     assert "MetaGPT main RoleZero, Plan tool alone | skipped" in figures["markdown"]
     assert "MetaGPT main Engineer2, its default tools | skipped" in figures["markdown"]
+    assert "MetaGPT main MGX team, its engineer's steps | skipped" in figures["markdown"]
 
 
 def test_toolloop_bench_says_it_skips_metagpt_main_without_its_venv(tmp_path: Path,
