@@ -177,7 +177,7 @@ def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
     scale = res.get("scale") or {}
     labels_scale = {"chars_100_over_10": "prompt characters, 100 files / 10 files (shipped SOP)",
                     "chars_300_over_100": "prompt characters, 300 files / 100 files (shipped SOP)",
-                    "per_call_1000_over_100": "wall time per call on fake, 1,000 files / 100 files",
+                    "per_call_1000_over_100": "wall time per call on fake, 1,000 files / 100 files (median of pairs)",
                     "rss_1000_over_100": "peak RSS on fake, 1,000 files / 100 files",
                     "chars_100_over_10_none": "prompt characters, 100 / 10 files, design without "
                                               "`Interfaces per file`",

@@ -13,7 +13,8 @@ imports the one before it (main.py the last two). Figures:
   own part of the call flow, not the whole class diagram or call flow (targets: 100 files
   at most 11x the 10-file figure, 300 at most 3.3x the 100-file figure); the characters
   of one file's WriteCode prompt, which stay flat;
-- wall time per model call and peak RSS of the process: flat from 100 to 1,000 files.
+- wall time per model call and peak RSS of the process: flat from 100 to 1,000 files (time
+  per call at 1,000 files at most 1.1x that at 100, the median of PAIRS pairs of runs).
 
     python -m bench.scale_bench            # 10, 30, 100, 300, 1000 files
     python -m bench.scale_bench --quick    # 3, 10, 30 files
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -33,7 +35,10 @@ SOP = ROOT / "sops" / "software_company.sop.yaml"
 SIZES = (10, 30, 100, 300, 1000)
 QUICK_SIZES = (3, 10, 30)
 TARGETS = {"chars_100_over_10": 11.0, "chars_300_over_100": 3.3,
-           "per_call_1000_over_100": 1.25, "rss_1000_over_100": 1.25}
+           "per_call_1000_over_100": 1.1, "rss_1000_over_100": 1.25}   # issue 28, target 4: 1.1
+PAIRS = 5
+"""Runs of 100 and of 1,000 files, one after the other, whose per-call ratio's median is the
+figure (a lone pair on a shared machine swung from 0.74 to 1.31)."""
 ROWS = {"none": "the design without its optional `Interfaces per file`",
         "half": "`Interfaces per file` with rows for every other file only"}
 """Designs that leave out per-file rows (a real model may skip an optional field): prompt
@@ -176,11 +181,21 @@ def main(size_factor: float = 1.0) -> dict[str, Any]:
               "chars_300_over_100": _ratio(by_files, "prompt_chars", 300, 100),
               "per_call_1000_over_100": _ratio(by_files, "per_call_ms", 1000, 100),
               "rss_1000_over_100": _ratio(by_files, "peak_rss_mb", 1000, 100)}
+    per_call = [ratios["per_call_1000_over_100"]] if ratios["per_call_1000_over_100"] else []
+    if per_call:   # more pairs, each a 100-file run then a 1,000-file run: the median of their ratios
+        for _ in range(PAIRS - 1):
+            low, high = run_size(100), run_size(1000)
+            per_call.append(high["per_call_ms"] / low["per_call_ms"])
+        ratios["per_call_1000_over_100"] = statistics.median(per_call)
+        spread = f"median of {len(per_call)} pairs, {min(per_call):.2f}-{max(per_call):.2f}"
     for rows in ROWS:
         some = {files: run_size(files, rows) for files in sizes if files <= 300}
         ratios[f"chars_100_over_10_{rows}"] = _ratio(some, "prompt_chars", 100, 10)
         ratios[f"chars_300_over_100_{rows}"] = _ratio(some, "prompt_chars", 300, 100)
     text = markdown(points, ratios)
+    if per_call:
+        text = text.replace("| wall time per call, 1,000 files / 100 files |",
+                            f"| wall time per call, 1,000 files / 100 files ({spread}) |")
     print(text)
     return {"points": points, "ratios": ratios, "targets": TARGETS, "markdown": text}
 

@@ -312,6 +312,11 @@ _PLAIN_KEYWORDS = frozenset({"type", "description", "enum", "default", "minimum"
 """What `args_text` says in words; an argument whose schema has any other keyword (nested
 objects, anyOf, formats...) is shown as its JSON Schema, so that nothing is left unsaid."""
 
+_PLAIN_OBJECT_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "description",
+                                    "title", "$schema", "$id"})
+"""The keywords of a command's whole args schema that its phrases say (or that say nothing to
+a model: an MCP server's `$schema`); any other (anyOf across args, dependencies) shows it whole."""
+
 
 def args_text(schema: dict[str, Any]) -> str:
     """A command's arguments, one short phrase each, as a tool list shows them:
@@ -320,8 +325,7 @@ def args_text(schema: dict[str, Any]) -> str:
     the same facts: type, optional or not, bounds, pattern, default, allowed values; an argument
     it cannot say in words is shown as its JSON Schema."""
     properties = schema.get("properties") or {}
-    if not isinstance(properties, dict) or set(schema) - {"type", "properties", "required",
-                                                          "additionalProperties", "description", "title"}:
+    if not isinstance(properties, dict) or set(schema) - _PLAIN_OBJECT_KEYWORDS:
         return "(JSON Schema) " + json.dumps(schema, ensure_ascii=False, separators=(",", ":"))
     required = set(schema.get("required") or ())
     return "; ".join(_arg_phrase(name, sub, name in required) for name, sub in properties.items()) or "none"
@@ -513,14 +517,13 @@ def parse_json_object(text: str) -> dict[str, Any]:
         raise InvalidAnswer(f"expected one JSON object, got a JSON {_json_type(whole)}")
     if isinstance(whole, dict):
         return whole
-    decoder = json.JSONDecoder(strict=False)
     starts = [m.start() for m in re.finditer(r"\{", body)][:20]
     if not starts:
         raise InvalidAnswer("the answer holds no JSON object: expected one object starting with '{'")
     first_error: json.JSONDecodeError | None = None
     for start in starts:
         try:
-            value, _ = decoder.raw_decode(body, start)
+            value, _ = _DECODER.raw_decode(body, start)
             if isinstance(value, dict):
                 return value
         except json.JSONDecodeError as exc:
@@ -530,11 +533,15 @@ def parse_json_object(text: str) -> dict[str, Any]:
                         f"(line {first_error.lineno}, column {first_error.colno})")
 
 
+_DECODER = json.JSONDecoder(strict=False)
+"""Reads a raw newline or tab inside a JSON string as itself (see `_loads_or_none`)."""
+
+
 def _loads_or_none(body: str) -> Any:
     """`body` as JSON, or None. A raw newline or tab inside a string (which JSON wants escaped,
     and small models write as is) is read as that character: its meaning is not in doubt."""
     try:
-        return json.loads(body, strict=False)
+        return _DECODER.decode(body)
     except json.JSONDecodeError:
         return None
 

@@ -85,3 +85,6 @@ def test_an_arg_that_words_cannot_say_is_shown_as_its_json_schema() -> None:
     odd = {"type": "object", "anyOf": [{"required": ["a"]}, {"required": ["b"]}], "properties": {}}
     assert args_text(odd).startswith("(JSON Schema) {")         # a rule across args: the whole schema
     assert args_text({"type": "object", "properties": {}}) == "none"
+    mcp = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "required": ["path"],
+           "additionalProperties": False, "properties": {"path": {"type": "string"}}}
+    assert args_text(mcp) == "path (string)"           # an MCP server's schema, in words too
