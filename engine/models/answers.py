@@ -211,14 +211,16 @@ def _json_instructions(spec: CallSpec, schema_mode: bool, described: dict[str, A
 def _command_names(schema: dict[str, Any]) -> list[str] | None:
     """The command names of a tool loop step's schema (engine.run.toolloop.step_schema: a
     thought and a list of commands, each a name and its args), else None."""
-    props = schema.get("properties") or {}
-    if set(props) != {"thought", "commands"}:
+    props = schema.get("properties")
+    if not isinstance(props, dict) or set(props) != {"thought", "commands"}:
         return None
-    command = (props["commands"].get("items") or {}).get("properties") or {}
-    names = (command.get("command_name") or {}).get("enum")
-    if set(command) != {"command_name", "args"} or not isinstance(names, list):
+    items = props["commands"].get("items") if isinstance(props["commands"], dict) else None
+    command = items.get("properties") if isinstance(items, dict) else None
+    if not isinstance(command, dict) or set(command) != {"command_name", "args"} \
+            or not isinstance(command["command_name"], dict):
         return None
-    return [str(name) for name in names]
+    names = command["command_name"].get("enum")
+    return [str(name) for name in names] if isinstance(names, list) else None
 
 
 def _step_instructions(names: list[str]) -> str:
