@@ -189,6 +189,10 @@ def _tally(names: Iterable[str], most: int = 8) -> str:
     return ", ".join(shown + ([f"{len(counts) - most} more kinds"] if len(counts) > most else []))
 
 
+_PLAN_POINTER_CHARS = 80
+"""A plan status this long or shorter is shown whole even when it has not changed."""
+
+
 def step_schema(names: list[str]) -> dict[str, Any]:
     """What one step's answer must be: a thought and at least one command (RoleZero's list)."""
     command = {"type": "object", "required": ["command_name"],
@@ -286,6 +290,8 @@ class ToolLoop:
         """The last step's number: max_steps, and as many again each time a person says go on."""
         self.commands_run = 0
         self.commands_failed = 0
+        self.plan_shown: tuple[str, int] | None = None
+        """The plan's status as a step's message last showed it whole, and that step's number."""
 
     async def run(self, prompt: str, system: str, context: str = "") -> Any:
         if self.action.tool_top_k is not None:
@@ -492,7 +498,7 @@ class ToolLoop:
         (`_results`, added by _turns), the plan's status, which step this is, a re-ask's note."""
         parts = []
         if any(name.startswith("plan.") for name in self.tools):
-            parts.append("## Plan status\n" + self.builtins.plan.status())
+            parts.append("## Plan status\n" + self._plan_status(step))
         if step < self.limit:
             parts.append(f"## Step {step} of at most {self.limit}\nGive your next commands.")
         else:
@@ -501,6 +507,17 @@ class ToolLoop:
         if note:
             parts.append(f"## Note\n{note}")
         return "\n\n".join(parts)
+
+    def _plan_status(self, step: int) -> str:
+        """The plan's status, whole; or, when it has not changed since an earlier step's message
+        showed it whole, where: every step's message stays in the history, so a plan of ten
+        tasks shown at each of forty steps would otherwise weigh on every later request."""
+        status = self.builtins.plan.status()
+        shown = self.plan_shown
+        if shown is not None and shown[0] == status and shown[1] < step and len(status) > _PLAN_POINTER_CHARS:
+            return f"Unchanged since step {shown[1]} (its plan status above)."
+        self.plan_shown = (status, step)
+        return status
 
     def _turns(self, asked: str) -> tuple[dict[str, str], ...]:
         """The steps so far as messages, then this step's (`asked`, after the last step's results)."""

@@ -88,3 +88,25 @@ def test_an_arg_that_words_cannot_say_is_shown_as_its_json_schema() -> None:
     mcp = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object", "required": ["path"],
            "additionalProperties": False, "properties": {"path": {"type": "string"}}}
     assert args_text(mcp) == "path (string)"           # an MCP server's schema, in words too
+
+
+def test_an_unchanged_plan_is_pointed_to_not_repeated_at_every_step(tmp_path: Path) -> None:
+    """Every step's message stays in the history: a plan shown whole at each step would weigh
+    on every later request. Once shown, an unchanged plan is a pointer; a change shows it whole."""
+    tasks = [("plan.append_task", {"task_id": str(i), "instruction": f"write part {i} of the game module"})
+             for i in (1, 2, 3)]
+    model = ScriptedModel([step(*tasks),
+                           step(("editor.write", {"path": "a.md", "content": "one"})),
+                           step(("editor.read", {"path": "a.md"})),
+                           step(("plan.finish_current_task", {})),
+                           step(("end", {"Summary": "done"}))])
+    text = WRITER.replace("max_steps: 4", "max_steps: 6")
+    result = run_sop(sop_text(text), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    asked = [r.messages[-1]["content"] for r in model.requests]
+    status = [a.split("## Plan status\n", 1)[1].split("\n\n## Step", 1)[0] for a in asked]
+    assert status[0] == "No plan yet."
+    assert status[1].startswith("[TASK_ID 1] write part 1") and "[TASK_ID 3]" in status[1]
+    assert status[2] == status[3] == "Unchanged since step 2 (its plan status above)."
+    assert status[4].startswith("[TASK_ID 1] (finished)")     # changed: whole again
+    assert status[1] in model.requests[-1].messages[3]["content"]   # the step pointed to is in the history
