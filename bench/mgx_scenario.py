@@ -146,20 +146,24 @@ def member_steps(name: str, extra: int = 0) -> int:
     return 2 + (extra if name == STEPPER else 0)
 
 
-def _part(step: int) -> tuple[str, str]:
-    """An extra step's task: its id and instruction."""
-    return f"a{step + 1}", f"Write part {step + 1} of {CODE_PATH}."
+def _member_step(name: str, step: int, extra: int) -> tuple[tuple[str, str] | None, int]:
+    """An extra step's task (its id and instruction) when STEPPER's `step` is one of its `extra`
+    first, else None; and the step counted from the file (0: the file, 1: `end`)."""
+    if name != STEPPER:
+        return None, step
+    if step < extra:
+        return (f"a{step + 1}", f"Write part {step + 1} of {CODE_PATH}."), step
+    return None, step - extra
 
 
 def metagpt_member(name: str, step: int, extra: int = 0) -> str:
     """A member's answer on MetaGPT main for its `step` (the file, then `end`; STEPPER's
     `extra` plan appends first)."""
     work = member_work()[name]
-    if name == STEPPER and step < extra:
-        task_id, instruction = _part(step)
+    part, step = _member_step(name, step, extra)
+    if part is not None:
         return _fenced(f"I plan part {step + 1}.", [{"command_name": "Plan.append_task", "args": {
-            "task_id": task_id, "dependent_task_ids": [], "instruction": instruction, "assignee": name}}])
-    step -= extra if name == STEPPER else 0
+            "task_id": part[0], "dependent_task_ids": [], "instruction": part[1], "assignee": name}}])
     if step == 0:
         return _fenced(work["write"], [{"command_name": "Editor.write",
                                         "args": {"path": work["path"], "content": work["content"]}}])
@@ -187,11 +191,10 @@ def sopctl_member(name: str, step: int, extra: int = 0) -> dict[str, Any]:
     """A member's answer on sopctl for its `step` (the file, then `end` with its summary;
     STEPPER's `extra` plan appends first)."""
     work = member_work()[name]
-    if name == STEPPER and step < extra:
-        task_id, instruction = _part(step)
+    part, step = _member_step(name, step, extra)
+    if part is not None:
         return {"thought": f"I plan part {step + 1}.", "commands": [{"command_name": "plan.append_task", "args": {
-            "task_id": task_id, "instruction": instruction, "dependent_task_ids": [], "assignee": name}}]}
-    step -= extra if name == STEPPER else 0
+            "task_id": part[0], "instruction": part[1], "dependent_task_ids": [], "assignee": name}}]}
     if step == 0:
         return {"thought": work["write"], "commands": [{"command_name": "editor.write",
                                                         "args": {"path": work["path"], "content": work["content"]}}]}

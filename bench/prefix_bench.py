@@ -272,6 +272,11 @@ class TeamScript:
     step (a function of the request, so the order across roles is the run's own); `calls`:
     each request's role and kind, as bench/metagpt_mgx.py names them."""
 
+    @classmethod
+    def for_sop(cls, compiled: Any, extra: int = 0) -> TeamScript:
+        """The script for the roles of `compiled` (sops/mgx_team.sop.yaml), by their names."""
+        return cls({rid: compiled.spec.role_name(rid) for rid in compiled.spec.roles}, extra)
+
     def __init__(self, names: dict[str, str], extra: int = 0) -> None:
         self.names = names
         self.extra = extra
@@ -305,7 +310,7 @@ def team_requests() -> tuple[list[str], list[str]]:
     from engine.testing import ScriptedModel
 
     compiled = compile_path(ROOT / "sops" / "mgx_team.sop.yaml")
-    script = TeamScript({rid: compiled.spec.role_name(rid) for rid in compiled.spec.roles})
+    script = TeamScript.for_sop(compiled)
     recorder = _Recorder(ScriptedModel(script))
     with tempfile.TemporaryDirectory() as folder:
         workspace = Path(folder) / "ws"

@@ -123,7 +123,7 @@ def _one(steps: int, journal: bool, scenario: str = "plan") -> tuple[float, floa
         from bench.prefix_bench import TeamScript
 
         compiled = _team()
-        model = ScriptedModel(TeamScript({rid: compiled.spec.role_name(rid) for rid in compiled.spec.roles}, steps))
+        model = ScriptedModel(TeamScript.for_sop(compiled, steps))
         inputs = {"idea": mgx_scenario.IDEA}
     else:
         model = ScriptedModel(_answers(steps))
@@ -169,9 +169,10 @@ def _failed(exc: Exception) -> dict[str, str]:
 
 
 def _cpu(small: int, large: int, repeats: int, with_metagpt: bool, scenario: str = "plan") -> dict[str, Any]:
-    """CPU per extra step, sopctl (without and with the journal) and RoleZero, interleaved
-    round by round (one pair of each per round), so a change of load on a shared machine
-    hits all three alike; the ratios are per round. A MetaGPT failure skips its side only."""
+    """CPU per extra step, sopctl (without and with the journal) and MetaGPT main's side of
+    `scenario` (SCENARIOS), interleaved round by round (one pair of each per round), so a
+    change of load on a shared machine hits all three alike; the ratios are per round. A
+    MetaGPT failure skips its side only."""
     from bench import metagpt_main
 
     sides: dict[str, list[float]] = {"sopctl": [], "sopctl journaled": [], "metagpt": []}
@@ -265,6 +266,7 @@ def _cpu_table(cpu: dict[str, Any]) -> list[str]:
         ratio = f"{cpu[key]:.2f}x ({cpu[key + '_range'][0]:.2f}-{cpu[key + '_range'][1]:.2f})" if key in cpu else ""
         rows.append(_row(label, side, ratio))
     return rows
+
 
 if __name__ == "__main__":
     main()

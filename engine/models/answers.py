@@ -200,9 +200,6 @@ def _json_instructions(spec: CallSpec, schema_mode: bool, described: dict[str, A
     schema = described or spec.schema or {}
     mode = "schema" if schema_mode else spec.format
     examples = shows_examples(spec.model)
-    names = _command_names(schema) if mode == "json" else None
-    if names is not None:   # a tool loop's step: its shape in one line, not its JSON Schema
-        return _per_schema(schema, "instructions:step", lambda: _step_instructions(names))
     text: str = _per_schema(schema, f"instructions:{mode}:{examples}",
                             lambda: _build_json_instructions(schema, mode, examples))
     return text
@@ -254,6 +251,9 @@ def _per_schema(schema: dict[str, Any], purpose: str, build: Callable[[], Any]) 
 
 
 def _build_json_instructions(schema: dict[str, Any], mode: str, examples: bool = False) -> str:
+    names = _command_names(schema) if mode == "json" else None
+    if names is not None:   # a tool loop's step: its shape in one line, not its JSON Schema
+        return _step_instructions(names)
     fields = field_list(schema, examples)
     if mode == "schema":
         return f"## Answer format\nAnswer with one JSON object that fills these fields:\n{fields}"
@@ -342,13 +342,12 @@ def _arg_phrase(name: str, sub: Any, required: bool) -> str:
     notes = [_type_name(sub) + (f" matching {sub['pattern']}" if "pattern" in sub else "")]
     if not required:
         notes.append("optional")
-    if sub.get("minLength") == 1:
-        notes.append("not empty")
+    shortest = sub.get("minLength")
+    if isinstance(shortest, int) and shortest > 0:
+        notes.append("not empty" if shortest == 1 else f"at least {shortest} characters")
     for key, words in (("minimum", "at least {}"), ("maximum", "at most {}"), ("maxLength", "at most {} characters")):
         if key in sub:
             notes.append(words.format(sub[key]))
-    if isinstance(sub.get("minLength"), int) and sub["minLength"] > 1:
-        notes.append(f"at least {sub['minLength']} characters")
     if "default" in sub:
         notes.append("default " + json.dumps(sub["default"], ensure_ascii=False))
     desc = sub.get("description")
