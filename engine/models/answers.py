@@ -187,8 +187,7 @@ def _instructions(spec: CallSpec, schema_mode: bool, schema: dict[str, Any] | No
         return _json_instructions(spec, schema_mode, schema)
     if spec.kind == "code":
         lang = spec.code_lang or ""
-        return (f"## Answer format\nWrite the complete {lang or 'source'} code in one fenced code "
-                f"block, starting with a line ```{lang} and ending with a line ```.")
+        return f"## Answer format\nThe complete {lang or 'source'} code in one ```{lang} fenced block."
     if spec.kind == "choice":
         top = max(spec.n_choices - 1, 0)
         return (f"Answer with a single number: the stage to do next, from 0 to {top}, or -1 if "
@@ -272,17 +271,38 @@ def _build_json_instructions(schema: dict[str, Any], mode: str, examples: bool =
             'write lists, numbers, booleans and objects as JSON, e.g. ["first", "second"]. '
             f"Write nothing outside the tags.\nFields:\n{fields}"
         )
-    compact = json.dumps(_without_descriptions(schema), separators=(",", ":"), ensure_ascii=False)
+    if _said_by_fields(schema):   # the field list says all the schema does: not twice
+        rule = "It has exactly the fields below (no others), each of its type:\n"
+    else:
+        compact = json.dumps(_without_descriptions(schema), separators=(",", ":"), ensure_ascii=False)
+        rule = f"It must validate against this JSON Schema:\n{compact}\nFields:\n"
     if mode == "content":
-        return (
-            "## Answer format\nAnswer with a line [CONTENT], then one JSON object, then a line "
-            f"[/CONTENT], and nothing else. The object must validate against this JSON Schema:\n"
-            f"{compact}\nFields:\n{fields}"
-        )
-    return (
-        "## Answer format\nAnswer with one JSON object and nothing else (no prose before or after). "
-        f"It must validate against this JSON Schema:\n{compact}\nFields:\n{fields}"
-    )
+        return ("## Answer format\nAnswer with a line [CONTENT], then one JSON object, then a line "
+                f"[/CONTENT], and nothing else. {rule}{fields}")
+    return f"## Answer format\nAnswer with one JSON object and nothing else (no prose before or after). {rule}{fields}"
+
+
+_FIELD_LIST_KEYWORDS = frozenset({"type", "properties", "required", "additionalProperties", "items", "anyOf",
+                                  "enum", "description", "examples", "title"})
+"""What an output schema may use for its field list to say all of it (`_field_lines`: each
+field's type, list items, nesting, optional or not, allowed values)."""
+
+
+def _said_by_fields(schema: Any) -> bool:
+    """Whether `field_list(schema)` says everything `schema` asks: every object with fields
+    closed (the prompt says "no others"; a map, `object of string`, is said as that), no
+    keyword the list cannot say (a pattern, bounds, a format, a `$ref`). Else the prompt
+    shows the JSON Schema too, so that nothing is left unsaid."""
+    if not isinstance(schema, dict) or set(schema) - _FIELD_LIST_KEYWORDS:
+        return False
+    more = schema.get("additionalProperties")
+    if schema.get("type") == "object" and (more is not False if schema.get("properties") else
+                                           isinstance(more, dict) and not _said_by_fields(more)):
+        return False      # fields and others besides; or a map whose values need the schema
+    children = [*(schema.get("properties") or {}).values(), *schema.get("anyOf", [])]
+    if "items" in schema:
+        children.append(schema["items"])
+    return all(_said_by_fields(child) for child in children)
 
 
 def field_list(schema: dict[str, Any], examples: bool = False) -> str:
@@ -299,7 +319,7 @@ def _field_lines(schema: dict[str, Any], path: str, examples: bool = False) -> l
         name = f"{path}.{key}" if path else key
         note = "" if key in required else ", optional"
         desc = f": {sub['description']}" if sub.get("description") else ""
-        if examples and sub.get("examples"):
+        if examples and sub.get("examples") and sub["examples"][0] != "":   # not `Example: ` (nothing)
             stop = ":" if not desc else "" if desc[-1] in ".!?:" else "."
             desc += f"{stop} Example: {_example_text(sub['examples'][0])}"
         lines.append(f'- "{name}" ({_type_name(sub)}{note}){desc}')

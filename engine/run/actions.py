@@ -188,7 +188,7 @@ def context_section(compiled: CompiledSop, action: AnsweredAction, memory: Memor
     picked = [m for m in picked if m.content or m.cause_by != USER_REQUIREMENT]   # a run started without an idea
     if not picked:
         return ""
-    blocks = [f"### {m.cause_by} from {role_label(compiled, m.sent_from)}\n{m.content}" for m in picked]
+    blocks = [f"### {m.cause_by} from {role_label(compiled, m.sent_from)}\n{m.quoted}" for m in picked]
     return "\n\n## Context\n\n" + "\n\n".join(blocks)
 
 

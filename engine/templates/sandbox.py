@@ -461,7 +461,7 @@ def _about(diagram: Any, files: Any, whole_below: int = 3000) -> str:
             block = True
         elif block and line.strip() == "}":
             block = False
-    if len(kept) <= 1:
+    if len(kept) <= 1 < len(lines):
         kept.append(f"    %% the design names nothing of {', '.join(map(str, files))} here "
                     f"({len(lines) - 1} lines not shown)")
     return "\n".join(kept)

@@ -172,14 +172,34 @@ def test_markdown_json_values_and_missing_sections():
         run(gateway, spec(format="markdown", retries=0))
 
 
-def test_json_prompt_shows_the_schema_compactly_and_the_field_instructions():
+def test_json_prompt_lists_the_fields_and_not_a_schema_they_say_all_of():
     gateway, model = scripted(json.dumps(VALID))
     run(gateway, spec())
     prompt = model.prompts()[0]
     assert prompt.startswith("Write the PRD.")
-    assert '"enum":["P0","P1"]' in prompt and "description" not in prompt
-    assert '- "Notes" (string or null, optional)' in prompt
+    assert "exactly the fields below (no others)" in prompt and '{"type"' not in prompt
+    assert '- "Priority" (one of P0|P1)' in prompt and '- "Notes" (string or null, optional)' in prompt
     assert model.requests[0].response_format is None
+
+
+@pytest.mark.parametrize("rule", [{"pattern": "^[a-z0-9_]+$"}, {"minLength": 3}, {"format": "uri"}])
+def test_json_prompt_shows_the_schema_compactly_when_the_fields_cannot_say_it(rule):
+    """A rule the field list has no words for (a pattern, a bound, a format) is not left
+    unsaid: the prompt shows the JSON Schema, without descriptions, then the fields."""
+    schema = {**SCHEMA, "properties": {**SCHEMA["properties"],
+                                       "Project Name": {**SCHEMA["properties"]["Project Name"], **rule}}}
+    gateway, model = scripted(json.dumps(VALID))
+    run(gateway, spec(schema=schema))
+    prompt = model.prompts()[0]
+    assert json.dumps(rule, separators=(",", ":"))[1:-1] in prompt and "description" not in prompt
+    assert '"enum":["P0","P1"]' in prompt and '- "Notes" (string or null, optional)' in prompt
+
+
+def test_json_prompt_shows_the_schema_of_an_open_object():
+    """An object that allows other keys: "no others" would be wrong, so the schema says it."""
+    gateway, model = scripted(json.dumps(VALID))
+    run(gateway, spec(schema={**SCHEMA, "additionalProperties": True}))
+    assert '"additionalProperties":true' in model.prompts()[0]
 
 
 def test_schema_mode_sends_response_format_and_still_validates():

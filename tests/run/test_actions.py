@@ -85,6 +85,61 @@ def test_context_names_the_sender_by_name_and_profile_and_code_has_no_fence(tmp_
     assert result.messages[1].content == (tmp_path / "main.py").read_text()
 
 
+STRUCTURED_THEN_READ = """\
+apiVersion: sop/v1
+name: quoted_fields
+actions:
+  Design:
+    prompt: "Design it."
+    output:
+      Zeta approach: {type: str, instruction: how}
+      Alpha files: {type: "list[str]", instruction: files}
+      Rows: {type: "list[list[str]]", instruction: rows}
+      Diagram: {type: str, instruction: a diagram}
+      Notes: {type: "optional[str]", instruction: notes}
+  Plan:
+    prompt: "Plan it."
+    context: [Design]
+    output: text
+  Speak:
+    prompt: "Say it."
+    output: {Line: {type: str, instruction: a line}}
+    content: "{{ out.Line }}!"
+  Hear:
+    prompt: "Answer it."
+    context: [Speak]
+    output: text
+roles:
+  Architect: {actions: [Design], watch: [UserRequirement]}
+  Speaker: {actions: [Speak], watch: [UserRequirement]}
+  Planner: {actions: [Plan], watch: [Design]}
+  Listener: {actions: [Hear], watch: [Speak]}
+"""
+
+
+def _design_answer(spec: CallSpec, attempt: int) -> Any:
+    if spec.action == "Design":
+        return {"Zeta approach": "curses", "Alpha files": ["main.py", "game.py"], "Rows": [["P0", "move"]],
+                "Diagram": "classDiagram\n    class Game", "Notes": None}
+    return {"Line": "hello"} if spec.action == "Speak" else default_answer(spec)
+
+
+def test_context_quotes_a_structured_output_as_its_fields_in_its_own_order(tmp_path: Path) -> None:
+    """Not as indented JSON (a tenth more tokens, a diagram as one escaped string): a line
+    per field, in the order the model wrote them, a text of several lines below its key as
+    written, a list a line per item, a skipped optional field not at all. A message whose
+    `content:` the SOP computes is quoted as it is; `.content` stays the JSON."""
+    model = ScriptedModel(_design_answer)
+    result = run_sop(sop_text(STRUCTURED_THEN_READ), model, tmp_path)
+    plan = _request(model, "Plan").prompt
+    assert plan.split("### Design from Architect (Architect)\n", 1)[1] == (
+        "Zeta approach: curses\nAlpha files:\n- main.py\n- game.py\nRows:\n- [\"P0\", \"move\"]\n"
+        "Diagram:\nclassDiagram\n    class Game")
+    assert "### Speak from Speaker (Speaker)\nhello!" in _request(model, "Hear").prompt
+    design = next(m for m in result.messages if m.cause_by == "Design")
+    assert design.content.startswith("{\n  \"Zeta approach\": \"curses\"")
+
+
 def test_msgs_and_out_keys_reach_the_template(tmp_path: Path) -> None:
     model = ScriptedModel(lambda s, _: {"Project Name": "snake_game", "Product Goals": ["g"]}
                             if s.action == "WritePRD" else default_answer(s))

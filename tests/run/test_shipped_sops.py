@@ -388,15 +388,24 @@ def test_each_file_prompt_carries_its_task_and_the_interfaces_it_uses_only(tmp_p
         assert "WHOLE_FLOW" not in ui, "the whole call flow stays in the design document"
 
 
+_DIAGRAM = ("classDiagram\n    class Board {\n        +slide(d: str) bool\n    }\n    class Scores {\n        +best() int\n"
+            "    }\n    class Ui {\n        +draw(board: Board) None\n    }\n    class Main {\n        +run() None\n"
+            "    }\n    Ui --> Board\n    Main --> Ui")
+_FLOW = "sequenceDiagram\n    Main->>Ui: draw(board)\n    Ui->>Board: slide(d)\n    Main->>Scores: best()"
+
+
 @pytest.mark.parametrize("left_out", ["null", "absent"])
-def test_a_design_without_rows_per_file_gives_each_file_the_class_diagram_and_call_flow(
+def test_a_design_without_rows_per_file_gives_each_file_its_lines_of_the_diagrams(
         tmp_path: Path, left_out: str):
-    """An optional key a model leaves out (as `local` may) reads null, in prompts and artifacts."""
+    """An optional key a model leaves out (as `local` may) reads null, in prompts and artifacts;
+    each file then gets the lines of the class diagram and the call flow that name it or
+    what it imports, never the whole diagram (issue 28: linear whatever the model writes)."""
     def no_rows(spec: CallSpec, attempt: int) -> str:
         value = json.loads(_four_files(spec, attempt)) if spec.kind == "json" else None
         if spec.action != "WriteDesign" or value is None:
             return _four_files(spec, attempt)
         value["Interfaces per file"] = None
+        value["Data structures and interfaces"], value["Program call flow"] = _DIAGRAM, _FLOW
         if left_out == "absent":
             del value["Interfaces per file"], value["Program call flow"]
         return json.dumps(value)
@@ -406,26 +415,35 @@ def test_a_design_without_rows_per_file_gives_each_file_the_class_diagram_and_ca
         result = _run(COMPANY, tmp_path / "ws")
     assert result.status == "idle", result.error
     design = next(m for m in result.messages if m.cause_by == "WriteDesign").out
-    assert design["Interfaces per file"] is None and "WHOLE_DIAGRAM" in design["Data structures and interfaces"]
-    assert all("WHOLE_DIAGRAM" in p for p in _prompts_by_file(model, "WriteCode").values())
-    if left_out == "null":      # no rows of its own: each file gets the whole call flow
-        assert all("WHOLE_FLOW" in p for p in _prompts_by_file(model, "WriteCode").values())
+    assert design["Interfaces per file"] is None and design["Data structures and interfaces"] == _DIAGRAM
+    for action in ("WriteCode", "WriteCodeReview"):
+        ui = _prompts_by_file(model, action)["ui.py"]
+        assert "class Ui {" in ui and "+draw(board: Board) None" in ui and "class Board {" in ui
+        assert "class Scores {" not in ui and "class Main {" not in ui
+    code = _prompts_by_file(model, "WriteCode")
+    if left_out == "null":      # no rows of its own: each file gets its lines of the call flow
+        assert "Ui->>Board: slide(d)" in code["ui.py"] and "Main->>Scores" not in code["ui.py"]
+        assert "Main->>Scores: best()" in code["scores.py"] and "Ui->>Board" not in code["scores.py"]
+    else:
+        assert all("## Its part of the call flow\nnot given\n" in p for p in code.values())
 
 
-def test_a_file_row_without_its_calls_gives_that_file_the_whole_call_flow(tmp_path: Path):
+def test_a_file_row_without_its_calls_gives_that_file_its_lines_of_the_call_flow(tmp_path: Path):
     """A design whose rows stop at the interface (as a terse model may answer them)."""
     def two_columns(spec: CallSpec, attempt: int) -> str:
         if spec.action != "WriteDesign":
             return _four_files(spec, attempt)
         value = json.loads(_four_files(spec, attempt))
         value["Interfaces per file"] = [row[:2] for row in value["Interfaces per file"]]
+        value["Program call flow"] = _FLOW
         return json.dumps(value)
 
     model = ScriptedModel(two_columns)
     with use_model(model):
         assert _run(COMPANY, tmp_path / "ws").status == "idle"
     prompts = _prompts_by_file(model, "WriteCode")
-    assert all("WHOLE_FLOW" in p and "WHOLE_DIAGRAM" not in p for p in prompts.values())
+    assert all("WHOLE_DIAGRAM" not in p for p in prompts.values())
+    assert "Ui->>Board: slide(d)" in prompts["ui.py"] and "Main->>Scores" not in prompts["ui.py"]
     assert "API_OF_BOARD" in prompts["ui.py"]
 
 
@@ -437,9 +455,9 @@ def test_on_plain_fake_the_code_prompt_finds_its_task_entry_and_interfaces(
     capsys.readouterr()
     assert sopctl(["show", str(ws), "--prompts", "Engineer.WriteCode"]) == 0
     shown = capsys.readouterr().out
-    assert "What it does (from the task list): Example contents\n" in shown
-    assert "(from the design)\n- main.py: Example interface\n" in shown
-    assert "## Its part of the program call flow (from the design)\nExample calls\n" in shown
+    assert "What it does: Example contents\n" in shown
+    assert "## Interfaces of the file and of the files it imports\n- main.py: Example interface\n" in shown
+    assert "## Its part of the call flow\nExample calls\n" in shown
 
 
 # --------------------------------------------------------------------------- the fix loop

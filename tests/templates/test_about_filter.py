@@ -35,3 +35,8 @@ def test_a_bound_of_zero_cuts_even_a_short_diagram() -> None:
     shown = render("{{ d | about(['game.py'], 0) }}", d=short)
     assert "class Game {" in shown and "+move(d: str) bool" in shown and "Game --> Board" in shown
     assert "class Board {" not in shown
+
+
+def test_a_one_line_diagram_is_shown_as_it_is() -> None:
+    """Nothing to cut and nothing left out: no note that lines were not shown."""
+    assert render("{{ d | about(['game.py'], 0) }}", d="Example interfaces") == "Example interfaces"
