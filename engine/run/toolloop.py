@@ -189,10 +189,6 @@ def _tally(names: Iterable[str], most: int = 8) -> str:
     return ", ".join(shown + ([f"{len(counts) - most} more kinds"] if len(counts) > most else []))
 
 
-_PLAN_POINTER_CHARS = 80
-"""A plan status this long or shorter is shown whole even when it has not changed."""
-
-
 def step_schema(names: list[str]) -> dict[str, Any]:
     """What one step's answer must be: a thought and at least one command (RoleZero's list)."""
     command = {"type": "object", "required": ["command_name"],
@@ -478,6 +474,7 @@ class ToolLoop:
         return ("## Commands\nYou work by giving commands. The engine runs them in order and shows you "
                 "their output in the next step. The commands you can give:\n" + "\n".join(lines) +
                 f"\nGive independent commands together in one step (at most {MAX_COMMANDS})." + rule +
+                (" The plan's status comes with a step's output when the plan changed." if self._plans() else "") +
                 f" When the work is done, give `{END}` with your final answer as its args.")
 
     def _first_message(self, prompt: str, context: str = "") -> str:
@@ -497,10 +494,11 @@ class ToolLoop:
         """The step's own message, the last of its request: what the step before gave back
         (`_results`, added by _turns), the plan's status, which step this is, a re-ask's note."""
         parts = []
-        if any(name.startswith("plan.") for name in self.tools):
-            parts.append("## Plan status\n" + self._plan_status(step))
+        status = self._plan_status(step) if self._plans() else None
+        if status is not None:
+            parts.append("## Plan status\n" + status)
         if step < self.limit:
-            parts.append(f"## Step {step} of at most {self.limit}\nGive your next commands.")
+            parts.append(f"## Step {step} of at most {self.limit}: your next commands")
         else:
             parts.append(f"## Step {step} of at most {self.limit}\nThis is your last step: "
                          f"give `{END}` with your final answer.")
@@ -508,14 +506,18 @@ class ToolLoop:
             parts.append(f"## Note\n{note}")
         return "\n\n".join(parts)
 
-    def _plan_status(self, step: int) -> str:
-        """The plan's status, whole; or, when it has not changed since an earlier step's message
-        showed it whole, where: every step's message stays in the history, so a plan of ten
-        tasks shown at each of forty steps would otherwise weigh on every later request."""
+    def _plans(self) -> bool:
+        return any(name.startswith("plan.") for name in self.tools)
+
+    def _plan_status(self, step: int) -> str | None:
+        """The plan's status, whole, at the first step and whenever it changed; None while it
+        stays as an earlier step's message showed it (the commands say so): every step's
+        message stays in the history, so a plan shown at each of forty steps would weigh on
+        every later request, and even a pointer to it was a tenth of what a short step adds."""
         status = self.builtins.plan.status()
         shown = self.plan_shown
-        if shown is not None and shown[0] == status and shown[1] < step and len(status) > _PLAN_POINTER_CHARS:
-            return f"Unchanged since step {shown[1]} (its plan status above)."
+        if shown is not None and shown[0] == status and shown[1] < step:
+            return None
         self.plan_shown = (status, step)
         return status
 
@@ -557,7 +559,7 @@ class ToolLoop:
         if not step._shown:
             commands = [{**c, "args": shown_args(c["args"])} if isinstance(c.get("args"), dict) else c
                         for c in step.commands[:MAX_COMMANDS]]
-            text = json.dumps({"thought": step.thought, "commands": commands}, ensure_ascii=False)
+            text = json.dumps({"thought": step.thought, "commands": commands}, ensure_ascii=False, separators=(",", ":"))
             step._shown = cut(text, MAX_STEP_OUTPUT_CHARS)
         return step._shown
 
@@ -585,19 +587,19 @@ class ToolLoop:
             if failed or self.builtins.human.stopped:
                 why = "the person answered stop" if self.builtins.human.stopped else \
                     "an earlier command of this step failed"
-                current.outputs += [f"Command {name} not run: {why}." for _, name, _ in group]
+                current.outputs += [f"{name} not run: {why}." for _, name, _ in group]
                 continue
             if group[0][1] == END:
                 value, problem = self._final(group[0][2])
                 if not problem:
                     return value
-                current.outputs.append(f"Command end refused: {problem}")
+                current.outputs.append(f"{END} refused: {problem}")
                 failed = True
                 continue
             outcomes = await gather_or_cancel([self._call(step, i, n, a) for i, n, a in group])
             for (_, name, _), outcome in zip(group, outcomes, strict=True):
-                verb = "failed" if outcome.error else "executed"
-                current.outputs.append(f"Command {name} {verb}: {outcome.output}")
+                current.outputs.append(f"{name} failed: {outcome.output}" if outcome.error else
+                                       f"{name}: {outcome.output}")
                 failed = failed or outcome.error
                 self.commands_run += 1
                 self.commands_failed += bool(outcome.error)
@@ -799,8 +801,6 @@ def _capped(outcome: Outcome) -> Outcome:
     text = outcome.output
     if len(text) <= MAX_OUTPUT_CHARS:
         return outcome
-    cut = f"\n[output cut: {len(text) - MAX_OUTPUT_CHARS} more characters not shown]"
-    return replace(outcome, output=text[:MAX_OUTPUT_CHARS] + cut)
     cut = (f"\n[output cut: {len(text) - MAX_OUTPUT_CHARS} more characters not shown (every output is cut "
            f"at {MAX_OUTPUT_CHARS}); to see the rest, ask for less at a time, e.g. a range of lines]")
-    return Outcome(text[:MAX_OUTPUT_CHARS] + cut, outcome.error, outcome.files)
+    return replace(outcome, output=text[:MAX_OUTPUT_CHARS] + cut)

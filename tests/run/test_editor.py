@@ -117,7 +117,7 @@ def test_the_window_opens_at_a_line_and_scrolls(tmp_path: Path) -> None:
 
 def test_a_scroll_with_nothing_open_says_what_to_do(tmp_path: Path) -> None:
     _, prompts = loop(tmp_path, step(("editor.scroll_down", {})))
-    assert "Command editor.scroll_down failed: no file is open; give editor.open first" in prompts[1]
+    assert "editor.scroll_down failed: no file is open; give editor.open first" in prompts[1]
 
 
 def test_lines_are_inserted_replaced_and_appended(tmp_path: Path) -> None:
@@ -254,7 +254,7 @@ def test_a_resumed_loop_scrolls_on_from_the_window_in_the_journal(tmp_path: Path
              step(END)]
 
     def killed_before_the_scroll(spec: Any, attempt: int) -> Any:
-        if any("Command editor.open executed" in turn["content"] for turn in spec.turns):
+        if any("editor.open: " in turn["content"] for turn in spec.turns):
             raise KeyboardInterrupt   # the process dies while step 2 is asked
         return steps[0]
     with use_model(ScriptedModel(killed_before_the_scroll)), pytest.raises(KeyboardInterrupt):

@@ -59,9 +59,9 @@ def test_tools_are_discovered_namespaced_and_called(tmp_path: Path) -> None:
     names = [n for n, _ in model.requests[0].spec.commands]
     assert names == ["flaky.echo", "flaky.slow", "flaky.die", "end"]
     prompts = model.prompts()
-    assert "Command flaky.echo executed: echo: hi" in prompts[1]
-    assert "Command flaky.echo failed: the arguments do not match" in prompts[2]
-    assert "Command flaky.slow failed: flaky.slow timed out after 2 s" in prompts[3]
+    assert "flaky.echo: echo: hi" in prompts[1]
+    assert "flaky.echo failed: the arguments do not match" in prompts[2]
+    assert "flaky.slow failed: flaky.slow timed out after 2 s" in prompts[3]
 
 
 def test_only_a_tool_that_says_it_reads_runs_beside_its_neighbours() -> None:
@@ -201,7 +201,7 @@ def test_a_streamable_http_server_on_an_allowed_host(tmp_path: Path, monkeypatch
         monkeypatch.setenv("FLAKY_TOKEN", "secret-value")
         result = run_sop(sop, model, tmp_path / "ws", allow_hosts=["127.0.0.1"])
         assert result.status == "idle", result.error
-        assert "Command flaky.echo executed: echo: over http" in model.prompts()[1]
+        assert "flaky.echo: echo: over http" in model.prompts()[1]
     finally:
         proc.terminate()
         proc.wait(timeout=30)

@@ -85,7 +85,7 @@ roles:
                            {"thought": "t", "commands": [{"command_name": "end", "args": {"answer": "done"}}]}])
     result = run_sop(compiled, model, tmp_path / "ws", allow_exec=True)
     assert result.status == "idle", result.error
-    pid = int(model.prompts()[1].split("Command spawner.spawn executed: ", 1)[1].split()[0])
+    pid = int(model.prompts()[1].split("spawner.spawn: ", 1)[1].split()[0])
     assert _gone(pid)
 
 

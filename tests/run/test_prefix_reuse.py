@@ -31,8 +31,9 @@ def test_each_step_request_begins_with_the_whole_request_before_it(tmp_path: Pat
         assert after[:len(before)] == before      # nothing earlier rewritten: only new messages
         assert [m["role"] for m in after[len(before):]] == ["assistant", "user"]
     last = requests[-1][-1]["content"]
-    assert "## Plan status" in last and "This is your last step" in last   # the volatile part last
-    assert "Command editor.read executed" in last                # what the step before gave back
+    assert "## Plan status" in requests[1][-1]["content"]           # the plan changed: its status last
+    assert "This is your last step" in last                          # the volatile part last
+    assert "editor.read: " in last                # what the step before gave back
 
 
 def test_cached_tokens_are_read_from_either_provider_shape() -> None:
@@ -90,9 +91,10 @@ def test_an_arg_that_words_cannot_say_is_shown_as_its_json_schema() -> None:
     assert args_text(mcp) == "path (string)"           # an MCP server's schema, in words too
 
 
-def test_an_unchanged_plan_is_pointed_to_not_repeated_at_every_step(tmp_path: Path) -> None:
+def test_an_unchanged_plan_is_not_repeated_at_every_step(tmp_path: Path) -> None:
     """Every step's message stays in the history: a plan shown whole at each step would weigh
-    on every later request. Once shown, an unchanged plan is a pointer; a change shows it whole."""
+    on every later request. Once shown, an unchanged plan is not shown again (the commands
+    say so); a change shows it whole."""
     tasks = [("plan.append_task", {"task_id": str(i), "instruction": f"write part {i} of the game module"})
              for i in (1, 2, 3)]
     model = ScriptedModel([step(*tasks),
@@ -104,9 +106,11 @@ def test_an_unchanged_plan_is_pointed_to_not_repeated_at_every_step(tmp_path: Pa
     result = run_sop(sop_text(text), model, tmp_path / "ws")
     assert result.status == "idle", result.error
     asked = [r.messages[-1]["content"] for r in model.requests]
-    status = [a.split("## Plan status\n", 1)[1].split("\n\n## Step", 1)[0] for a in asked]
+    status = [a.split("## Plan status\n", 1)[1].split("\n\n## Step", 1)[0] if "## Plan status" in a else None
+              for a in asked]
     assert status[0] == "No plan yet."
     assert status[1].startswith("[TASK_ID 1] write part 1") and "[TASK_ID 3]" in status[1]
-    assert status[2] == status[3] == "Unchanged since step 2 (its plan status above)."
+    assert status[2] is None and status[3] is None
     assert status[4].startswith("[TASK_ID 1] (finished)")     # changed: whole again
+    assert "The plan's status comes with a step's output when the plan changed." in model.requests[0].messages[0]["content"]
     assert status[1] in model.requests[-1].messages[3]["content"]   # the step pointed to is in the history

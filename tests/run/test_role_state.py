@@ -86,7 +86,7 @@ def test_the_plan_is_kept_from_one_activation_to_the_next(tmp_path: Path) -> Non
     assert "Plan: [TASK_ID 1] write the PRD" in second[0] and "Current: write the PRD" in second[0]
     assert "## Plan status\n[TASK_ID 1] write the PRD" in second[0]
     # and plan.finish_current_task works on the tasks appended at the first turn
-    assert "Command plan.finish_current_task executed: task 1 finished; the current task is now 2" in second[1]
+    assert "plan.finish_current_task: task 1 finished; the current task is now 2" in second[1]
     assert "[TASK_ID 1] (finished) write the PRD" in second[1]
 
 
@@ -99,7 +99,7 @@ def test_the_working_memory_is_kept_from_one_activation_to_the_next(tmp_path: Pa
     earlier = second.split("## Your earlier work", 1)[1].split("## Context", 1)[0]
     assert "Round 1: Lead from Mike (Leader)\nwrite docs/prd.md" in earlier      # the message it got
     assert '"path": "docs/prd.md"' in earlier                                    # its commands
-    assert "Command editor.write executed: wrote docs/prd.md" in earlier         # and their output
+    assert "editor.write: wrote docs/prd.md" in earlier         # and their output
     assert "now write main.py" not in earlier        # this turn's message is the prompt's own
 
 
@@ -180,7 +180,7 @@ def test_at_max_steps_a_person_is_asked_to_go_on(tmp_path: Path) -> None:
     assert "has taken 19 steps" in asked[1]
     work = prompts_of(model, "Work", 2)
     assert len(work) == 20                                  # "yes": the count starts again
-    assert "## Step 10 of at most 20\nGive your next commands." in work[9]
+    assert "## Step 10 of at most 20: your next commands" in work[9]
     assert "This is your last step" in work[19]             # "no": the last step offers only end
     assert next(m for m in result.messages if m.cause_by == "Work").content == "finally"
 
@@ -280,7 +280,7 @@ def test_commands_past_the_cap_are_not_run_and_the_model_is_told(tmp_path: Path)
     result = run_sop(sop_text(TEAM.replace("max_runs: 2", "max_runs: 1")), model, tmp_path / "ws")
     assert result.status == "idle", result.error
     shown = prompts_of(model, "Work", 2)[1]
-    assert shown.count("Command editor.list executed") == MAX_COMMANDS
+    assert shown.count("editor.list: ") == MAX_COMMANDS
     assert f"Not run, at most {MAX_COMMANDS} commands run per step: the other 5" in shown
     assert f"(at most {MAX_COMMANDS})" in model.requests[-1].messages[0]["content"]   # told up front
 
@@ -314,7 +314,7 @@ def test_resume_rebuilds_the_plan_and_the_memory_without_asking_again(tmp_path: 
     lead = prompts_of(again, "Lead", 3)
     assert "Plan: [TASK_ID 1] write the PRD" in lead[0] and "## Your earlier work" in lead[0]
     assert "task 1 finished; the current task is now 2" in lead[1]
-    assert "Command editor.write executed: wrote docs/prd.md" in prompts_of(again, "Work", 4)[0]
+    assert "editor.write: wrote docs/prd.md" in prompts_of(again, "Work", 4)[0]
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ def test_a_loop_runs_commands_and_shows_their_output_until_end(tmp_path: Path) -
     assert (tmp_path / "ws" / "notes" / "a.md").read_text() == "one\ntwo"
     assert result.messages[-1].out == {"Summary": "wrote a.md"}
     prompts = model.prompts()
-    assert "Command editor.write executed: wrote notes/a.md" in prompts[1]
+    assert "editor.write: wrote notes/a.md" in prompts[1]
     assert "1|one\n2|two" in prompts[2]
     assert "## Plan status" in prompts[0] and "## Step 3 of at most 4" in prompts[2]
     assert [e.tool for e in tool_events(result)] == ["editor.write", "editor.read"]
@@ -66,10 +66,10 @@ def test_bad_arguments_and_failures_go_back_to_the_model(tmp_path: Path) -> None
     result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
     assert result.status == "idle", result.error
     prompts = model.prompts()
-    assert "Command editor.write failed: the arguments do not match" in prompts[1]
+    assert "editor.write failed: the arguments do not match" in prompts[1]
     assert "'content' is a required property" in prompts[1]
-    assert "Command editor.read failed: no file missing.md" in prompts[2]
-    assert "Command editor.write not run: an earlier command of this step failed" in prompts[2]
+    assert "editor.read failed: no file missing.md" in prompts[2]
+    assert "editor.write not run: an earlier command of this step failed" in prompts[2]
     assert "contains '..'" in prompts[3]
     assert not (tmp_path / "out.md").exists()
     assert [e.error for e in tool_events(result)] == [True, True, True]
@@ -85,7 +85,8 @@ def test_a_huge_output_is_capped(tmp_path: Path) -> None:
     assert f"[line 1 is {len(big):,} characters; the first" in model.prompts()[2]
     assert "x" * (MAX_OUTPUT_CHARS + 1) not in model.prompts()[2]
     cut = _capped(Outcome("y" * (MAX_OUTPUT_CHARS + 5), state={"kept": 1}))
-    assert cut.output.endswith("[output cut: 5 more characters not shown]") and cut.state == {"kept": 1}
+    assert "[output cut: 5 more characters not shown" in cut.output and cut.state == {"kept": 1}
+    assert cut.output.endswith("to see the rest, ask for less at a time, e.g. a range of lines]")   # how
 
 
 def test_edits_of_different_files_run_in_one_step(tmp_path: Path) -> None:
@@ -101,7 +102,7 @@ def test_an_invalid_end_is_refused_and_the_loop_goes_on(tmp_path: Path) -> None:
     model = ScriptedModel([step(("end", {"Nope": 1})), end("fine")])
     result = run_sop(sop_text(WRITER), model, tmp_path / "ws")
     assert result.status == "idle", result.error
-    assert "Command end refused" in model.prompts()[1]
+    assert "end refused" in model.prompts()[1]
     assert result.messages[-1].out == {"Summary": "fine"}
 
 
@@ -309,7 +310,7 @@ def test_human_ask_and_reply_reach_the_person_and_are_journaled(tmp_path: Path) 
     assert result.status == "idle", result.error
     assert [q.prompt for q in person.questions] == ["Which colour?"]
     assert person.told == [("Writer", "Writing it in blue.")]
-    assert "Command human.ask executed: the person answered: blue" in model.prompts()[1]
+    assert "human.ask: the person answered: blue" in model.prompts()[1]
 
 
 def test_human_ask_without_a_person_makes_the_run_wait(tmp_path: Path) -> None:
