@@ -9,10 +9,14 @@ What survives what:
   event, a published message); `resume` re-creates them by re-executing with the journaled answers, at no cost,
   so the kill -9 sweep of tests/journal/test_faults.py still repeats at most the one call that was
   in flight.
-- a power cut (the OS dies too): what an fsync covered. `Syncer`, a thread per writable
-  journal, fsyncs the WAL (and the `.sopctl` folder, once) whenever an answer was committed
-  since its last fsync, so every commit that lands during one fsync shares the next one
-  (the answers of a fan-out, the step events). The durability barrier, `durable()` (through
+- a power cut (the OS dies too): what an fsync covered. `Syncer` fsyncs the WAL (and the
+  `.sopctl` folder, once) at the durability barrier, covering every commit so far (the
+  answers of a fan-out, the step events), so one fsync serves every answer committed
+  before it. Where: at the barrier itself, on the calling thread, while this disk's last
+  fsync took under INLINE_FSYNC_S (the common case: handing the fsync to a thread and its
+  result back to the event loop cost more CPU than the fsync, about a quarter of a tool
+  step); on a slower disk, a thread of the journal's fsyncs whenever an answer was
+  committed, off the event loop, and the barrier waits for it. The durability barrier, `durable()` (through
   `engine.models.types.durable`, which the models and run layers call without knowing the
   journal), is awaited right before something leaves the process that may have been built
   from the answers: a paid model request (engine.models.gateway), a command (`kind:
@@ -22,7 +26,8 @@ What survives what:
   then), not for answers recorded while it waits (a fan-out's other calls: nothing this
   call sends was built from them, and waiting for them would cost an fsync per answer
   instead of one per wave). It returns at once when the last fsync covers them, else it
-  waits, without blocking the event loop, for the thread's next fsync. So a power cut
+  fsyncs (a quick disk) or waits, without blocking the event loop, for the thread's next
+  fsync (a slow one). So a power cut
   loses only answers nothing has acted on yet (`resume` asks for them again: at most
   about as many calls as were running at once) and events after the last fsync, never an
   answer that something outside was told about or paid on.
@@ -31,8 +36,8 @@ What survives what:
   pages: nothing written since can be called durable); the run stops there. One that fails
   after the run's last barrier is raised at its end (`require_durable`, engine.api).
 
-The syncer starts with the first commit it must cover, stops at `close` after a last fsync,
-and starts afresh in a forked child. `SOPCTL_JOURNAL_SYNC=answer` fsyncs each answer before
+The thread starts with the first commit it must cover on a slow disk, stops at `close`
+after a last fsync, and starts afresh in a forked child. `SOPCTL_JOURNAL_SYNC=answer` fsyncs each answer before
 `record` returns, on the calling thread (the default before the syncer: one fsync per answer
 on the run's path); `full` commits and fsyncs every event on its own before the run goes on
 (about three fsyncs per model call). bench/journal_bench.py measures them all; `tiered`, an
@@ -44,13 +49,19 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from pathlib import Path
 
 from engine.errors import JournalError
 from engine.journal.run_folder import OPEN_OWN
 from engine.journal.sqlite_errors import explain
 
-__all__ = ["Syncer", "datasync"]
+__all__ = ["INLINE_FSYNC_S", "Syncer", "datasync"]
+
+
+INLINE_FSYNC_S = 0.002
+"""An fsync this quick (the last one measured) is done at the barrier, on the calling thread;
+a slower one on the journal's thread, so the event loop never stops for long."""
 
 
 def datasync(fd: int) -> None:
@@ -60,21 +71,22 @@ def datasync(fd: int) -> None:
 
 
 class Syncer:
-    """The second half of group commit: a thread that fsyncs the journal's WAL after commits.
+    """The second half of group commit: fsyncs of the journal's WAL after commits.
 
     Every commit adds one to a generation count, and an answer's commit marks its generation
-    as needed; the thread fsyncs whenever a needed generation is not covered yet, so all the
-    commits that land during one fsync (the answers of a fan-out, the step events around
-    them) share the next one. The step events alone never wake it: they ride along with the
-    next answer's fsync (a power cut losing them costs nothing, `resume` re-creates them).
-    `wait` is the event loop's side: nothing while every answer committed so far is
-    covered, else a future the thread resolves once they are (answers committed later are
-    the next `wait`'s business). An fsync that fails (EIO, ENOSPC) is kept and raised at every later
+    as needed; an fsync covers every commit before it, so all the commits that land before
+    one (the answers of a fan-out, the step events around them) share it. The step events
+    alone never need one: they ride along with the next answer's fsync (a power cut losing
+    them costs nothing, `resume` re-creates them). `wait` is the barrier: nothing while
+    every answer committed so far is covered; else, while the disk is quick (its last fsync
+    under INLINE_FSYNC_S), an fsync right there; on a slow disk a future that the thread,
+    woken by each answer's commit, resolves once they are covered (answers committed later
+    are the next `wait`'s business). An fsync that fails (EIO, ENOSPC) is kept and raised at every later
     `wait`: after a failed fsync the kernel may have dropped the pages, so nothing written
     since can be called durable.
 
-    One per writable `Journal`; the thread starts with the first commit it must cover and
-    stops in `close`, after a last fsync. A forked child starts afresh with its own lock and
+    One per writable `Journal`; the thread starts with the first commit it must cover on a
+    slow disk and stops in `close`, after a last fsync. A forked child starts afresh with its own lock and
     thread (the parent's thread does not exist there; its lock may have been held).
     """
 
@@ -86,6 +98,7 @@ class Syncer:
         self._committed = 0             # commits so far
         self._needed = 0                # the generation of the last answer's commit
         self._synced = 0                # commits an fsync covered
+        self._last_fsync_s = 0.0        # how long the last fsync took (quick: at the barrier)
         self._error: tuple[str, str] | None = None
         self._reset()
 
@@ -114,6 +127,8 @@ class Syncer:
             if not (answer or fsynced) or self._error is not None or self._stopping:
                 return
             self._needed = self._committed
+            if self._inline():
+                return              # the barrier fsyncs it
             self._start()
             self._cond.notify()
         # No hand-over of the GIL here (time.sleep(0)): it starts the fsync a little sooner
@@ -136,13 +151,25 @@ class Syncer:
             return max(self._needed - self._synced, 0)
 
     def wait(self) -> asyncio.Future[None] | None:
-        """None when every answer committed so far is on disk, else a future done when it
-        is (call it from a coroutine); a failed fsync is a JournalError, here or from it."""
+        """None when every answer committed so far is on disk (fsynced here first on a quick
+        disk), else a future done when it is (call it from a coroutine); a failed fsync is a
+        JournalError, here or from it."""
         self._same_process()
         with self._cond:
             self.raise_if_failed()
             if self._synced >= self._needed:
                 return None
+            target = self._committed
+            inline = self._inline()
+        if inline:
+            self._sync_up_to(target)
+            self.raise_if_failed()
+            return None
+        with self._cond:
+            if self._synced >= self._needed:
+                return None
+            self._start()             # the disk turned slow after the commit: the thread's now
+            self._cond.notify()
             loop = asyncio.get_running_loop()
             future: asyncio.Future[None] = loop.create_future()
             self._waiters.append((self._needed, loop, future))
@@ -162,6 +189,11 @@ class Syncer:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+    def _inline(self) -> bool:
+        """Whether the barrier fsyncs itself: the disk's last fsync was quick (a thread started
+        while it was slow sleeps until an answer's commit finds it slow again)."""
+        return self._last_fsync_s < INLINE_FSYNC_S
 
     def raise_if_failed(self) -> None:
         if self._error is not None:
@@ -205,7 +237,9 @@ class Syncer:
         try:
             if self._fd < 0 or not _same_file(self._fd, self._wal):
                 self._reopen()
+            started = time.perf_counter()
             datasync(self._fd)
+            self._last_fsync_s = time.perf_counter() - started
             if not self._dir_synced:
                 _fsync_folder(self._path.parent)
                 self._dir_synced = True

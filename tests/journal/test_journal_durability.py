@@ -86,6 +86,7 @@ class Probe:
         self.seen: list[tuple[str, bool]] = []
         self.required: dict[Any, list[tuple[Any, int]]] = {}
         self.fsyncs = 0
+        self.in_barrier = 0
         real_init, real_sync = journal_syncer.Syncer.__init__, journal_syncer.datasync
         real_wait = journal_syncer.Syncer.wait
 
@@ -102,14 +103,18 @@ class Probe:
 
         def wait(syncer: Any) -> Any:
             self.required.setdefault(_task(), []).append((syncer, syncer._needed))
-            return real_wait(syncer)
+            self.in_barrier += 1          # a quick disk's barrier fsyncs right here
+            try:
+                return real_wait(syncer)
+            finally:
+                self.in_barrier -= 1
 
         monkeypatch.setattr(journal_syncer.Syncer, "__init__", init)
         monkeypatch.setattr(journal_syncer.Syncer, "wait", wait)
         monkeypatch.setattr(journal_syncer, "datasync", on_demand_sync)
 
     def _demanded(self) -> bool:
-        return any(s._waiters or s._stopping for s in self.syncers)
+        return self.in_barrier > 0 or any(s._waiters or s._stopping for s in self.syncers)
 
     def note(self, where: str) -> None:
         """Something leaves the process: were the answers its barrier saw fsynced?"""
@@ -227,6 +232,43 @@ def test_answer_mode_fsyncs_each_answer_before_record_returns(
         assert journal.durable() is None
 
 
+def test_a_quick_disk_is_fsynced_at_the_barrier_and_a_slow_one_on_the_thread(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Handing an fsync to a thread and back cost more CPU than a quick disk's fsync: while
+    the last one took under INLINE_FSYNC_S the barrier fsyncs on its own thread, and no
+    thread starts; once one is slow, each answer's commit wakes the thread, and the barrier
+    waits for it without blocking the event loop."""
+    synced_on: list[str] = []
+    slow = False
+    real_sync = journal_syncer.datasync
+
+    def sync(fd: int) -> None:
+        synced_on.append(threading.current_thread().name)
+        if slow:
+            time.sleep(journal_syncer.INLINE_FSYNC_S * 2)
+        real_sync(fd)
+
+    monkeypatch.setattr(journal_syncer, "datasync", sync)
+    here = threading.current_thread().name
+    with Journal.create(tmp_path, sop_name="x", sop_hash="h") as journal:
+        journal.record("h1", "Write", StoredAnswer("one", 1, 1, 0.0))
+        assert journal.unsynced() > 0 and synced_on == []        # committed; the barrier fsyncs
+        assert journal.durable() is None and synced_on == [here] and journal.unsynced() == 0
+        assert journal._syncer._thread is None
+
+        slow = True
+        journal.record("h2", "Write", StoredAnswer("two", 1, 1, 0.0))
+        assert journal.durable() is None and synced_on == [here, here]   # measured slow here
+        journal.record("h3", "Write", StoredAnswer("three", 1, 1, 0.0))
+
+        async def barrier() -> None:
+            await durable(journal)
+
+        asyncio.run(barrier())
+        assert journal.unsynced() == 0 and synced_on[2:] and here not in synced_on[2:]
+        assert journal._syncer._thread is not None
+
+
 @pytest.mark.parametrize("code, words", [(errno.EIO, "Input/output error"),
                                          (errno.ENOSPC, "the disk is full")])
 def test_a_failed_fsync_is_a_journal_error_at_the_barrier(
@@ -342,7 +384,9 @@ roles:
 
 def test_an_fsync_that_fails_after_the_last_barrier_fails_the_run(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Nothing waits for the last answer's fsync; the run's end still reports its failure."""
+    """Nothing waits for the last answer's fsync; the run's end still reports its failure (a
+    slow disk's: its fsyncs run on the thread, after the answers' commits)."""
+    monkeypatch.setattr(journal_syncer, "INLINE_FSYNC_S", 0.0)
     calls: list[int] = []
     real_sync = journal_syncer.datasync
 
