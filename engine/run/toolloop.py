@@ -244,6 +244,8 @@ class _Step:
     """Its commands are not run: its outputs are already what the model is shown (stuck)."""
     asked: str = ""
     """The step's own message as sent, without the results of the step before (see _turns)."""
+    same_as: dict[int, int] = field(default_factory=dict)
+    """Output index -> the earlier step whose output was the same text (`_same_outputs`)."""
     _canonical: str = field(default="", init=False, repr=False, compare=False)
     _shown: str = field(default="", init=False, repr=False, compare=False)
     """Worked out once each: its commands as compared for a repeat, its answer as the history shows it."""
@@ -288,6 +290,8 @@ class ToolLoop:
         self.commands_failed = 0
         self.plan_shown: tuple[str, int] | None = None
         """The plan's status as a step's message last showed it whole, and that step's number."""
+        self.outputs_shown: dict[str, int] = {}
+        """A long output -> the first step that showed it (`_same_outputs`)."""
 
     async def run(self, prompt: str, system: str, context: str = "") -> Any:
         if self.action.tool_top_k is not None:
@@ -544,9 +548,9 @@ class ToolLoop:
             self.turns += [{"role": "user", "content": "\n\n".join(filter(None, [before, step.asked]))},
                            {"role": "assistant", "content": self._answer_text(step)}]
 
-    @staticmethod
-    def _results(number: int, step: _Step, *, full: bool) -> str:
-        shown = [o if full else cut(o, OLD_OUTPUT_CHARS) for o in step.outputs]
+    def _results(self, number: int, step: _Step, *, full: bool) -> str:
+        shown = [_same_output(o, step.same_as[i]) if step.same_as.get(i, 0) > self.cut_through else
+                 o if full else cut(o, OLD_OUTPUT_CHARS) for i, o in enumerate(step.outputs)]
         return f"## Step {number}: what came back\n" + "\n".join(shown)
 
     @staticmethod
@@ -610,7 +614,23 @@ class ToolLoop:
                                    f"{len(over):,} ({_tally(name for name, _ in over)}); give them again "
                                    "in a later step if they are still needed.")
         current.outputs = _within_step_limit(current.outputs)
+        self._same_outputs(step, current)
         return _NOT_DONE
+
+    def _same_outputs(self, step: int, current: _Step) -> None:
+        """Note each long output that is, word for word, one an earlier step showed whole (a
+        file read again, unchanged): the history shows it as a pointer to that step, not the
+        text again in every later request. A model rereads files often; a 40-line file is
+        about a thousand characters. `outputs` keep the text (stuck detection, the role's
+        memory), and a pointer whose step is cut later shows the text again (`_results`)."""
+        for index, output in enumerate(current.outputs):
+            if len(output) < _SAME_OUTPUT_CHARS:
+                continue
+            earlier = self.outputs_shown.get(output)
+            if earlier is not None and earlier > self.cut_through:
+                current.same_as[index] = earlier
+            else:
+                self.outputs_shown[output] = step
 
     def _exclusive_cut(self, calls: list[tuple[str, Any]]) -> tuple[list[tuple[str, Any]], str]:
         """RoleZero's exclusive commands, per file: the list is cut before a second edit of a
@@ -785,6 +805,16 @@ def _within_step_limit(outputs: list[str]) -> list[str]:
         kept.append(f"{head}: [output not shown: this step's outputs passed {MAX_STEP_OUTPUT_CHARS:,} "
                     "characters; ask for fewer or smaller results in one step]")
     return kept
+
+
+_SAME_OUTPUT_CHARS = 200
+"""An output this long, the same as one an earlier step showed whole, is a pointer to it."""
+
+
+def _same_output(output: str, step: int) -> str:
+    """`editor.read: the same output as at step 3, word for word (shown there)`."""
+    name = output.split(":", 1)[0]
+    return f"{name}: the same output as at step {step}, word for word (shown there)"
 
 
 def shown_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -114,3 +114,47 @@ def test_an_unchanged_plan_is_not_repeated_at_every_step(tmp_path: Path) -> None
     assert status[4].startswith("[TASK_ID 1] (finished)")     # changed: whole again
     assert "The plan's status comes with a step's output when the plan changed." in model.requests[0].messages[0]["content"]
     assert status[1] in model.requests[-1].messages[3]["content"]   # the step pointed to is in the history
+
+
+BODY = "".join(f"line {i} of the module\n" for i in range(40))
+
+
+def test_a_reread_that_gives_the_same_output_points_to_the_step_that_showed_it(tmp_path: Path) -> None:
+    """A model rereads files often: the same long output again is a pointer in the history,
+    not a thousand more characters in every later request; a changed file is shown again."""
+    model = ScriptedModel([step(("editor.write", {"path": "a.md", "content": BODY})),
+                           step(("editor.read", {"path": "a.md"})),
+                           step(("editor.read", {"path": "a.md"}), ("editor.list", {"path": "."})),
+                           step(("editor.append", {"path": "a.md", "content": "one more\n"})),
+                           step(("end", {"Summary": "done"}))])
+    text = WRITER.replace("max_steps: 4", "max_steps: 6")
+    result = run_sop(sop_text(text), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    history = model.requests[-1].messages
+    third = next(m["content"] for m in history if m["content"].startswith("## Step 3: what came back"))
+    assert "editor.read: the same output as at step 2, word for word (shown there)" in third
+    assert "line 39 of the module" not in third and "editor.list: a.md" in third     # short: as it is
+    second = next(m["content"] for m in history if m["content"].startswith("## Step 2: what came back"))
+    assert "40|line 39 of the module" in second                                   # shown there
+
+
+def test_a_pointer_to_a_step_whose_output_was_cut_shows_the_output_again(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """Past the history's bound, the outputs of all but the newest steps are cut: a pointer to
+    one of them would point at nothing, so the history shows that output there again."""
+    from engine.run import toolloop
+
+    monkeypatch.setattr(toolloop, "_HISTORY_CHARS", 3_000)
+    monkeypatch.setattr(toolloop, "_FULL_STEPS", 2)
+    reads = [step(("editor.read", {"path": "a.md"}), ("editor.search", {"term": f"line {i} "})) for i in range(4)]
+    model = ScriptedModel([step(("editor.write", {"path": "a.md", "content": BODY})), *reads,
+                           step(("end", {"Summary": "done"}))])
+    text = WRITER.replace("max_steps: 4", "max_steps: 8")
+    result = run_sop(sop_text(text), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    history = model.requests[-1].messages
+    shown = {m["content"].split(":", 1)[0]: m["content"] for m in history
+             if m["content"].startswith("## Step ")}
+    assert "the same output as at step 2" not in shown["## Step 3"] or "40|line" in shown["## Step 2"]
+    fourth = shown["## Step 4"]      # step 2 (the first read) is cut now: its text is here again
+    assert "40|line 39 of the module" in fourth and "the same output" not in fourth
