@@ -36,7 +36,7 @@ BENCHES: list[tuple[str, str, str]] = [
     ("routing", "bench.routing_bench", "Routing scale: 1,000 roles, up to 100,000 messages"),
     ("validate", "bench.validate_bench", "Validation speed"),
     ("lsp", "bench.lsp_bench", "`sopctl lsp`: diagnostics on open and per change, over stdio"),
-    ("compile_share", "bench.compile_share", "What compiling the SOP costs of a run"),
+    ("compile_share", "bench.compile_share", "What compiling the SOP costs of a run, and the compiled-SOP cache"),
     ("gateway", "bench.gateway_bench", "LLM gateway"),
     ("run", "bench.run_bench", "Runs on the fake model"),
     ("journal", "bench.journal_bench", "Journal"),

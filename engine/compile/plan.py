@@ -4,7 +4,7 @@ The checker and the run used to work these facts out each on its own (the run ca
 into `load/` and `check/`); now the compiler works them out once, from the checked spec, and
 both read them here: `sopctl validate` prints `flags` after the diagnostics, `Team.check`
 refuses on them, the run routes, offers tools and shows experience from them. Plain frozen
-values (tuples, dicts, strings): nothing in it refers back to the checker or the loader.
+values (tuples, dicts, strings), so that a CompiledSop pickles into the on-disk cache.
 """
 
 from __future__ import annotations

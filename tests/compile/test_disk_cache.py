@@ -6,17 +6,21 @@ rewritten; SOPCTL_NO_CACHE turns it off; the sandbox's bounds hold for cached co
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from jsonschema.exceptions import SchemaError
 
 from engine import diskcache
+from engine.compile import cache as compile_cache
 from engine.compile import compiler
 from engine.templates import code
 from engine.templates.render import compile_expression, render_template
 from engine.templates.sandbox import TemplateFailure
 from engine.models import answers
+
+from run_helpers import ROOT
 
 
 SOP = """\
@@ -70,15 +74,101 @@ def _fresh_check(path: Path) -> compiler.CheckResult:
     return compiler.check_path(path)
 
 
-def test_compiled_sops_are_not_kept_on_disk(cache: Path, tmp_path: Path) -> None:
-    """Compiling is a small share of a run (bench.compile_share): no pickled SOP is stored,
-    only the templates' code (read back as code, never unpickled)."""
+def _same(a: compiler.CompiledSop, b: compiler.CompiledSop) -> bool:
+    """Equal SOPs (a graph compares by identity: its nodes and edges with their data here)."""
+    graphs = [(sorted(g.nodes(data=True)), sorted(g.edges(data=True))) for g in (a.graph, b.graph)]
+    return replace(a, graph=None) == replace(b, graph=None) and graphs[0] == graphs[1]
+
+
+def test_a_compiled_file_is_read_back_from_disk_as_it_compiled(cache: Path, tmp_path: Path) -> None:
     path = _sop(tmp_path)
-    assert _fresh_check(path).ok
+    first = _fresh_check(path)
+    assert first.ok and len(_entries(cache, "sop")) == 1
+    assert oct(cache.stat().st_mode & 0o777) == oct(0o700)
+    stored = compile_cache.lookup(path, ())
+    assert stored is not None
+    assert _same(stored.compiled, first.compiled) and stored.diagnostics == first.diagnostics
+    assert dict(stored.compiled.output_schemas) == dict(first.compiled.output_schemas)
+    assert stored.compiled.source.text == first.compiled.source.text
+    assert _same(_fresh_check(path).compiled, first.compiled)
+
+
+def test_a_changed_file_is_compiled_again(cache: Path, tmp_path: Path) -> None:
+    path = _sop(tmp_path)
+    _fresh_check(path)
+    path.write_text(path.read_text().replace("Write about", "Write a poem about"))
+    again = _fresh_check(path)
+    assert "a poem" in again.compiled.spec.actions["Write"].prompt
+    assert len(_entries(cache, "sop")) == 2
+
+
+def test_a_changed_included_file_is_compiled_again(cache: Path, tmp_path: Path) -> None:
+    (tmp_path / "lib.sop.yaml").write_text(LIBRARY.replace("{name}", "Shared"))
+    path = _sop(tmp_path, include="include: [lib.sop.yaml]\n")
+    assert "Shared" in _fresh_check(path).compiled.spec.actions
+    (tmp_path / "lib.sop.yaml").write_text(LIBRARY.replace("{name}", "Renamed"))
+    assert compile_cache.lookup(path, ()) is None          # same main file, stale library
+    again = _fresh_check(path)
+    assert "Renamed" in again.compiled.spec.actions and "Shared" not in again.compiled.spec.actions
+    assert compile_cache.lookup(path, ()) is not None      # rewritten for the new library
+
+
+def test_an_include_shadowed_by_a_new_file_is_compiled_again(cache: Path, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "lib.sop.yaml").write_text(LIBRARY.replace("{name}", "FromPath"))
+    main = tmp_path / "main"
+    main.mkdir()
+    path = _sop(main, include="include: [lib.sop.yaml]\n")
     compiler._CHECKED.clear()
-    assert compiler.compile_path(path).templates        # a run's compile: its templates' code too
+    assert "FromPath" in compiler.check_path(path, (shared,)).compiled.spec.actions
+    (main / "lib.sop.yaml").write_text(LIBRARY.replace("{name}", "Beside"))  # found first now
+    assert compile_cache.lookup(path, (shared,)) is None
+    compiler._CHECKED.clear()
+    assert "Beside" in compiler.check_path(path, (shared,)).compiled.spec.actions
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "foreign", "empty"])
+def test_a_corrupt_or_foreign_sop_entry_is_ignored_and_rewritten(cache: Path, tmp_path: Path, damage: str) -> None:
+    path = _sop(tmp_path)
+    first = _fresh_check(path)
+    [entry] = _entries(cache, "sop")
+    blob = entry.read_bytes()
+    entry.write_bytes({"truncated": blob[: len(blob) // 2],
+                       "flipped": blob[:-10] + bytes(b ^ 0xFF for b in blob[-10:]),
+                       "foreign": b"not a sopctl entry" + blob,
+                       "empty": b""}[damage])
+    assert compile_cache.lookup(path, ()) is None
+    assert _same(_fresh_check(path).compiled, first.compiled)
+    assert entry.read_bytes() == blob                        # rewritten whole
+
+
+def test_a_sop_entry_others_can_write_is_not_trusted(cache: Path, tmp_path: Path) -> None:
+    path = _sop(tmp_path)
+    _fresh_check(path)
+    [entry] = _entries(cache, "sop")
+    entry.chmod(0o666)
+    assert compile_cache.lookup(path, ()) is None
+
+
+def test_a_file_with_errors_is_never_stored(cache: Path, tmp_path: Path) -> None:
+    path = tmp_path / "bad.sop.yaml"
+    path.write_text(SOP.replace("{include}", "").replace("[Write]", "[Missing]"))
+    assert not _fresh_check(path).ok
     assert _entries(cache, "sop") == []
-    assert {p.name for p in cache.iterdir()} <= {"template", "expression", "bundle", "schema"}
+
+
+SHIPPED = sorted([*(ROOT / "sops").glob("*.sop.yaml"), *(ROOT / "examples").glob("*.sop.yaml")])
+
+
+@pytest.mark.parametrize("sop", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_sop_reads_back_as_it_compiled(cache: Path, sop: Path) -> None:
+    first = _fresh_check(sop)
+    assert first.ok
+    again = _fresh_check(sop)                                # from the disk this time
+    assert _same(again.compiled, first.compiled)
+    assert again.diagnostics == first.diagnostics and again.lines == first.lines
+    assert dict(again.compiled.output_schemas) == dict(first.compiled.output_schemas)
 
 
 def test_a_changed_file_is_compiled_again_in_the_same_process(tmp_path: Path) -> None:
