@@ -254,10 +254,10 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
     import engine.testing  # noqa: F401
     import jsonschema  # noqa: F401 - what a run loads to check answers, as MetaGPT's pydantic
     from engine import api
-    copies = tempfile.mkdtemp(prefix="sopctl-bench-copy-")
     # The checker's libraries load lazily: import them here, as MetaGPT's are, by compiling
     # a copy (a compiled file is remembered per process: the run must compile its own).
-    api.load(_copy(sop, copies, "import"))
+    with tempfile.TemporaryDirectory(prefix="sopctl-bench-copy-") as copies:
+        api.load(_copy(sop, copies, "import"))
     import_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     api.load(sop)  # what compiling costs inside the run (reported apart): from the on-disk

@@ -83,7 +83,7 @@ def _loop_answers() -> list[dict[str, Any]]:
             step("plan.finish_current_task", {}),
             step("editor.list", {"path": "."}),
             step("editor.read", {"path": "game.py"}),
-            step("editor.search", {"pattern": "main"}),
+            step("editor.search", {"term": "main"}),
             {"thought": "done", "commands": [{"command_name": "end", "args": {"answer": "built"}}]}]
 
 

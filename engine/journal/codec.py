@@ -32,8 +32,11 @@ __all__ = ["EventRow", "AnswerRow", "EXCHANGE_COMPRESS_AT", "decode_event", "loa
            "pack_exchange", "unpack_exchange"]
 
 
-EXCHANGE_COMPRESS_AT = 1024
-"""An exchange's JSON longer than this many characters is stored zlib-compressed (a BLOB)."""
+EXCHANGE_COMPRESS_AT = 16384
+"""An exchange's JSON longer than this many characters is stored zlib-compressed (a BLOB).
+A shorter one is stored as it is: compressing a few KiB cost more CPU (about 30 us per
+exchange here, once per model call) than writing the pages it saves (issue 28); a tool
+loop's steps store only what each adds (engine.journal.store `_delta`), rarely this long."""
 
 
 @dataclass(frozen=True)

@@ -128,7 +128,7 @@ def test_a_token_on_a_line_of_its_own_never_reaches_the_journal(tmp_path: Path) 
 
 
 def test_long_requests_are_compressed_and_read_back_whole(tmp_path: Path) -> None:
-    idea = "a tea house " * 400                      # far over EXCHANGE_COMPRESS_AT
+    idea = "a tea house " * (EXCHANGE_COMPRESS_AT // 4)   # far over EXCHANGE_COMPRESS_AT
     run = run_titled(tmp_path, idea=idea)
     with sqlite3.connect(journal_path(run)) as conn:
         kinds = [r[0] for r in conn.execute("SELECT typeof(data) FROM exchanges")]
