@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 from engine import diskcache
 from engine.load import patterns
+from engine.models.quick_check import compile_check
 
 if TYPE_CHECKING:
     from engine.models.types import CallSpec
@@ -735,7 +736,8 @@ def _linear_time_validator(with_pattern: bool = True) -> tuple[Any, Any]:
 def schema_errors(value: Any, schema: dict[str, Any]) -> list[str]:
     """Up to five readable validation errors (`at /Key/0: ...`); empty when `value` is valid."""
     validator = _per_schema(schema, "validator", lambda: _validator(json.dumps(schema, sort_keys=True)))
-    if validator.is_valid(value):
+    quick = _per_schema(schema, "quick check", lambda: compile_check(schema))   # after: the schema is checked
+    if (quick is not None and quick(value)) or validator.is_valid(value):
         return []
     from jsonschema.exceptions import relevance  # type: ignore[import-untyped]  # imported whole by now
 
