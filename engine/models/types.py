@@ -445,7 +445,11 @@ class RealModelBlocked(LLMError):
 
 
 def request_hash(canonical: Mapping[str, Any]) -> str:
-    """sha256 of the canonical JSON (sorted keys, no spaces, UTF-8) of a request."""
+    """sha256 of the canonical JSON (sorted keys, no spaces, UTF-8) of a request. A
+    conversation's hash goes on from the hash of the one it extends (`_chained_hash`)."""
+    parts = _conversation_parts(canonical)
+    if parts is not None:
+        return _chained_hash(*parts)
     return hashlib.sha256(canonical_json(canonical).encode("utf-8")).hexdigest()
 
 
@@ -457,11 +461,33 @@ def canonical_json(canonical: Mapping[str, Any]) -> str:
     A request of two messages (a system prompt and a prompt: most actions' calls) is
     encoded as it is: nothing of it is likely to come again, and keeping a thousand files'
     prompts would only hold memory."""
+    parts = _conversation_parts(canonical)
+    if parts is None:
+        return _spliced(canonical, {}) or _canonical_dumps(canonical)
+    head, messages, tail = parts
+    return head + "[" + ",".join(_message_json(m) for m in messages) + "]" + tail
+
+
+def _conversation_parts(canonical: Mapping[str, Any]) -> tuple[str, list[Any], str] | None:
+    """A request of more than two messages as the text before its messages, the messages and
+    the text after them (`canonical_json` joins them); None for any other request."""
+    messages = canonical.get("messages")
+    if not isinstance(messages, list) or len(messages) <= 2:
+        return None
+    text = _spliced(canonical, {"messages": ""})
+    if text is None:
+        return None
+    marker = _canonical_dumps(_SLOT + "messages")
+    start = text.index(marker)
+    return text[:start], messages, text[start + len(marker):]
+
+
+def _spliced(canonical: Mapping[str, Any], kept: dict[str, str]) -> str | None:
+    """The canonical JSON with the schema spliced in from its kept encoding, and each key of
+    `kept` left as its slot's marker (`_SLOT` + key, JSON-encoded, once in the text); None
+    when a value looks like a marker (no splicing then)."""
     light = dict(canonical)
-    parts: dict[str, str] = {}
-    messages = light.get("messages")
-    if isinstance(messages, list) and len(messages) > 2:   # a conversation: its history comes again
-        parts["messages"] = "[" + ",".join(_message_json(m) for m in messages) + "]"
+    parts = dict(kept)
     schema = light.get("schema")
     if isinstance(schema, dict):
         parts["schema"] = _schema_json(schema)
@@ -472,15 +498,58 @@ def canonical_json(canonical: Mapping[str, Any]) -> str:
     for key, encoded in parts.items():
         marker = _canonical_dumps(_SLOT + key)
         if text.count(marker) != 1:       # a value that looks like a slot: no splicing
-            return _canonical_dumps(canonical)
-        places.append((text.index(marker), len(marker), encoded))
+            return None
+        if key not in kept:
+            places.append((text.index(marker), len(marker), encoded))
     for start, length, encoded in sorted(places, reverse=True):
         text = text[:start] + encoded + text[start + length:]
     return text
 
 
+_THREADS: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
+"""(text before the messages, the first two messages) -> the last such conversation hashed:
+its messages (`_said`) and the sha256 object fed with it up to the end of its last message."""
+
+
+def _said(messages: list[Any]) -> tuple[Any, ...]:
+    """What each message's canonical JSON is made of: role and content of a plain one
+    (compared at C speed, most often the very same strings as the step before), else that
+    JSON."""
+    said = tuple([(m.get("role"), m.get("content")) if type(m) is dict and len(m) == 2 else None
+                  for m in messages])
+    if any(p is None or type(p[0]) is not str or type(p[1]) is not str for p in said):
+        return tuple(_canonical_dumps(m) for m in messages)   # not plain ones: their JSON
+    return said
+
+
+def _chained_hash(head: str, messages: list[Any], tail: str) -> str:
+    """sha256 of `head[m1,...,mn]tail` (each m its canonical JSON), taken up from the hash of
+    the last conversation that began alike when this one repeats all of it: a tool loop's
+    step sends every step before it again (two messages more each step), and encoding and
+    hashing them all again grew with the loop."""
+    said = _said(messages)
+    key = (head, said[0], said[1])
+    last = _THREADS.get(key)
+    if last is not None and len(last[0]) <= len(said) and said[:len(last[0])] == last[0]:
+        state, done = last[1].copy(), len(last[0])
+    else:
+        state, done = hashlib.sha256((head + "[").encode("utf-8")), 0
+    for index in range(done, len(messages)):
+        state.update(("," * (index > 0) + _message_json(messages[index])).encode("utf-8"))
+    if len(_THREADS) >= _MAX_KEPT:
+        _THREADS.clear()
+    _THREADS[key] = (said, state.copy())
+    state.update(("]" + tail).encode("utf-8"))
+    return state.hexdigest()
+
+
 def _canonical_dumps(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _CANONICAL.encode(value)
+
+
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+"""`json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)`'s encoder,
+made once (dumps makes one per call for these options: a few us of a step's hashing)."""
 
 
 _SLOT = "\x00sopctl-slot\x00"

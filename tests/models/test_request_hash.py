@@ -44,3 +44,28 @@ def test_a_journaled_hash_is_unchanged() -> None:
     assert request_hash(canonical) == hashlib.sha256(
         b'{"kind":"text","max_tokens":null,"messages":[{"content":"hi","role":"user"}],"model":"fake",'
         b'"response_format":null,"temperature":null,"v":1}').hexdigest()
+
+
+def test_a_conversation_hashed_step_by_step_is_hashed_as_a_whole() -> None:
+    """A tool loop's requests: each repeats the one before and adds two messages; the hash
+    goes on from the last one's, and must be the plain JSON's hash whatever happens to the
+    conversation (an earlier message cut down, a message changed in place, a non-plain one)."""
+    rng = random.Random(11)
+
+    def plain_hash(canonical: dict[str, Any]) -> str:
+        return hashlib.sha256(_plain(canonical).encode()).hexdigest()
+
+    messages: list[Any] = [{"role": "system", "content": "You act."}, {"role": "user", "content": "Do it é"}]
+    for step in range(40):
+        messages = messages + [{"role": "assistant", "content": f'{{"step": {step}}}'},
+                               {"role": "user", "content": "output\n" * rng.randint(0, 5) + SLOT_LIKE * (step % 7 == 0)}]
+        if step % 9 == 4:      # an older step cut down: a new message object in the middle
+            messages[3] = {"role": "user", "content": "(cut)"}
+        if step % 11 == 5:     # a message changed in place after it was hashed
+            messages[-1]["content"] += " more"
+        if step % 13 == 6:     # a message that is not plain (a name)
+            messages.append({"role": "user", "content": "x", "name": "tool"})
+        canonical = {"v": 1, "model": "fake", "kind": "json", "messages": messages,
+                     "schema": {"type": "object"}, "temperature": None}
+        assert request_hash(canonical) == plain_hash(canonical), step
+        assert request_hash(dict(canonical)) == plain_hash(canonical)   # from what was kept
