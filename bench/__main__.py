@@ -163,6 +163,10 @@ def summary_rows(entries: list[dict[str, Any]]) -> list[str]:
                          "(sopctl / MetaGPT)", "<= 0.1"),
         "cpu_per_call_warm": ("CPU time per LLM call, second run in the same process (warm), 0 ms "
                               "(sopctl / MetaGPT)", "<= 0.1"),
+        "cpu_per_call_no_sop_cache": ("the same cold, with the compiled-SOP cache off (an edited file's "
+                                      "first run; sopctl / MetaGPT)", "<= 0.1"),
+        "cpu_per_call_no_cache": ("the same cold, with sopctl's whole on-disk cache off (a file's first "
+                                  "run on a machine; sopctl / MetaGPT)", ""),
         "wall_at_latency": ("wall time at 200 ms latency, 10-file task list (sopctl / MetaGPT)", "< 1"),
         "wall_at_latency_fan_out_1": ("the same with fan-out 1: engine only, no parallel files "
                                       "(sopctl / MetaGPT)", "< 1"),
@@ -295,13 +299,15 @@ that resumes late because the event loop was busy, e.g. on a flush, counts as en
 time); "warm" is a second run in the same process, after one-time costs (template and
 schema compilation, first imports, compiling the SOP) are paid. The team run excludes
 imports on both sides (shown separately; sopctl's include jsonschema, which a run loads to
-check answers); sopctl's first run includes compiling the SOP (the import phase compiles a
-copy of the file, so the run's own compile is not remembered from it). sopctl keeps compiled
+check answers); sopctl's first run includes loading the SOP (the import phase compiles a
+copy of the file; the run reads the file's compiled form back from the on-disk cache). sopctl keeps compiled
 SOP files, compiled templates and checked output schemas in an on-disk cache (docs/performance.md,
 "The on-disk cache"): the comparison gives it a folder of its own, filled by one untimed run
 before the repetitions, as any earlier run of the file on the machine does; so the
-first-run figures are a fresh process with that cache, and the rows "with sopctl's on-disk
-cache off" are a file's very first run (`SOPCTL_NO_CACHE=1`). CPU time is the process's
+first-run figures are a fresh process with that cache; the rows "with the compiled-SOP cache
+off" compile the file in full (its templates' code and schema verdicts still cached: an
+edited file's first run), and the rows "with sopctl's on-disk cache off" are a file's very
+first run (`SOPCTL_NO_CACHE=1`). CPU time is the process's
 (every thread's) during the run. "Fan-out 1" runs
 every `for_each` one item at a time, as MetaGPT's engineer does: the engine-only
 comparison, without sopctl's parallel files. Prompt tokens: every prompt sent,

@@ -508,6 +508,9 @@ def _ratios(out: dict[str, Any], with_metagpt: bool) -> dict[str, float]:
         "overhead_per_call": s0["overhead_per_call_ms"]["median"] / m0["overhead_per_call_ms"]["median"],
         "cpu_per_call": s0["cpu_per_call_ms"]["median"] / m0["cpu_per_call_ms"]["median"],
         "cpu_per_call_warm": s0["warm_cpu_per_call_ms"]["median"] / m0["warm_cpu_per_call_ms"]["median"],
+        **{f"cpu_per_call_{key}": out[f"sopctl_{key}@{out['latencies_ms'][0]:g}"]["cpu_per_call_ms"]["median"]
+           / m0["cpu_per_call_ms"]["median"]
+           for key in ("no_sop_cache", "no_cache") if f"sopctl_{key}@{out['latencies_ms'][0]:g}" in out},
         "overhead_per_call_warm": (s0["warm_overhead_per_call_ms"]["median"]
                                    / m0["warm_overhead_per_call_ms"]["median"]),
         "wall_at_latency": s1["run_s"]["median"] / m1["run_s"]["median"],
