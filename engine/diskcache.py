@@ -27,6 +27,7 @@ import hashlib
 import os
 import stat
 import sys
+from collections.abc import Iterable
 from functools import lru_cache
 from pathlib import Path
 
@@ -99,15 +100,7 @@ def code_fingerprint() -> str:
 def module_stamp(*modules: object) -> str:
     """Where each module's file is, its size and time stamp: a library upgraded or patched in
     place gives other keys (cheaper than asking its package metadata for a version)."""
-    stamps = []
-    for module in modules:
-        file = getattr(module, "__file__", None) or ""
-        try:
-            info = os.stat(file)
-            stamps.append(f"{file}:{info.st_size}:{info.st_mtime_ns}")
-        except OSError:
-            stamps.append(file)
-    return "\n".join(stamps)
+    return _file_stamps(getattr(module, "__file__", None) or "" for module in modules)
 
 
 def package_stamp(*names: str) -> str:
@@ -115,13 +108,18 @@ def package_stamp(*names: str) -> str:
     a tenth of a second to import; a cache hit must not pay that to learn its version)."""
     from importlib.util import find_spec  # only for keys that name a package
 
-    stamps = []
-    for name in names:
+    def origin(name: str) -> str:
         try:
             spec = find_spec(name)
         except (ImportError, ValueError):
-            spec = None
-        file = (spec.origin if spec is not None else None) or name
+            return name
+        return (spec.origin if spec is not None else None) or name
+    return _file_stamps(origin(name) for name in names)
+
+
+def _file_stamps(files: Iterable[str]) -> str:
+    stamps = []
+    for file in files:
         try:
             info = os.stat(file)
             stamps.append(f"{file}:{info.st_size}:{info.st_mtime_ns}")
