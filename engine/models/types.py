@@ -508,7 +508,11 @@ def _spliced(canonical: Mapping[str, Any], kept: dict[str, str]) -> str | None:
 
 _THREADS: dict[tuple[Any, ...], tuple[tuple[Any, ...], Any]] = {}
 """(text before the messages, the first two messages) -> the last such conversation hashed:
-its messages (`_said`) and the sha256 object fed with it up to the end of its last message."""
+its messages (`_said`) and the sha256 object fed with it up to the end of its last message.
+One entry per tool loop (each step replaces its loop's), at most _MAX_THREADS: an entry
+holds its conversation's texts, and a batch in one process runs many loops."""
+
+_MAX_THREADS = 256
 
 
 def _said(messages: list[Any]) -> tuple[Any, ...]:
@@ -536,7 +540,7 @@ def _chained_hash(head: str, messages: list[Any], tail: str) -> str:
         state, done = hashlib.sha256((head + "[").encode("utf-8")), 0
     for index in range(done, len(messages)):
         state.update(("," * (index > 0) + _message_json(messages[index])).encode("utf-8"))
-    if len(_THREADS) >= _MAX_KEPT:
+    if len(_THREADS) >= _MAX_THREADS:
         _THREADS.clear()
     _THREADS[key] = (said, state.copy())
     state.update(("]" + tail).encode("utf-8"))
