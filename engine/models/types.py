@@ -463,7 +463,7 @@ def canonical_json(canonical: Mapping[str, Any]) -> str:
     prompts would only hold memory."""
     parts = _conversation_parts(canonical)
     if parts is None:
-        return _spliced(canonical, {}) or _canonical_dumps(canonical)
+        return _spliced(canonical) or _canonical_dumps(canonical)
     head, messages, tail = parts
     return head + "[" + ",".join(_message_json(m) for m in messages) + "]" + tail
 
@@ -474,7 +474,7 @@ def _conversation_parts(canonical: Mapping[str, Any]) -> tuple[str, list[Any], s
     messages = canonical.get("messages")
     if not isinstance(messages, list) or len(messages) <= 2:
         return None
-    text = _spliced(canonical, {"messages": ""})
+    text = _spliced(canonical, leave="messages")
     if text is None:
         return None
     marker = _canonical_dumps(_SLOT + "messages")
@@ -482,27 +482,23 @@ def _conversation_parts(canonical: Mapping[str, Any]) -> tuple[str, list[Any], s
     return text[:start], messages, text[start + len(marker):]
 
 
-def _spliced(canonical: Mapping[str, Any], kept: dict[str, str]) -> str | None:
-    """The canonical JSON with the schema spliced in from its kept encoding, and each key of
-    `kept` left as its slot's marker (`_SLOT` + key, JSON-encoded, once in the text); None
-    when a value looks like a marker (no splicing then)."""
+def _spliced(canonical: Mapping[str, Any], leave: str = "") -> str | None:
+    """The canonical JSON with the schema spliced in from its kept encoding, and the value of
+    the key `leave` left as its slot's marker (`_SLOT` + key, JSON-encoded, once in the text);
+    None when a value looks like a marker (no splicing then)."""
     light = dict(canonical)
-    parts = dict(kept)
     schema = light.get("schema")
-    if isinstance(schema, dict):
-        parts["schema"] = _schema_json(schema)
-    for key in parts:
+    encoded = _schema_json(schema) if isinstance(schema, dict) else None
+    slots = [key for key in (leave, "schema" if encoded is not None else "") if key]
+    for key in slots:
         light[key] = _SLOT + key
     text = _canonical_dumps(light)
-    places = []
-    for key, encoded in parts.items():
-        marker = _canonical_dumps(_SLOT + key)
-        if text.count(marker) != 1:       # a value that looks like a slot: no splicing
-            return None
-        if key not in kept:
-            places.append((text.index(marker), len(marker), encoded))
-    for start, length, encoded in sorted(places, reverse=True):
-        text = text[:start] + encoded + text[start + length:]
+    markers = {key: _canonical_dumps(_SLOT + key) for key in slots}
+    if any(text.count(marker) != 1 for marker in markers.values()):
+        return None                       # a value that looks like a slot: no splicing
+    if encoded is not None:
+        start = text.index(markers["schema"])
+        text = text[:start] + encoded + text[start + len(markers["schema"]):]
     return text
 
 

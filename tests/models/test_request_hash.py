@@ -22,6 +22,7 @@ def test_the_spliced_text_is_the_plain_json_whatever_the_values() -> None:
     rng = random.Random(7)
     words = ["a", "é", "\n", '"', "\\", "\x00", SLOT_LIKE + "messages", SLOT_LIKE + "schema", "{", "]", "😀"]
     schema = {"type": "object", "properties": {"x": {"type": "string", "default": SLOT_LIKE + "schema"}}}
+    other = {"type": "object", "properties": {"y": {"type": "string", "default": SLOT_LIKE + "messages"}}}
     for _ in range(300):
         def text() -> str:
             return "".join(rng.choice(words) for _ in range(rng.randint(0, 8)))
@@ -30,7 +31,7 @@ def test_the_spliced_text_is_the_plain_json_whatever_the_values() -> None:
         if rng.random() < 0.3:
             messages.append({"role": "user", "content": text(), "name": text()})   # not a plain message
         canonical = {"v": 1, "model": text(), "kind": "json", "messages": messages,
-                     "schema": rng.choice([schema, {"type": "object"}, None]), "format": text(),
+                     "schema": rng.choice([schema, other, {"type": "object"}, None]), "format": text(),
                      "temperature": None, "max_tokens": rng.choice([None, 10])}
         for _ in range(2):   # the second time from what was kept
             assert canonical_json(canonical) == _plain(canonical)
