@@ -66,6 +66,9 @@ class ScriptedModel:
     """Pretend price per token, told to the gateway (`price`) and added to each answer's cost."""
     gate: asyncio.Event | None = None
     """Set: every answer waits until the event is set (to test a call in flight, cancellation)."""
+    instant: bool = False
+    """True: answers without yielding to the event loop, as `fake` does at 0 ms (each call of a
+    fan-out then gets its answer before the next one starts)."""
     requests: list[ModelRequest] = field(default_factory=list)
     """Every request received, in order (re-asks included)."""
     in_flight: int = 0
@@ -85,7 +88,8 @@ class ScriptedModel:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            await asyncio.sleep(0)        # yield like a real model: concurrent requests overlap
+            if not self.instant:
+                await asyncio.sleep(0)    # yield like a real model: concurrent requests overlap
             if self.gate is not None:
                 await self.gate.wait()
             text = self._text(self._next(request, index))

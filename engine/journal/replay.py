@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import difflib
 import itertools
+from collections.abc import Awaitable
 from typing import Any
 
 from engine.errors import JournalError
@@ -46,7 +46,7 @@ class ReplayStore:
     def record(self, request_hash: str, action: str, answer: StoredAnswer) -> None:
         self.target.record(request_hash, action, answer)
 
-    def durable(self) -> asyncio.Future[None] | None:
+    def durable(self) -> Awaitable[None] | None:
         return self.target.durable()
 
     def what_changed(self, action: str, messages: list[dict[str, Any]]) -> str:

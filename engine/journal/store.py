@@ -55,6 +55,7 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -447,10 +448,10 @@ class Journal(JournalReader):
                                f"continue it with `sopctl resume {self.path.parent.parent}`, "
                                "or give the new run another --out")
 
-    def durable(self) -> asyncio.Future[None] | None:
+    def durable(self) -> Awaitable[None] | None:
         """The durability barrier (`engine.models.types.durable`): None when every answer
-        recorded so far is fsynced, else a future done when the syncer's fsync covers them
-        (await it in the event loop). A failed fsync is a JournalError naming the journal."""
+        recorded so far is fsynced, else something to await in the event loop until the
+        syncer's fsync covers them. A failed fsync is a JournalError naming the journal."""
         return self._syncer.wait() if self._writable else None
 
     def require_durable(self) -> None:

@@ -12,10 +12,11 @@ What survives what:
 - a power cut (the OS dies too): what an fsync covered. `Syncer` fsyncs the WAL (and the
   `.sopctl` folder, once) at the durability barrier, covering every commit so far (the
   answers of a fan-out, the step events), so one fsync serves every answer committed
-  before it. Where: at the barrier itself, on the calling thread, while this disk's last
-  fsync took under INLINE_FSYNC_S (the common case: handing the fsync to a thread and its
-  result back to the event loop cost more CPU than the fsync, about a quarter of a tool
-  step); on a slower disk, a thread of the journal's fsyncs whenever an answer was
+  before it. Where: at the barrier itself, on the calling thread, after one turn of the
+  event loop (a fan-out's other calls reach their barriers first and share it), while this
+  disk's last fsync took under INLINE_FSYNC_S (the common case: handing the fsync to a thread
+  and its result back to the event loop cost more CPU than the fsync, about a quarter of a
+  tool step); on a slower disk, a thread of the journal's fsyncs whenever an answer was
   committed, off the event loop, and the barrier waits for it. The durability barrier, `durable()` (through
   `engine.models.types.durable`, which the models and run layers call without knowing the
   journal), is awaited right before something leaves the process that may have been built
@@ -50,6 +51,7 @@ import asyncio
 import os
 import threading
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 from engine.errors import JournalError
@@ -150,21 +152,18 @@ class Syncer:
         with self._cond:
             return max(self._needed - self._synced, 0)
 
-    def wait(self) -> asyncio.Future[None] | None:
-        """None when every answer committed so far is on disk (fsynced here first on a quick
-        disk), else a future done when it is (call it from a coroutine); a failed fsync is a
-        JournalError, here or from it."""
+    def wait(self) -> Awaitable[None] | None:
+        """None when every answer committed so far is on disk, else something to await (from a
+        coroutine) until it is: on a quick disk an fsync here after one turn of the event
+        loop (`_after_the_others`), on a slow one the thread's. A failed fsync is a
+        JournalError, here or from what is awaited."""
         self._same_process()
         with self._cond:
             self.raise_if_failed()
             if self._synced >= self._needed:
                 return None
-            target = self._committed
-            inline = self._inline()
-        if inline:
-            self._sync_up_to(target)
-            self.raise_if_failed()
-            return None
+            if self._inline():
+                return self._after_the_others(self._needed)
         with self._cond:
             if self._synced >= self._needed:
                 return None
@@ -174,6 +173,22 @@ class Syncer:
             future: asyncio.Future[None] = loop.create_future()
             self._waiters.append((self._needed, loop, future))
             return future
+
+    async def _after_the_others(self, needed: int) -> None:
+        """The barrier's own fsync, once every other task ready to run has had its turn: the
+        other calls of a fan-out reach their barriers first, wanting the same answers on disk,
+        and this one fsync covers them all. Without the turn, on a model that answers at once,
+        each call of a fan-out ran to its answer before the next one started, and each of them
+        paid an fsync for its predecessor's answer (a turn costs a few microseconds, an fsync
+        a hundred or more)."""
+        await asyncio.sleep(0)
+        with self._cond:
+            self.raise_if_failed()
+            if self._synced >= needed:      # another barrier's fsync covered it meanwhile
+                return
+            target = self._committed
+        self._sync_up_to(target)
+        self.raise_if_failed()
 
     def close(self) -> None:
         """A last fsync of every commit not covered yet, then the thread ends (idempotent)."""

@@ -88,7 +88,7 @@ class Probe:
         self.fsyncs = 0
         self.in_barrier = 0
         real_init, real_sync = journal_syncer.Syncer.__init__, journal_syncer.datasync
-        real_wait = journal_syncer.Syncer.wait
+        real_wait, real_after = journal_syncer.Syncer.wait, journal_syncer.Syncer._after_the_others
 
         def init(syncer: Any, path: Path) -> None:
             real_init(syncer, path)
@@ -103,14 +103,22 @@ class Probe:
 
         def wait(syncer: Any) -> Any:
             self.required.setdefault(_task(), []).append((syncer, syncer._needed))
-            self.in_barrier += 1          # a quick disk's barrier fsyncs right here
+            self.in_barrier += 1
             try:
                 return real_wait(syncer)
             finally:
                 self.in_barrier -= 1
 
+        async def after_the_others(syncer: Any, needed: int) -> None:
+            self.in_barrier += 1          # a quick disk's barrier fsyncs in here, after a turn
+            try:
+                await real_after(syncer, needed)
+            finally:
+                self.in_barrier -= 1
+
         monkeypatch.setattr(journal_syncer.Syncer, "__init__", init)
         monkeypatch.setattr(journal_syncer.Syncer, "wait", wait)
+        monkeypatch.setattr(journal_syncer.Syncer, "_after_the_others", after_the_others)
         monkeypatch.setattr(journal_syncer, "datasync", on_demand_sync)
 
     def _demanded(self) -> bool:
@@ -198,6 +206,65 @@ def test_every_answer_is_fsynced_before_anything_depends_on_it(
     assert all(s.unsynced() == 0 for s in probe.syncers)    # closed: everything fsynced
 
 
+FAN_OUT_SOP = """\
+apiVersion: sop/v1
+name: wave
+inputs:
+  idea: {type: str, required: true}
+team: {max_rounds: 4}
+actions:
+  ListFiles:
+    prompt: "List the files for: {{ inputs.idea }}"
+    context: none
+    output:
+      Task list: {type: "list[str]", instruction: file names}
+  WriteFile:
+    for_each: "{{ msgs.ListFiles[-1].out['Task list'] }}"
+    as: filename
+    max_concurrency: 8
+    prompt: "Write {{ filename }}."
+    context: none
+    output: {code: python}
+    artifacts: [{path: "src/{{ filename }}", content: "{{ out }}"}]
+roles:
+  Lead: {actions: [ListFiles], watch: [UserRequirement]}
+  Coder: {actions: [WriteFile], watch: [ListFiles]}
+"""
+
+
+def test_a_fan_out_on_a_model_that_answers_at_once_shares_one_fsync(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each call of a wave waits at its barrier for the answers recorded before it, the
+    list's; on a model that answers at once, the first call used to get its answer before the
+    second one started, so each call fsynced its predecessor's answer: eight calls, eight
+    fsyncs. The barrier lets the others reach it first: one fsync for the wave."""
+    files = [f"f{i}.py" for i in range(8)]
+    fsyncs_before_request: list[int] = []
+    fsyncs = 0
+    real_sync = journal_syncer.datasync
+
+    def counted(fd: int) -> None:
+        nonlocal fsyncs
+        fsyncs += 1
+        real_sync(fd)
+
+    def script(spec: Any, attempt: int) -> Any:
+        if spec.action == "ListFiles":
+            return {"Task list": files}
+        fsyncs_before_request.append(fsyncs)
+        return fenced("print('hello')")
+
+    monkeypatch.setattr(journal_syncer, "datasync", counted)
+    path = tmp_path / "wave.sop.yaml"
+    path.write_text(FAN_OUT_SOP, encoding="utf-8")
+    with use_model(ScriptedModel(script, instant=True)):
+        result = api.run(api.load(path), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "ws"))
+    assert result.status == "idle", result.error
+    assert len(fsyncs_before_request) == len(files)
+    assert fsyncs_before_request[0] >= 1                       # the list's answer: on disk first
+    assert fsyncs_before_request[-1] - fsyncs_before_request[0] == 0, fsyncs_before_request
+
+
 def test_the_barrier_waits_only_for_answers_not_yet_synced(tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     probe = Probe(monkeypatch)
@@ -235,9 +302,9 @@ def test_answer_mode_fsyncs_each_answer_before_record_returns(
 def test_a_quick_disk_is_fsynced_at_the_barrier_and_a_slow_one_on_the_thread(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Handing an fsync to a thread and back cost more CPU than a quick disk's fsync: while
-    the last one took under INLINE_FSYNC_S the barrier fsyncs on its own thread, and no
-    thread starts; once one is slow, each answer's commit wakes the thread, and the barrier
-    waits for it without blocking the event loop."""
+    the last one took under INLINE_FSYNC_S the barrier fsyncs on its own thread (after one
+    turn of the event loop), and no thread starts; once one is slow, each answer's commit
+    wakes the thread, and the barrier waits for it without blocking the event loop."""
     synced_on: list[str] = []
     slow = False
     real_sync = journal_syncer.datasync
@@ -253,12 +320,14 @@ def test_a_quick_disk_is_fsynced_at_the_barrier_and_a_slow_one_on_the_thread(
     with Journal.create(tmp_path, sop_name="x", sop_hash="h") as journal:
         journal.record("h1", "Write", StoredAnswer("one", 1, 1, 0.0))
         assert journal.unsynced() > 0 and synced_on == []        # committed; the barrier fsyncs
-        assert journal.durable() is None and synced_on == [here] and journal.unsynced() == 0
+        asyncio.run(durable(journal))
+        assert synced_on == [here] and journal.unsynced() == 0 and journal.durable() is None
         assert journal._syncer._thread is None
 
         slow = True
         journal.record("h2", "Write", StoredAnswer("two", 1, 1, 0.0))
-        assert journal.durable() is None and synced_on == [here, here]   # measured slow here
+        asyncio.run(durable(journal))
+        assert synced_on == [here, here]            # measured slow here
         journal.record("h3", "Write", StoredAnswer("three", 1, 1, 0.0))
 
         async def barrier() -> None:
