@@ -145,11 +145,18 @@ class _Interrupted(_Stopped):
 @dataclass(eq=False)
 class _Render:
     thread: int
-    cpu_clock: int | None
-    cpu_start: float
     run: asyncio.Task[Any] | None       # the run it belongs to: stopped once that is cancelled
-    memory_start: int | None = None     # the watchdog's first look (renders under a tick: none)
+    # Measured from the watchdog's first look, not from the render's start: reading a thread's
+    # CPU clock is a system call, and most renders end before a tick (a bound of seconds does
+    # not miss the few milliseconds before the first look).
+    cpu_clock: int | None = None
+    cpu_start: float | None = None
+    memory_start: int | None = None
     stopped: bool = False
+
+    def cpu_used(self) -> float:
+        """CPU seconds of the render's thread since the watchdog's first look (0 before it)."""
+        return 0.0 if self.cpu_start is None else _cpu_seconds(self.cpu_clock) - self.cpu_start
 
 
 @dataclass
@@ -172,9 +179,7 @@ class _Watchdog:
         run = _RUN_TASK.get()
         if _cancelling(run):
             raise _Interrupted()
-        thread = threading.get_ident()
-        clock = _thread_cpu_clock(thread)
-        render = _Render(thread, clock, _cpu_seconds(clock), run)
+        render = _Render(threading.get_ident(), run)
         with self._lock:
             self._renders[id(render)] = render
             if self._thread is None:
@@ -210,8 +215,9 @@ class _Watchdog:
         memory = _resident_bytes()
         with self._lock:
             for render in list(self._renders.values()):
-                if render.memory_start is None:
-                    render.memory_start = memory
+                if render.cpu_start is None:
+                    render.cpu_clock = _thread_cpu_clock(render.thread)
+                    render.cpu_start, render.memory_start = _cpu_seconds(render.cpu_clock), memory
                     continue
                 reason = _Interrupted if _cancelling(render.run) else _over_limit(render, memory)
                 if reason is not None and not render.stopped:
@@ -220,7 +226,7 @@ class _Watchdog:
 
 
 def _over_limit(render: _Render, memory: int) -> type[_Stopped] | None:
-    if _cpu_seconds(render.cpu_clock) - render.cpu_start > MAX_RENDER_CPU_S:
+    if render.cpu_used() > MAX_RENDER_CPU_S:
         return _OverCpu
     if memory and render.memory_start and memory - render.memory_start > MAX_RENDER_MEMORY:
         return _OverMemory
