@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 from engine import __version__
 from engine.errors import JournalError
 from engine.journal.codec import EventRow, decode_event, loads, pack_exchange
-from engine.journal.database import SCHEMA, SCHEMA_VERSION, connect
+from engine.journal.database import SCHEMA, SCHEMA_VERSION, connect, place_empty
 from engine.journal.reader import JournalReader
 from engine.journal.run_folder import journal_path, refuse_planted, take_writer_lock
 from engine.journal.sqlite_errors import guard
@@ -214,6 +214,8 @@ class Journal(JournalReader):
             refuse_planted(path, writing=True)     # before mkdir: it would follow a link
             path.parent.mkdir(parents=True, exist_ok=True)
             refuse_planted(path, writing=True)     # ... and after, for one made meanwhile
+            if not path.exists():
+                place_empty(path)                  # else `connect` makes it (slower)
             conn = connect(path, readonly=False)
         return cls(path, conn, writable=True)
 
