@@ -306,16 +306,24 @@ def _check_growth(size: int) -> None:
         raise _too_large()
 
 
+_SELECTING = frozenset({"first", "last", "default", "d", "where"})
+"""Filters whose result is one of their arguments, or a list of the rows of one (`where`):
+they build nothing that could outgrow the limit, so their result is not weighed (walking a
+selected row, or the rows, was most of what the check cost in a fan-out's prompt)."""
+
+
 def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
-    """A filter whose size arguments are checked before it runs and whose result after."""
+    """A filter whose size arguments are checked before it runs and whose result after
+    (unless it only selects: `_SELECTING`)."""
     grows = _FILTER_GROWTH.get(name)
     skip = 0 if _PassArg.from_obj(func) is None else 1   # jinja's context/environment comes first
+    result_check = _check_size if name not in _SELECTING else _as_it_is
 
     def bounded(*args: Any, **kwargs: Any) -> Any:
         _check_arguments(name, args, kwargs)
         if grows is not None:
             grows(list(args[skip:]), kwargs)
-        return _check_size(func(*args, **kwargs))
+        return result_check(func(*args, **kwargs))
 
     # jinja's pass_context/pass_eval_ctx marks are attributes: copied, they tell jinja what
     # to pass first (cheaper than `functools.wraps`, for 54 filters in every new process)
@@ -323,6 +331,10 @@ def _bounded_filter(name: str, func: Callable[..., Any]) -> Callable[..., Any]:
     bounded.__name__ = bounded.__qualname__ = getattr(func, "__name__", name)
     bounded.__wrapped__ = func  # type: ignore[attr-defined]
     return bounded
+
+
+def _as_it_is(value: Any) -> Any:
+    return value
 
 
 def _check_replace(args: list[Any], kwargs: dict[str, Any]) -> None:

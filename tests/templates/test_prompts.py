@@ -43,6 +43,11 @@ BOMBS = {
                        "{{ [b, b, b, b, b, b, b, b, b, b] }}",
     "format fields": "{{ ('{0}' * 1000).format('x' * 100000) }}",
     "join of shared": "{{ (['x' * 100000] * 10)|join }}",
+    # the filters that only select (first, last, default, where) are not weighed after: what
+    # they select was weighed when it was built
+    "doubling under first": "{% set a = ['x' * 600000] %}{{ (a + a)|first }}",
+    "doubling under default": "{% set a = 'x' * 600000 %}{{ (a ~ a)|default('') }}",
+    "doubling under where": "{% set a = [['k', 'x' * 600000]] %}{{ (a + a)|where(0, 'k') }}",
     "percent mapping key width": "{{ '%(a)1000000000s' % {'a': 'x'} }}",
     "percent nested key width": "{{ '%(a(b))1000000000s' % {'a(b)': 'x'} }}",
     "percent precision": "{{ '%.1000000000f' % 1.0 }}",
