@@ -619,7 +619,7 @@ def _profile_table(profile: dict[str, Any] | None) -> str:
 def main(size_factor: float = 1.0, reps: int | None = None, with_metagpt: bool | None = None) -> dict[str, Any]:
     """Run the comparison (MetaGPT only at full size unless asked), print the table, return figures."""
     files = max(2, round(10 * size_factor))
-    reps = reps or (5 if size_factor >= 1 else 1)
+    reps = reps or (6 if size_factor >= 1 else 1)   # targets are read at the median of six runs
     with_metagpt = size_factor >= 1 if with_metagpt is None else with_metagpt
     res = compare(reps=reps, files=files, with_metagpt=with_metagpt,
                   log=lambda msg: print(msg, file=sys.stderr))
