@@ -308,7 +308,11 @@ first-run figures are a fresh process with that cache; the rows "with the compil
 off" compile the file in full (its templates' code and schema verdicts still cached: an
 edited file's first run), and the rows "with sopctl's on-disk cache off" are a file's very
 first run (`SOPCTL_NO_CACHE=1`). CPU time is the process's
-(every thread's) during the run. "Fan-out 1" runs
+(every thread's) during the run. Both engines' runs make their files in folders under one
+work folder in bench/.cache that is removed only when the comparison ends (bench/scratch.py):
+ext4 skips the inodes freed in the last minute or more when it makes a file, so deleting each
+run's workspace as it ended, in a /tmp where tests had just deleted thousands, made the next
+runs' files cost 0.1-0.7 ms of CPU each instead of about 15 us. "Fan-out 1" runs
 every `for_each` one item at a time, as MetaGPT's engineer does: the engine-only
 comparison, without sopctl's parallel files. Prompt tokens: every prompt sent,
 counted with the same tokenizer for both. Every task file is checked to be written. Both

@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.scratch import scratch, work_root
+
 __all__ = ["busy_time", "count_tokens", "main", "no_qa_variant", "peak_rss_mb", "run_sopctl"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,7 +219,7 @@ def _run_cli(sop: str, files: int, idea: str,
     from engine.testing import use_model
 
     model, out, err = (model_type or _BenchModel)(task_files(files)), io.StringIO(), io.StringIO()
-    with tempfile.TemporaryDirectory(prefix="sopctl-bench-") as tmp, use_model(model, name="benchfake"):
+    with scratch("sopctl-bench-") as tmp, use_model(model, name="benchfake"):
         argv = ["run", sop, "--model", "benchfake", "--idea", idea, "--out", str(Path(tmp) / "ws"),
                 "--format", "json"]
         t0, c0 = time.perf_counter(), time.process_time()
@@ -256,7 +258,7 @@ def _child(sop: str, files: int, latency_ms: float, idea: str, warm: bool = Fals
     from engine import api
     # The checker's libraries load lazily: import them here, as MetaGPT's are, by compiling
     # a copy (a compiled file is remembered per process: the run must compile its own).
-    with tempfile.TemporaryDirectory(prefix="sopctl-bench-copy-") as copies:
+    with scratch("sopctl-bench-copy-") as copies:
         api.load(_copy(sop, copies, "import"))
     import_s = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -431,7 +433,8 @@ def compare(reps: int = 6, files: int = 10, latencies: tuple[float, float] = (0.
             out["metagpt_error"] = str(exc)[:500]
             with_metagpt = False
     systems = ["sopctl", "metagpt"] if with_metagpt else ["sopctl"]
-    with tempfile.TemporaryDirectory(prefix="sopctl-compare-") as tmp, _own_cache(Path(tmp) / "cache"):
+    with tempfile.TemporaryDirectory(prefix="sopctl-compare-") as tmp, _own_cache(Path(tmp) / "cache"), \
+            work_root():
         sop = no_qa_variant(SOP, Path(tmp) / "software_company_no_qa.sop.yaml")
         log("  sopctl: one run to fill the on-disk cache, as any earlier run of the file does")
         run_sopctl(files, latencies[0], sop)

@@ -17,6 +17,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from bench.scratch import scratch as scratch_folder
+
 __all__ = [
     "METAGPT_VERSION",
     "cold_start",
@@ -113,7 +115,7 @@ def run_team(files: int, latency_ms: float, idea: str = "a command-line 2048 gam
              warm: bool = False, realistic: bool = False) -> dict:
     """One fresh process running MetaGPT's team (twice with `warm`; with `realistic`, on answers
     of a hosted model's size, bench/realistic_answers.py); its JSON result."""
-    with tempfile.TemporaryDirectory(prefix="metagpt-bench-") as tmp:
+    with scratch_folder("metagpt-bench-") as tmp:
         scratch = Path(tmp)
         env = offline_env(scratch)
         cmd = [str(venv_python()), str(RUNNER), "--files", str(files), "--latency-ms",

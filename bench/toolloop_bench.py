@@ -43,10 +43,11 @@ import functools
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from bench.scratch import scratch, work_root
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -129,7 +130,7 @@ def _one(steps: int, journal: bool, scenario: str = "plan") -> tuple[float, floa
         model = ScriptedModel(_answers(steps))
         compiled = compile_text(sop_text(SCENARIOS[scenario]["tools"]))
         inputs = {"idea": "a game"}
-    with tempfile.TemporaryDirectory() as folder:
+    with scratch("sopctl-toolloop-") as folder:
         options = api.RunOptions(observers=[sink], gateway=Gateway(providers={"local": model}),
                                  workspace=Path(folder) / "ws", model="local", allow_exec=True)
         started, cpu = time.perf_counter(), time.process_time()
@@ -210,6 +211,12 @@ def _cpu(small: int, large: int, repeats: int, with_metagpt: bool, scenario: str
 
 def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None = None,
          with_metagpt: bool = True) -> dict[str, Any]:
+    with work_root():   # every run's workspace kept until the end (bench/scratch.py says why)
+        return _measure(size_factor, steps, repeats, with_metagpt)
+
+
+def _measure(size_factor: float, steps: int | None, repeats: int | None,
+             with_metagpt: bool) -> dict[str, Any]:
     steps = steps or max(4, int(40 * size_factor))
     repeats = repeats or max(1, int(5 * min(size_factor, 1.0)))
     small = max(2, steps // 8)
