@@ -206,39 +206,12 @@ def test_every_answer_is_fsynced_before_anything_depends_on_it(
     assert all(s.unsynced() == 0 for s in probe.syncers)    # closed: everything fsynced
 
 
-FAN_OUT_SOP = """\
-apiVersion: sop/v1
-name: wave
-inputs:
-  idea: {type: str, required: true}
-team: {max_rounds: 4}
-actions:
-  ListFiles:
-    prompt: "List the files for: {{ inputs.idea }}"
-    context: none
-    output:
-      Task list: {type: "list[str]", instruction: file names}
-  WriteFile:
-    for_each: "{{ msgs.ListFiles[-1].out['Task list'] }}"
-    as: filename
-    max_concurrency: 8
-    prompt: "Write {{ filename }}."
-    context: none
-    output: {code: python}
-    artifacts: [{path: "src/{{ filename }}", content: "{{ out }}"}]
-roles:
-  Lead: {actions: [ListFiles], watch: [UserRequirement]}
-  Coder: {actions: [WriteFile], watch: [ListFiles]}
-"""
-
-
 def test_a_fan_out_on_a_model_that_answers_at_once_shares_one_fsync(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each call of a wave waits at its barrier for the answers recorded before it, the
     list's; on a model that answers at once, the first call used to get its answer before the
-    second one started, so each call fsynced its predecessor's answer: eight calls, eight
+    second one started, so each call fsynced its predecessor's answer: four calls, four
     fsyncs. The barrier lets the others reach it first: one fsync for the wave."""
-    files = [f"f{i}.py" for i in range(8)]
     fsyncs_before_request: list[int] = []
     fsyncs = 0
     real_sync = journal_syncer.datasync
@@ -249,18 +222,18 @@ def test_a_fan_out_on_a_model_that_answers_at_once_shares_one_fsync(
         real_sync(fd)
 
     def script(spec: Any, attempt: int) -> Any:
-        if spec.action == "ListFiles":
-            return {"Task list": files}
-        fsyncs_before_request.append(fsyncs)
-        return fenced("print('hello')")
+        if spec.action == "WriteFile":
+            fsyncs_before_request.append(fsyncs)
+        return answer(spec, attempt)
 
     monkeypatch.setattr(journal_syncer, "datasync", counted)
-    path = tmp_path / "wave.sop.yaml"
-    path.write_text(FAN_OUT_SOP, encoding="utf-8")
+    path = tmp_path / "durable.sop.yaml"
+    path.write_text(SOP, encoding="utf-8")
     with use_model(ScriptedModel(script, instant=True)):
-        result = api.run(api.load(path), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "ws"))
+        result = api.run(api.load(path), {"idea": "tea"}, api.RunOptions(
+            workspace=tmp_path / "ws", person=ScriptedPerson([PersonAnswer("approve")]), allow_exec=True))
     assert result.status == "idle", result.error
-    assert len(fsyncs_before_request) == len(files)
+    assert len(fsyncs_before_request) == len(FILES)
     assert fsyncs_before_request[0] >= 1                       # the list's answer: on disk first
     assert fsyncs_before_request[-1] - fsyncs_before_request[0] == 0, fsyncs_before_request
 
