@@ -28,9 +28,8 @@ from functools import cache
 from pathlib import Path
 
 from engine import diskcache
-from engine.journal.run_folder import OPEN_OWN, journal_path, writer_active
+from engine.journal.run_folder import OPEN_OWN, datasync, journal_path, writer_active
 from engine.journal.sqlite_errors import failure_kind
-from engine.journal.syncer import datasync
 
 __all__ = ["SCHEMA_VERSION", "SCHEMA", "connect", "connect_readonly", "never_started", "place_empty"]
 
@@ -100,9 +99,8 @@ def place_empty(path: Path) -> bool:
         os.close(folder)
         return False
     try:
-        view = memoryview(image)
-        while view:
-            view = view[os.write(handle, view):]
+        with open(handle, "wb", closefd=False) as out:
+            out.write(image)
         datasync(handle)
         os.link(f"/proc/self/fd/{handle}", path.name, dst_dir_fd=folder, follow_symlinks=True)
     except FileExistsError:              # another run made it first: that one is the journal

@@ -25,7 +25,7 @@ from engine.errors import JournalError
 from engine.journal.sqlite_errors import explain, guard
 from engine.load.spec import ENGINE_DIR
 
-__all__ = ["JOURNAL_DIR", "JOURNAL_FILE", "OPEN_OWN", "journal_path", "refuse_planted",
+__all__ = ["JOURNAL_DIR", "JOURNAL_FILE", "OPEN_OWN", "datasync", "journal_path", "refuse_planted",
            "require_own", "own_folder", "open_own_file", "take_writer_lock", "writer_active"]
 
 
@@ -37,6 +37,12 @@ JOURNAL_FILE = "journal.sqlite"
 
 OPEN_OWN = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
 """How sopctl opens its own files: never through a link, never blocking on a FIFO."""
+
+
+def datasync(fd: int) -> None:
+    """fdatasync where there is one (a WAL that grew has its new size flushed too), else fsync."""
+    sync = getattr(os, "fdatasync", None) or os.fsync
+    sync(fd)
 
 
 def journal_path(workspace: str | Path) -> Path:

@@ -55,7 +55,7 @@ from collections.abc import Awaitable
 from pathlib import Path
 
 from engine.errors import JournalError
-from engine.journal.run_folder import OPEN_OWN
+from engine.journal.run_folder import OPEN_OWN, datasync
 from engine.journal.sqlite_errors import explain
 
 __all__ = ["INLINE_FSYNC_S", "Syncer", "datasync"]
@@ -64,12 +64,6 @@ __all__ = ["INLINE_FSYNC_S", "Syncer", "datasync"]
 INLINE_FSYNC_S = 0.002
 """An fsync this quick (the last one measured) is done at the barrier, on the calling thread;
 a slower one on the journal's thread, so the event loop never stops for long."""
-
-
-def datasync(fd: int) -> None:
-    """fdatasync where there is one (a WAL that grew has its new size flushed too), else fsync."""
-    sync = getattr(os, "fdatasync", None) or os.fsync
-    sync(fd)
 
 
 class Syncer:
@@ -138,8 +132,8 @@ class Syncer:
         # measured no better on a chain of single calls (bench/journal_bench.py --fsync-ms).
 
     def sync_now(self) -> None:
-        """fsync every commit so far on this thread (SOPCTL_JOURNAL_SYNC=answer); a failure
-        is a JournalError here and at every later barrier."""
+        """fsync every commit so far on this thread (SOPCTL_JOURNAL_SYNC=answer, and a quick
+        disk's barrier); a failure is a JournalError here and at every later barrier."""
         self._same_process()
         with self._cond:
             self.raise_if_failed()
@@ -184,11 +178,9 @@ class Syncer:
         await asyncio.sleep(0)
         with self._cond:
             self.raise_if_failed()
-            if self._synced >= needed:      # another barrier's fsync covered it meanwhile
-                return
-            target = self._committed
-        self._sync_up_to(target)
-        self.raise_if_failed()
+            covered = self._synced >= needed    # by another barrier's fsync meanwhile
+        if not covered:
+            self.sync_now()
 
     def close(self) -> None:
         """A last fsync of every commit not covered yet, then the thread ends (idempotent)."""
