@@ -281,6 +281,9 @@ class ToolLoop:
         self.turns: list[dict[str, str]] = []
         """The steps so far as messages (each step's message, then its answer), never
         rewritten but all at once when they pass _HISTORY_CHARS (`cut_through`)."""
+        self.turn_chars = 0
+        """The characters of `turns`' contents, kept as they join (summing them at every step
+        grew with the loop)."""
         self.cut_through = 0
         """Steps up to this number are shown with their outputs cut."""
         self.first = ""
@@ -536,17 +539,21 @@ class ToolLoop:
         number = len(self.steps)
         before = self._results(number - 1, self.steps[-2], full=number - 1 > self.cut_through) \
             if number > 1 else ""
-        self.turns += [{"role": "user", "content": "\n\n".join(filter(None, [before, done.asked]))},
-                       {"role": "assistant", "content": self._answer_text(done)}]
-        if sum(len(t["content"]) for t in self.turns) <= _HISTORY_CHARS or number <= _FULL_STEPS:
+        self._add_turn(before, done)
+        if self.turn_chars <= _HISTORY_CHARS or number <= _FULL_STEPS:
             return
         self.cut_through = number - _FULL_STEPS
-        self.turns = []
+        self.turns, self.turn_chars = [], 0
         for index, step in enumerate(self.steps, 1):
             before = self._results(index - 1, self.steps[index - 2], full=index - 1 > self.cut_through) \
                 if index > 1 else ""
-            self.turns += [{"role": "user", "content": "\n\n".join(filter(None, [before, step.asked]))},
-                           {"role": "assistant", "content": self._answer_text(step)}]
+            self._add_turn(before, step)
+
+    def _add_turn(self, before: str, step: _Step) -> None:
+        """A step's message (the results `before` it, then what it asked) and its answer."""
+        asked, answer = "\n\n".join(filter(None, [before, step.asked])), self._answer_text(step)
+        self.turns += [{"role": "user", "content": asked}, {"role": "assistant", "content": answer}]
+        self.turn_chars += len(asked) + len(answer)
 
     def _results(self, number: int, step: _Step, *, full: bool) -> str:
         shown = [_same_output(o, step.same_as[i]) if step.same_as.get(i, 0) > self.cut_through else

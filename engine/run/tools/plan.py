@@ -29,7 +29,10 @@ class Plan:
                             "append those first")
         task = {"task_id": str(task_id), "instruction": instruction, "dependent_task_ids": deps,
                 "assignee": assignee, "task_type": task_type, "is_finished": False}
-        self._set([t for t in self.tasks if t["task_id"] != str(task_id)] + [task])
+        if str(task_id) in known:
+            self._set([t for t in self.tasks if t["task_id"] != str(task_id)] + [task])
+        else:   # the tasks are in order and it depends on some of them only: its place is last
+            self.tasks = [*self.tasks, task]
         return f"task {task_id} added"
 
     def replace(self, task_id: str, instruction: str, dependent_task_ids: list[str] | None = None,
