@@ -22,7 +22,10 @@ next step with the plan's status and the steps so far) and the last step `end`. 
   tools' schemas and examples), and that engineer inside the whole MGX team (sops/mgx_team.sop.yaml
   beside MetaGPT main's MGX team on bench/mgx_scenario.py's scenario, its engineer planning
   the extra parts one step each: the scenario the issue's baseline was measured in). The
-  summary's first row is the team's, the two loops alone beside it.
+  summary's first row is the team's, the two loops alone beside it. Each round also measures
+  a durable commit alone (`_durable_commits`: SQLite's commit of a step's rows and an
+  fdatasync of its WAL, no engine code), the least a journaled step costs while every answer
+  is on disk before the next request leaves, beside MetaGPT's step in the same round.
 
 MetaGPT main is not on a package index: install it once (about 8 minutes) as
 bench/metagpt_main.py says:
@@ -163,6 +166,43 @@ def _sopctl_pair(small: int, large: int, journal: bool, scenario: str) -> float:
     return (high - low) / (large - small)
 
 
+def _durable_commits(count: int = 200) -> float:
+    """CPU seconds of one durable commit of a step's size, on the disk the runs use: what a
+    journaled step cannot do without while every answer is on disk before the next request
+    leaves (issue 28, target 5). SQLite in WAL mode, as the journal: one transaction of two
+    events (about 420 bytes of JSON each), an answer (150 bytes) and a compressed exchange
+    (1 KB), the rows a plan step journals, then an fdatasync of the WAL. No engine code."""
+    import hashlib
+    import os
+    import sqlite3
+
+    with scratch("sopctl-durable-") as folder:
+        path = Path(folder) / "floor.sqlite"
+        conn = sqlite3.connect(path, isolation_level=None)
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            conn.executescript("CREATE TABLE events (seq INTEGER PRIMARY KEY AUTOINCREMENT, json TEXT);"
+                               "CREATE TABLE answers (hash TEXT PRIMARY KEY, text TEXT);"
+                               "CREATE TABLE exchanges (hash TEXT PRIMARY KEY, data BLOB)")
+            wal = os.open(f"{path}-wal", os.O_RDONLY)
+            try:
+                started = time.process_time()
+                for index in range(count):
+                    key = hashlib.sha256(str(index).encode()).hexdigest()
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.executemany("INSERT INTO events (json) VALUES (?)", [("e" * 420,), ("f" * 420,)])
+                    conn.execute("INSERT INTO answers VALUES (?, ?)", (key, "a" * 150))
+                    conn.execute("INSERT INTO exchanges VALUES (?, ?)", (key, os.urandom(1024)))
+                    conn.execute("COMMIT")
+                    os.fdatasync(wal)
+                return (time.process_time() - started) / count
+            finally:
+                os.close(wal)
+        finally:
+            conn.close()
+
+
 def _failed(exc: Exception) -> dict[str, str]:
     """Why the MetaGPT side stopped, on one line (it goes in a table cell)."""
     lines = f"MetaGPT main failed: {exc}".replace("|", "/").splitlines()
@@ -176,7 +216,7 @@ def _cpu(small: int, large: int, repeats: int, with_metagpt: bool, scenario: str
     MetaGPT failure skips its side only."""
     from bench import metagpt_main
 
-    sides: dict[str, list[float]] = {"sopctl": [], "sopctl journaled": [], "metagpt": []}
+    sides: dict[str, list[float]] = {"sopctl": [], "sopctl journaled": [], "durable commit": [], "metagpt": []}
     missing = metagpt_main.available() if with_metagpt else "not asked for"
     metagpt: dict[str, Any] = {"skipped": missing} if missing else {}
     with contextlib.ExitStack() as stack:
@@ -193,6 +233,7 @@ def _cpu(small: int, large: int, repeats: int, with_metagpt: bool, scenario: str
         for _ in range(repeats):
             sides["sopctl"].append(_sopctl_pair(small, large, journal=False, scenario=scenario))
             sides["sopctl journaled"].append(_sopctl_pair(small, large, journal=True, scenario=scenario))
+            sides["durable commit"].append(_durable_commits())
             if pair is not None and "skipped" not in metagpt:
                 try:
                     sides["metagpt"].append(pair())
@@ -200,9 +241,11 @@ def _cpu(small: int, large: int, repeats: int, with_metagpt: bool, scenario: str
                     metagpt = _failed(exc)
     cpu: dict[str, Any] = {"scenario": scenario, "steps": [small, large], "repeats": repeats, "sopctl": _spread(sides["sopctl"]),
                            "sopctl journaled": _spread(sides["sopctl journaled"]),
+                           "durable commit": _spread(sides["durable commit"]),
                            "metagpt": metagpt if "skipped" in metagpt else {**metagpt, **_spread(sides["metagpt"])}}
     if "skipped" not in metagpt:
-        for name, key in (("sopctl", "ratio"), ("sopctl journaled", "ratio_journaled")):
+        for name, key in (("sopctl", "ratio"), ("sopctl journaled", "ratio_journaled"),
+                          ("durable commit", "ratio_durable")):
             rounds = [ours / theirs for ours, theirs in zip(sides[name], sides["metagpt"], strict=True)]
             cpu[key] = round(statistics.median(rounds), 3)
             cpu[key + "_range"] = [round(min(rounds), 3), round(max(rounds), 3)]
@@ -255,6 +298,10 @@ def _row(label: str, side: dict[str, float], last: str) -> str:
     return f"| {label} | {side['min_ms']:.2f} ms | {side['median_ms']:.2f} ms | {side['max_ms']:.2f} ms | {last} |"
 
 
+_DURABLE_LABEL = ("a durable commit alone, no engine (SQLite commit of a step's rows, fdatasync of the WAL: "
+                  "the floor under a journaled step)")
+
+
 def _cpu_table(cpu: dict[str, Any]) -> list[str]:
     small, large = cpu["steps"]
     scenario = SCENARIOS[cpu["scenario"]]
@@ -264,12 +311,16 @@ def _cpu_table(cpu: dict[str, Any]) -> list[str]:
             f"(runs of {large} against {small} steps; {cpu['repeats']} rounds, "
             "each one pair of runs of every engine, in turn):", "",
             f"| engine | min | median | max | / {theirs}, per round: median (min-max) |", "|---|---|---|---|---|"]
-    for name, key in (("sopctl", "ratio"), ("sopctl journaled", "ratio_journaled"), ("metagpt", "")):
-        side = cpu[name]
+    for name, key in (("sopctl", "ratio"), ("sopctl journaled", "ratio_journaled"),
+                      ("durable commit", "ratio_durable"), ("metagpt", "")):
+        side = cpu.get(name)
+        if side is None:   # a result from before the durable commit was measured
+            continue
         if "skipped" in side:
             rows.append(f"| {scenario['label']} | skipped: {side['skipped']} | | | |")
             continue
-        label = f"{scenario['label']} ({side['version']})" if name == "metagpt" else name
+        label = f"{scenario['label']} ({side['version']})" if name == "metagpt" else \
+            _DURABLE_LABEL if name == "durable commit" else name
         ratio = f"{cpu[key]:.2f}x ({cpu[key + '_range'][0]:.2f}-{cpu[key + '_range'][1]:.2f})" if key in cpu else ""
         rows.append(_row(label, side, ratio))
     return rows
