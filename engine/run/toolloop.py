@@ -520,13 +520,16 @@ class ToolLoop:
         """The plan's status, whole, at the first step and whenever it changed; None while it
         stays as an earlier step's message showed it (the commands say so): every step's
         message stays in the history, so a plan shown at each of forty steps would weigh on
-        every later request, and even a pointer to it was a tenth of what a short step adds."""
+        every later request, and even a pointer to it was a tenth of what a short step adds.
+        A plan that only gained tasks at its end is shown as those tasks and its current one:
+        one appended per step would otherwise be shown whole at every step, the requests
+        growing with the square of the steps."""
         status = self.builtins.plan.status()
         shown = self.plan_shown
         if shown is not None and shown[0] == status and shown[1] < step:
             return None
         self.plan_shown = (status, step)
-        return status
+        return _grown_plan(shown[0], status) if shown is not None else status
 
     def _turns(self, asked: str) -> tuple[dict[str, str], ...]:
         """The steps so far as messages, then this step's (`asked`, after the last step's results)."""
@@ -822,6 +825,16 @@ def _same_output(output: str, step: int) -> str:
     """`editor.read: the same output as at step 3, word for word (shown there)`."""
     name = output.split(":", 1)[0]
     return f"{name}: the same output as at step {step}, word for word (shown there)"
+
+
+def _grown_plan(before: str, now: str) -> str:
+    """`now` (a plan status: a line per task, then the current task's) as what it adds to
+    `before` when its tasks are `before`'s, unchanged and in order, and then more; else whole."""
+    old, new = before.splitlines()[:-1], now.splitlines()
+    if not old or len(new) - 1 <= len(old) or new[:len(old)] != old:
+        return now
+    count = f"{len(old)} task{'s' * (len(old) > 1)}"
+    return "\n".join([f"The {count} shown before, unchanged, then:", *new[len(old):]])
 
 
 def shown_args(args: dict[str, Any]) -> dict[str, Any]:

@@ -116,6 +116,26 @@ def test_an_unchanged_plan_is_not_repeated_at_every_step(tmp_path: Path) -> None
     assert status[1] in model.requests[-1].messages[3]["content"]   # the step pointed to is in the history
 
 
+def test_a_plan_that_only_grew_is_shown_as_its_new_tasks(tmp_path: Path) -> None:
+    """A model that appends a task per step would otherwise see the whole plan again at every
+    step, each kept in the history: requests growing with the square of the steps."""
+    model = ScriptedModel([step(("plan.append_task", {"task_id": "1", "instruction": "write the game"})),
+                           step(("plan.append_task", {"task_id": "2", "instruction": "test the game"}),
+                                ("plan.append_task", {"task_id": "3", "instruction": "write the docs"})),
+                           step(("plan.finish_current_task", {})),
+                           step(("end", {"Summary": "done"}))])
+    text = WRITER.replace("max_steps: 4", "max_steps: 6")
+    result = run_sop(sop_text(text), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    asked = [r.messages[-1]["content"] for r in model.requests]
+    status = [a.split("## Plan status\n", 1)[1].split("\n\n## Step", 1)[0] for a in asked]
+    assert status[1] == "[TASK_ID 1] write the game\nCurrent task: 1: write the game"
+    assert status[2] == ("The 1 task shown before, unchanged, then:\n[TASK_ID 2] test the game\n"
+                         "[TASK_ID 3] write the docs\nCurrent task: 1: write the game")
+    assert status[3].startswith("[TASK_ID 1] (finished) write the game\n[TASK_ID 2] test the game\n")  # whole
+    assert status[3].endswith("Current task: 2: test the game")
+
+
 BODY = "".join(f"line {i} of the module\n" for i in range(40))
 
 
