@@ -91,6 +91,16 @@ def test_an_arg_that_words_cannot_say_is_shown_as_its_json_schema() -> None:
     assert args_text(mcp) == "path (string)"           # an MCP server's schema, in words too
 
 
+def _plan_statuses(model: ScriptedModel, tmp_path: Path) -> list[str | None]:
+    """The plan status each step's request shows (None where it shows none), the writer
+    running up to six steps on `model`."""
+    result = run_sop(sop_text(WRITER.replace("max_steps: 4", "max_steps: 6")), model, tmp_path / "ws")
+    assert result.status == "idle", result.error
+    asked = [r.messages[-1]["content"] for r in model.requests]
+    return [a.split("## Plan status\n", 1)[1].split("\n\n## Step", 1)[0] if "## Plan status" in a else None
+            for a in asked]
+
+
 def test_an_unchanged_plan_is_not_repeated_at_every_step(tmp_path: Path) -> None:
     """Every step's message stays in the history: a plan shown whole at each step would weigh
     on every later request. Once shown, an unchanged plan is not shown again (the commands
@@ -102,12 +112,7 @@ def test_an_unchanged_plan_is_not_repeated_at_every_step(tmp_path: Path) -> None
                            step(("editor.read", {"path": "a.md"})),
                            step(("plan.finish_current_task", {})),
                            step(("end", {"Summary": "done"}))])
-    text = WRITER.replace("max_steps: 4", "max_steps: 6")
-    result = run_sop(sop_text(text), model, tmp_path / "ws")
-    assert result.status == "idle", result.error
-    asked = [r.messages[-1]["content"] for r in model.requests]
-    status = [a.split("## Plan status\n", 1)[1].split("\n\n## Step", 1)[0] if "## Plan status" in a else None
-              for a in asked]
+    status = _plan_statuses(model, tmp_path)
     assert status[0] == "No plan yet."
     assert status[1].startswith("[TASK_ID 1] write part 1") and "[TASK_ID 3]" in status[1]
     assert status[2] is None and status[3] is None
@@ -124,11 +129,7 @@ def test_a_plan_that_only_grew_is_shown_as_its_new_tasks(tmp_path: Path) -> None
                                 ("plan.append_task", {"task_id": "3", "instruction": "write the docs"})),
                            step(("plan.finish_current_task", {})),
                            step(("end", {"Summary": "done"}))])
-    text = WRITER.replace("max_steps: 4", "max_steps: 6")
-    result = run_sop(sop_text(text), model, tmp_path / "ws")
-    assert result.status == "idle", result.error
-    asked = [r.messages[-1]["content"] for r in model.requests]
-    status = [a.split("## Plan status\n", 1)[1].split("\n\n## Step", 1)[0] for a in asked]
+    status = _plan_statuses(model, tmp_path)
     assert status[1] == "[TASK_ID 1] write the game\nCurrent task: 1: write the game"
     assert status[2] == ("The 1 task shown before, unchanged, then:\n[TASK_ID 2] test the game\n"
                          "[TASK_ID 3] write the docs\nCurrent task: 1: write the game")
