@@ -175,9 +175,10 @@ def resolve_exchange(key: str, lookup: Callable[[str], dict[str, Any] | None],
                      memo: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
     """The exchange under `key` with all its messages. A tool loop's step is journaled as what
     it adds to the step before (`base`: that exchange's key, `keep`: how many of its messages
-    this request begins with; engine.journal.store); the chain is followed back, without
-    recursion, and each exchange resolved is kept in `memo`. A base the journal lacks shows as
-    one line saying how many messages are not there."""
+    this request begins with; `same_format`: its response_format is that exchange's;
+    engine.journal.store); the chain is followed back, without recursion, and each exchange
+    resolved is kept in `memo`. A base the journal lacks shows as one line saying how many
+    messages are not there."""
     chain: list[tuple[str, dict[str, Any]]] = []
     seen: set[str] = set()
     current: str | None = key
@@ -196,7 +197,9 @@ def resolve_exchange(key: str, lookup: Callable[[str], dict[str, Any] | None],
             found = memo.get(base)
             head = list(found["messages"][:keep]) if found is not None else \
                 [{"role": "user", "content": f"[{keep} earlier message(s) not in the journal]"}]
-            value = {**{k: v for k, v in value.items() if k not in ("base", "keep")},
-                     "messages": head + list(value["messages"])}
+            stored, value = value, {**{k: v for k, v in value.items() if k not in ("base", "keep", "same_format")},
+                                    "messages": head + list(value["messages"])}
+            if stored.get("same_format") and found is not None and "response_format" in found:
+                value["response_format"] = found["response_format"]
         memo[name] = value
     return memo.get(key)

@@ -137,7 +137,7 @@ class Journal(JournalReader):
     def __init__(self, path: Path, conn: sqlite3.Connection, *, writable: bool) -> None:
         super().__init__(path, conn, writable=writable)
         self._secrets = secret_values()
-        self._threads: dict[tuple[str, str], tuple[str, list[Any]]] = {}
+        self._threads: dict[tuple[str, str], tuple[str, list[Any], Any]] = {}
         """The last exchange recorded per first two messages (see _delta), the newest last."""
         self._events_written = 0
         self._answers_written = 0
@@ -546,15 +546,18 @@ class Journal(JournalReader):
     def _delta(self, request_hash: str, exchange: dict[str, Any]) -> dict[str, Any]:
         """`exchange`, or what it adds to the last exchange recorded with the same two first
         messages (system prompt and first user message: the same tool loop): `base` (that
-        one's key), `keep` (how many of its messages begin this one) and the new messages.
-        A 40-step loop then stores its prompt once and each step's answer and results once,
-        not the whole growing prompt 40 times (engine.journal.reader.resolve_exchange)."""
+        one's key), `keep` (how many of its messages begin this one) and the new messages,
+        and `same_format` instead of a `response_format` equal to that one's (a step's
+        schema, sent again with every step to a model that takes it). A 40-step loop then
+        stores its prompt and its schema once and each step's answer and results once, not
+        the whole growing request 40 times (engine.journal.reader.resolve_exchange)."""
         messages = exchange.get("messages")
         if not isinstance(messages, list) or len(messages) < 2 or not all(isinstance(m, dict) for m in messages[:2]):
             return exchange
         head = (str(messages[0].get("content")), str(messages[1].get("content")))
+        form = exchange.get("response_format")
         before = self._threads.pop(head, None)
-        self._threads[head] = (request_hash, messages)
+        self._threads[head] = (request_hash, messages, form)
         if len(self._threads) > _THREADS:
             del self._threads[next(iter(self._threads))]
         if before is None or before[0] == request_hash:
@@ -568,7 +571,11 @@ class Journal(JournalReader):
                 keep += 1
         if keep < 2:
             return exchange
-        return {**exchange, "messages": messages[keep:], "base": before[0], "keep": keep}
+        delta = {**exchange, "messages": messages[keep:], "base": before[0], "keep": keep}
+        if form is not None and form == before[2]:
+            del delta["response_format"]
+            delta["same_format"] = True
+        return delta
 
     def _require_writable(self) -> None:
         if not self._writable:

@@ -88,8 +88,9 @@ class Syncer:
 
     def __init__(self, path: Path) -> None:
         self._path = path
-        self._wal = path.with_name(path.name + "-wal")
+        self._wal = str(path.with_name(path.name + "-wal"))
         self._fd = -1                   # the WAL, opened by the thread
+        self._fd_id = (-1, -1)          # its device and inode, as opened
         self._dir_synced = False        # the folder's entries for the journal and its WAL
         self._committed = 0             # commits so far
         self._needed = 0                # the generation of the last answer's commit
@@ -242,7 +243,7 @@ class Syncer:
 
     def _fsync_once(self) -> Exception | None:
         try:
-            if self._fd < 0 or not _same_file(self._fd, self._wal):
+            if self._fd < 0 or not _still_at(self._fd_id, self._wal):
                 self._reopen()
             started = time.perf_counter()
             datasync(self._fd)
@@ -262,6 +263,8 @@ class Syncer:
             self._fd = os.open(self._wal, os.O_RDONLY | OPEN_OWN)
         except FileNotFoundError:     # no WAL (checkpointed away): the commits are in the file
             self._fd = os.open(self._path, os.O_RDONLY | OPEN_OWN)
+        opened = os.fstat(self._fd)
+        self._fd_id = (opened.st_dev, opened.st_ino)
 
     def _advance(self, generation: int) -> None:
         """Commits up to `generation` are on disk: wake whoever waits for them (lock held)."""
@@ -292,14 +295,15 @@ def _settle(loop: asyncio.AbstractEventLoop, future: asyncio.Future[None],
         pass
 
 
-def _same_file(fd: int, path: Path) -> bool:
-    """Whether `fd` is still the file at `path` (SQLite deletes the WAL when the last
-    connection closes, and makes a new one on the next write)."""
+def _still_at(opened: tuple[int, int], path: str) -> bool:
+    """Whether the file opened as `opened` (device, inode) is still the one at `path` (SQLite
+    deletes the WAL when the last connection closes, and makes a new one on the next write):
+    one stat a fsync, the open file's identity kept from when it was opened."""
     try:
-        here, there = os.fstat(fd), os.stat(path, follow_symlinks=False)
+        there = os.stat(path, follow_symlinks=False)
     except OSError:
         return False
-    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+    return opened == (there.st_dev, there.st_ino)
 
 
 def _fsync_folder(folder: Path) -> None:

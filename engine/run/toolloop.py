@@ -382,8 +382,10 @@ class ToolLoop:
         if any(c.get("command_name") == END or self._moves(c.get("command_name")) for c in commands):
             return False
         given = _canonical(commands)
+        first = max(len(self.steps) - _REPEAT_LOOKBACK, 0)
+        if all(s.canonical() != given for s in self.steps[first:]):
+            return False     # the common case: no recent step gave them (the whole history not walked)
         done = [(s.canonical(), tuple(s.outputs)) for s in self.steps]
-        first = max(len(done) - _REPEAT_LOOKBACK, 0)
         return any(done[i][0] == given and _nothing_new_since(done, i) for i in range(first, len(done)))
 
     def _moves(self, name: Any) -> bool:

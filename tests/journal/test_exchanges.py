@@ -15,7 +15,7 @@ from engine.compile.compiler import compile_path, compile_text
 from engine.cli.commands import main
 from engine.errors import UsageError
 from engine.journal.history import read_exchanges, read_run
-from engine.journal.codec import EXCHANGE_COMPRESS_AT
+from engine.journal.codec import EXCHANGE_COMPRESS_AT, unpack_exchange
 from engine.journal.run_folder import journal_path
 from engine.load.secrets import REDACTED
 from engine.testing import ScriptedModel, ScriptedPerson, use_model
@@ -137,6 +137,24 @@ def test_long_requests_are_compressed_and_read_back_whole(tmp_path: Path) -> Non
     sent = sum(len(json.dumps({"messages": e.messages})) for e in read_exchanges(run))
     assert sent > 2 * EXCHANGE_COMPRESS_AT and stored < sent / 4
     assert idea.strip() in read_exchanges(run)[0].messages[1]["content"]
+
+
+def test_a_schema_sent_again_is_stored_once_and_read_back_with_each_request(tmp_path: Path) -> None:
+    """A model that takes the schema as `response_format` gets it with every request (each
+    step of a loop, each re-ask): the journal keeps it with the first request only, and every
+    request reads back with it."""
+    with use_model(ScriptedModel(["no idea", '{"Title": "Leaf"}'], schema_support=True)):
+        sop = tmp_path / "titled.sop.yaml"
+        sop.write_text(TITLE, encoding="utf-8")
+        result = api.run(compile_path(sop), {"idea": "green tea"}, api.RunOptions(workspace=tmp_path / "run"))
+    assert result.status == "idle", result.error
+    first, reask = read_exchanges(tmp_path / "run")
+    assert first.response_format is not None and "Title" in json.dumps(first.response_format)
+    assert reask.response_format == first.response_format
+    with sqlite3.connect(journal_path(tmp_path / "run")) as conn:
+        rows = [unpack_exchange(key, data) for key, data in conn.execute("SELECT request_hash, data FROM exchanges")]
+    assert sum("response_format" in row for row in rows) == 1, rows
+    assert any(row.get("same_format") for row in rows)
 
 
 def test_a_journal_from_before_prompts_reads_without_them(tmp_path: Path,

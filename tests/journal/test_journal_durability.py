@@ -445,3 +445,40 @@ def test_an_fsync_that_fails_after_the_last_barrier_fails_the_run(
         api.run(api.load(path), {"idea": "tea"}, api.RunOptions(workspace=tmp_path / "ws"))
     assert "cannot fsync journal" in failed.value.message
     assert str(tmp_path / "ws") in failed.value.message
+
+
+def test_the_fsync_follows_a_wal_made_anew(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite deletes the WAL when the last connection closes and makes a new file on the
+    next write: the syncer's fsync must reach the new WAL, not the deleted one it held open."""
+    import sqlite3
+
+    synced: list[int] = []
+    real_sync = journal_syncer.datasync
+
+    def recording(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_sync(fd)
+
+    monkeypatch.setattr(journal_syncer, "datasync", recording)
+    database = tmp_path / "db.sqlite"
+
+    def commit_one(value: int) -> int:
+        conn = sqlite3.connect(database, isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("CREATE TABLE IF NOT EXISTS t (v)")
+        conn.execute("INSERT INTO t VALUES (?)", (value,))
+        syncer.committed(fsynced=False, answer=True)
+        syncer.sync_now()
+        inode = os.stat(f"{database}-wal").st_ino
+        conn.close()                          # the last connection: the WAL is deleted
+        return inode
+
+    syncer = journal_syncer.Syncer(database)
+    try:
+        first = commit_one(1)
+        assert not Path(f"{database}-wal").exists()
+        second = commit_one(2)
+    finally:
+        syncer.close()
+    assert first != second            # the old one still open here: its inode not reused
+    assert synced[0] == first and synced[-1] == second, (synced, first, second)
