@@ -6,12 +6,12 @@ goes through everything a command goes through: schema check, events, the prompt
 next step with the plan's status and the steps so far) and the last step `end`. Two figures:
 
 - engine time per step: (wall time of the run - model seconds - tool seconds, as the run's
-  events report them) / steps, min / median / max of `REPEATS` runs, with and without the
+  events report them) / steps, min / median / max of 5 runs, with and without the
   journal (a SQLite file in a temporary folder, every answer and event committed); target
   2 ms without;
 - CPU per extra tool step, sopctl and MetaGPT main in the same run: (CPU of a run of STEPS
   steps - CPU of a run of a few) / the steps between, so each run's fixed costs cancel out;
-  min / median / max of `REPEATS` rounds, each one pair of runs of sopctl, of sopctl
+  min / median / max of `CPU_ROUNDS` rounds (9), each one pair of runs of sopctl, of sopctl
   journaled and of MetaGPT in turn, and the ratios per round (min / median / max), so a
   shared machine's changing load hits both sides of a ratio alike. MetaGPT runs the same
   scenario (its Plan.append_task, in its own answer format, then `end`) on a scripted model in
@@ -152,6 +152,8 @@ def _team() -> Any:
 
 
 TARGET_MS = 2.0
+CPU_ROUNDS = 9
+"""Rounds of the CPU per extra step (each a pair of runs of every engine, in turn)."""
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -261,6 +263,9 @@ def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None
 def _measure(size_factor: float, steps: int | None, repeats: int | None,
              with_metagpt: bool) -> dict[str, Any]:
     steps = steps or max(4, int(40 * size_factor))
+    # CPU per extra step is a difference of two runs' CPU (each with its own noise), on both
+    # sides of a ratio: nine rounds give its median more to stand on than the five of the times
+    rounds = repeats or max(1, int(CPU_ROUNDS * min(size_factor, 1.0)))
     repeats = repeats or max(1, int(5 * min(size_factor, 1.0)))
     small = max(2, steps // 8)
     figures: dict[str, Any] = {}
@@ -271,7 +276,7 @@ def _measure(size_factor: float, steps: int | None, repeats: int | None,
             **_spread(runs), "engine_ms_per_step": round(statistics.median(runs) * 1000, 3),
             "steps": steps, "repeats": repeats}
     # the engineer's loop inside the team: at most 30 extra steps (Engineer2's max_react_loop is 40)
-    cpus = {name: _cpu(small, min(steps, 30) if name == "team" else steps, repeats, with_metagpt, name)
+    cpus = {name: _cpu(small, min(steps, 30) if name == "team" else steps, rounds, with_metagpt, name)
             for name in SCENARIOS}
     # the summary's rows (issue 28, target 4): sopctl as it runs by default, with its journal; the
     # team first (the baseline the issue measured), then each loop alone
