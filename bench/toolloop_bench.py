@@ -263,8 +263,8 @@ def main(size_factor: float = 1.0, steps: int | None = None, repeats: int | None
 def _measure(size_factor: float, steps: int | None, repeats: int | None,
              with_metagpt: bool) -> dict[str, Any]:
     steps = steps or max(4, int(40 * size_factor))
-    # CPU per extra step is a difference of two runs' CPU (each with its own noise), on both
-    # sides of a ratio: nine rounds give its median more to stand on than the five of the times
+    # CPU per extra step is a difference of two runs' CPU, each with its own noise, on both
+    # sides of a ratio: its median takes nine rounds (the engine times above, five runs)
     rounds = repeats or max(1, int(CPU_ROUNDS * min(size_factor, 1.0)))
     repeats = repeats or max(1, int(5 * min(size_factor, 1.0)))
     small = max(2, steps // 8)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -450,8 +451,6 @@ def test_an_fsync_that_fails_after_the_last_barrier_fails_the_run(
 def test_the_fsync_follows_a_wal_made_anew(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """SQLite deletes the WAL when the last connection closes and makes a new file on the
     next write: the syncer's fsync must reach the new WAL, not the deleted one it held open."""
-    import sqlite3
-
     synced: list[int] = []
     real_sync = journal_syncer.datasync
 
